@@ -1,0 +1,1 @@
+"""zmq_rl: a distributed reinforcement-learning toolkit over ZeroMQ."""

@@ -1,0 +1,144 @@
+"""The built-in actor: gymnasium envs + a local policy copy, on :class:`ActorClient`.
+
+It uses only the public client API, exactly as an embedding simulator would.
+Env slots step in lockstep with one batched policy forward per step. The loop:
+
+1. handle control and load the newest weights (non-blocking poll);
+2. if the staleness valve says so, wait for weights (50 ms at a time, so a
+   shutdown is noticed) and go back to 1;
+3. act on every slot, step every env, hand the step to the client (which sends a
+   fragment per slot every ``fragment_length`` steps).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from .client import ActorClient
+from .config import ActorConfig, PolicyConfig
+from .policy import build_policy, import_weights
+from .protocol import space_from_spec, spaces_equal
+
+log = logging.getLogger(__name__)
+
+PAUSE_WAIT_S = 0.05
+"""How long a paused actor blocks on SUB before re-checking control (reference: 50 ms)."""
+
+
+class SpaceMismatch(RuntimeError):
+    """The actor's env spaces differ from the learner's."""
+
+
+def policy_config_from(config: dict[str, Any]) -> PolicyConfig:
+    """The :class:`PolicyConfig` a welcome's ``config["policy"]`` describes."""
+    raw = dict(config.get("policy", {}))
+    if "hidden_sizes" in raw:
+        raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
+    return PolicyConfig(**raw).validate()
+
+
+def env_seeds(seed: int, num_envs: int) -> list[int]:
+    """Independent reset seeds for ``num_envs`` slots derived from one seed."""
+    return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(num_envs)]
+
+
+class GymActor:
+    """One actor process's work: register, then collect until told to stop."""
+
+    def __init__(self, cfg: ActorConfig, context: Any = None) -> None:
+        self.cfg = cfg.validate()
+        self.context = context
+
+    def run(self) -> dict[str, float]:
+        """Run until the learner asks for shutdown; return the actor's stats."""
+        cfg = self.cfg
+        torch.set_num_threads(cfg.torch_threads)
+        probe = gym.make(cfg.env_id) if cfg.env_id else None
+        client = ActorClient(
+            cfg.learner,
+            env_id=cfg.env_id,
+            observation_space=probe.observation_space if probe else None,
+            action_space=probe.action_space if probe else None,
+            num_envs=cfg.num_envs or 1,
+            actor_id=cfg.actor_id,
+            context=self.context,
+            register_timeout=cfg.register_timeout,
+        )
+        if probe is not None:
+            probe.close()
+        try:
+            welcome = client.register()
+            return self._collect(client, welcome)
+        finally:
+            client.close()
+
+    def _collect(self, client: ActorClient, welcome: Any) -> dict[str, float]:
+        cfg = self.cfg
+        config = welcome.config
+        env_id = cfg.env_id or config["env_id"]
+        num_envs = client.num_envs
+        envs = [gym.make(env_id) for _ in range(num_envs)]
+        obs_space = space_from_spec(config["observation_space"])
+        act_space = space_from_spec(config["action_space"])
+        if not (spaces_equal(envs[0].observation_space, obs_space)
+                and spaces_equal(envs[0].action_space, act_space)):
+            raise SpaceMismatch(
+                f"env {env_id} has spaces {envs[0].observation_space} / "
+                f"{envs[0].action_space}, the learner's are {obs_space} / {act_space}"
+            )
+        policy = build_policy(obs_space, act_space, policy_config_from(config))
+        policy.eval()
+        import_weights(policy, welcome.weights.tensors)
+        seed = cfg.seed if cfg.seed >= 0 else int(config.get("seed", 0)) + 1 + client.actor_id
+        generator = torch.Generator().manual_seed(seed)
+        discrete = isinstance(act_space, gym.spaces.Discrete)
+        low = None if discrete else act_space.low
+        high = None if discrete else act_space.high
+        obs = np.stack([
+            env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, num_envs), strict=True)
+        ]).astype(obs_space.dtype)
+        log.info("actor %d collecting on %d x %s (seed %d)", client.actor_id, num_envs, env_id,
+                 seed)
+        rewards = np.zeros(num_envs, np.float32)
+        terminated = np.zeros(num_envs, bool)
+        truncated = np.zeros(num_envs, bool)
+        next_obs = np.empty_like(obs)
+        with torch.inference_mode():
+            while True:
+                weights = client.poll()
+                if weights is not None:
+                    import_weights(policy, weights.tensors)
+                if client.shutdown_requested:
+                    break
+                if client.should_pause():
+                    weights = client.wait_for_weights(PAUSE_WAIT_S)
+                    if weights is not None:
+                        import_weights(policy, weights.tensors)
+                    continue
+                action_t, log_prob_t, value_t = policy.act(torch.from_numpy(obs), generator)
+                actions = action_t.numpy()
+                env_actions = actions if discrete else np.clip(actions, low, high)
+                final_obs = {}
+                for j, env in enumerate(envs):
+                    o, r, term, trunc, _ = env.step(env_actions[j].item() if discrete
+                                                    else env_actions[j])
+                    rewards[j], terminated[j], truncated[j] = r, term, trunc
+                    if term or trunc:
+                        if trunc and not term:
+                            final_obs[j] = o
+                        o, _ = env.reset()
+                    next_obs[j] = o
+                client.step(obs, actions, rewards, terminated, truncated, value_t.numpy(),
+                            log_prob_t.numpy(), next_obs, final_obs)
+                obs, next_obs = next_obs, obs
+        for env in envs:
+            env.close()
+        return dict(client.stats)
+
+
+__all__ = ["GymActor", "SpaceMismatch", "env_seeds", "policy_config_from"]

@@ -1,0 +1,363 @@
+"""Validated run configuration: the learner, the actor, PPO and the policy network.
+
+Every field carries its help text in ``metadata["help"]`` so that the command-line
+flags (:mod:`zmq_rl.cli.flags`) and TOML files are generated from the dataclasses:
+a field cannot exist in one place and not the other. Derived sizes come from
+methods (``num_updates()``, ``effective_max_lead_steps()``, ``actor_throttle()``),
+never by writing back into the config.
+
+``validate()`` on each dataclass is the one place where values are checked. It
+raises :class:`ConfigError`, whose message names the field and the offending value.
+
+The rules of :class:`LearnerConfig.validate` port those of the reference module's
+``AsyncActorLearnerConfig::validate`` (zero counts, a budget below one update,
+gamma / gae_lambda outside (0, 1], non-positive V-trace clips checked even when
+V-trace is off, and a lead budget too tight for the broadcast cadence).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ActorConfig",
+    "ActorThrottle",
+    "ConfigError",
+    "LearnerConfig",
+    "PPOConfig",
+    "PolicyConfig",
+]
+
+DEFAULT_PORT = 5555
+"""The learner's control (ROUTER) port; experience is on +1 and weights on +2."""
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. ``field`` names it, ``value`` holds it."""
+
+    def __init__(self, field_name: str, value: Any, reason: str) -> None:
+        super().__init__(f"{field_name}={value!r}: {reason}")
+        self.field = field_name
+        self.value = value
+        self.reason = reason
+
+
+def _f(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field with help text (used for --help and docs)."""
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+def _require(ok: bool, name: str, value: Any, reason: str) -> None:
+    if not ok:
+        raise ConfigError(name, value, reason)
+
+
+def _positive_int(cfg: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        _require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            name,
+            value,
+            "must be an integer >= 1",
+        )
+
+
+def _non_negative_int(cfg: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        _require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            name,
+            value,
+            "must be an integer >= 0",
+        )
+
+
+def _finite(cfg: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        _require(
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value),
+            name,
+            value,
+            "must be a finite number",
+        )
+
+
+def _unit_interval(cfg: Any, *names: str) -> None:
+    """Check that each named field lies in the half-open interval (0, 1]."""
+    _finite(cfg, *names)
+    for name in names:
+        value = getattr(cfg, name)
+        _require(0.0 < value <= 1.0, name, value, "must be in (0, 1]")
+
+
+def _positive(cfg: Any, *names: str) -> None:
+    _finite(cfg, *names)
+    for name in names:
+        value = getattr(cfg, name)
+        _require(value > 0.0, name, value, "must be positive")
+
+
+def _non_negative(cfg: Any, *names: str) -> None:
+    _finite(cfg, *names)
+    for name in names:
+        value = getattr(cfg, name)
+        _require(value >= 0.0, name, value, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class ActorThrottle:
+    """The staleness valve of one actor (the reference's ``ActorThrottle``).
+
+    Policy version ``v`` proves that the learner consumed
+    ``(v - base_version) * steps_per_broadcast`` steps from every slot of this actor,
+    so the actor pauses once its steps per slot reach that mark plus
+    ``max_lead_steps`` and waits for the next broadcast. The budget is cumulative:
+    a per-version allowance would let production outpace consumption and grow the
+    backlog (and the staleness) linearly over the run.
+
+    ``base_version`` is the version from which the learner consumes this actor's
+    slots: 0 for the actors present at the start, later for an actor that joins a
+    running learner (its welcome says which). ``max_lead_steps == 0`` disables the
+    valve (unbounded lead).
+    """
+
+    steps_per_broadcast: int
+    max_lead_steps: int
+    base_version: int = 0
+
+    @classmethod
+    def disabled(cls) -> ActorThrottle:
+        """A throttle that never pauses (unbounded lead)."""
+        return cls(steps_per_broadcast=0, max_lead_steps=0)
+
+    def budget(self, version: int) -> int:
+        """Steps per slot this actor may have sent while running ``version``."""
+        proven = max(0, version - self.base_version) * self.steps_per_broadcast
+        return proven + self.max_lead_steps
+
+    def should_pause(self, steps_sent: int, version: int) -> bool:
+        """Whether an actor that sent ``steps_sent`` steps per slot must wait."""
+        return self.max_lead_steps != 0 and steps_sent >= self.budget(version)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The actor-critic network (see :mod:`zmq_rl.policy`)."""
+
+    hidden_sizes: tuple[int, ...] = _f((64, 64), "hidden layer widths of the MLP trunks")
+    activation: str = _f("tanh", "hidden activation: tanh or relu", choices=("tanh", "relu"))
+    shared_trunk: bool = _f(False, "one trunk for actor and critic instead of two")
+    ortho_init: bool = _f(True, "orthogonal initialisation (gains sqrt(2), 0.01, 1)")
+    log_std_init: float = _f(0.0, "initial log standard deviation of Gaussian actions")
+
+    def validate(self) -> PolicyConfig:
+        """Check every field; return self so calls chain."""
+        _require(
+            isinstance(self.hidden_sizes, tuple)
+            and len(self.hidden_sizes) >= 1
+            and all(isinstance(h, int) and not isinstance(h, bool) and h >= 1
+                    for h in self.hidden_sizes),
+            "hidden_sizes",
+            self.hidden_sizes,
+            "must be a non-empty list of integers >= 1",
+        )
+        _require(
+            self.activation in ("tanh", "relu"), "activation", self.activation,
+            "must be 'tanh' or 'relu'",
+        )
+        _finite(self, "log_std_init")
+        return self
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """The PPO update (Schulman et al. 2017) run by the learner on each rollout."""
+
+    learning_rate: float = _f(1e-3, "Adam learning rate")
+    anneal_lr: bool = _f(True, "anneal the learning rate linearly to 0 over the budget")
+    num_epochs: int = _f(20, "passes over each rollout")
+    minibatch_size: int = _f(256, "transitions per gradient step (capped at the rollout)")
+    clip_range: float = _f(0.2, "PPO ratio clip epsilon")
+    anneal_clip_range: bool = _f(False, "anneal clip_range linearly to 0 over the budget")
+    clip_value_loss: bool = _f(False, "clip the value loss around the behaviour values")
+    vf_coef: float = _f(0.5, "value loss coefficient")
+    ent_coef: float = _f(0.0, "entropy bonus coefficient")
+    max_grad_norm: float = _f(0.5, "global gradient-norm clip")
+    target_kl: float = _f(0.0, "stop the epochs of an update once approx KL exceeds this; 0 = off")
+    normalize_advantages: bool = _f(True, "normalise advantages per minibatch")
+    adam_eps: float = _f(1e-5, "Adam epsilon")
+
+    def validate(self) -> PPOConfig:
+        """Check every field; return self so calls chain."""
+        _positive(self, "learning_rate", "clip_range", "adam_eps", "max_grad_norm")
+        _positive_int(self, "num_epochs", "minibatch_size")
+        _non_negative(self, "vf_coef", "ent_coef", "target_kl")
+        return self
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """The learner's run: budget, rollout shape, advantages, staleness and sockets.
+
+    The first eleven fields are the reference module's ``AsyncActorLearnerConfig``.
+    A *slot* is one environment instance of one actor; a rollout is
+    ``[num_steps, slots]`` where ``slots = sum of every member actor's num_envs``.
+    """
+
+    num_actors: int = _f(2, "actors that must register before the first update")
+    num_steps: int = _f(32, "steps per slot in each rollout (rows of the [T, slots] batch)")
+    total_env_steps: int = _f(100_000, "env-step budget; the run ends when it is consumed")
+    broadcast_every: int = _f(1, "publish new weights after every N updates")
+    max_lead_steps: int = _f(
+        0, "steps per slot an actor may run ahead of proven consumption; "
+        "0 = 2 * broadcast_every * num_steps"
+    )
+    gamma: float = _f(0.98, "discount factor")
+    gae_lambda: float = _f(0.8, "GAE lambda (validated even when V-trace is on)")
+    use_vtrace: bool = _f(False, "V-trace (Espeholt et al. 2018) instead of GAE")
+    vtrace_rho_bar: float = _f(1.0, "V-trace rho clip (eq. 1); checked even when V-trace is off")
+    vtrace_c_bar: float = _f(1.0, "V-trace c clip (eq. 1); checked even when V-trace is off")
+    seed: int = _f(0, "base seed: learner uses seed, actor i samples with seed + 1 + i")
+
+    env_id: str = _f("CartPole-v1", "gymnasium environment id")
+    envs_per_actor: int = _f(4, "env slots per actor (the default actors are told to run)")
+    fragment_length: int = _f(32, "steps per experience fragment an actor sends")
+    host: str = _f("127.0.0.1", "address to bind (use 0.0.0.0 for other hosts)")
+    port: int = _f(DEFAULT_PORT, "control port; experience binds port + 1, weights port + 2")
+    starvation_timeout: float = _f(
+        60.0, "seconds without any rollout progress before the learner gives up"
+    )
+    eval_every: int = _f(0, "evaluate the policy every N updates; 0 = only at the end")
+    eval_episodes: int = _f(20, "deterministic episodes per evaluation")
+    target_return: float = _f(
+        math.inf, "stop early once an evaluation's mean return reaches this"
+    )
+    run_dir: str = _f("", "directory for metrics, report and checkpoints; empty = none")
+    max_message_bytes: int = _f(
+        64 * 1024 * 1024, "largest message a receiving socket accepts (ZMQ_MAXMSGSIZE)"
+    )
+    torch_threads: int = _f(1, "torch intra-op threads for the update (small nets: 1 is fastest)")
+
+    def validate(self) -> LearnerConfig:
+        """Check every field (the reference's rules first); return self so calls chain."""
+        _positive_int(self, "num_actors", "num_steps", "broadcast_every")
+        _non_negative_int(self, "total_env_steps", "max_lead_steps", "seed")
+        _positive_int(self, "envs_per_actor", "fragment_length", "eval_episodes")
+        per_update = self.num_steps * self.nominal_slots()
+        _require(
+            self.total_env_steps >= per_update,
+            "total_env_steps",
+            self.total_env_steps,
+            f"must cover at least one update ({per_update} = num_steps * num_actors"
+            " * envs_per_actor)",
+        )
+        _unit_interval(self, "gamma", "gae_lambda")
+        _positive(self, "vtrace_rho_bar", "vtrace_c_bar")
+        cycle = self.broadcast_every * self.num_steps
+        _require(
+            self.max_lead_steps == 0 or self.max_lead_steps >= cycle,
+            "max_lead_steps",
+            self.max_lead_steps,
+            f"must be 0 or >= broadcast_every * num_steps ({cycle}), "
+            "or the learner's fill loop deadlocks",
+        )
+        _non_negative_int(self, "eval_every")
+        _positive_int(self, "torch_threads")
+        _require(
+            isinstance(self.env_id, str) and bool(self.env_id), "env_id", self.env_id,
+            "must be a non-empty gymnasium id",
+        )
+        _require(
+            isinstance(self.port, int) and 1 <= self.port <= 65533, "port", self.port,
+            "must be in 1..65533 (the learner binds port, port + 1 and port + 2)",
+        )
+        _positive(self, "starvation_timeout")
+        _require(
+            isinstance(self.target_return, (int, float)) and not math.isnan(self.target_return),
+            "target_return", self.target_return, "must be a number (inf = never stop early)",
+        )
+        _require(
+            isinstance(self.max_message_bytes, int) and self.max_message_bytes >= 1024,
+            "max_message_bytes", self.max_message_bytes, "must be an integer >= 1024",
+        )
+        return self
+
+    def num_updates(self) -> int:
+        """PPO updates the budget buys at the nominal membership, as in the reference:
+        ``total_env_steps // (num_steps * nominal_slots())``, at least 1."""
+        return max(1, self.total_env_steps // (self.num_steps * self.nominal_slots()))
+
+    def nominal_slots(self) -> int:
+        """Slots when every one of ``num_actors`` actors runs ``envs_per_actor`` envs."""
+        return self.num_actors * self.envs_per_actor
+
+    def steps_per_broadcast(self) -> int:
+        """Steps per slot the learner consumes between two broadcasts."""
+        return self.broadcast_every * self.num_steps
+
+    def effective_max_lead_steps(self) -> int:
+        """``max_lead_steps`` when nonzero, else ``2 * broadcast_every * num_steps``:
+        one broadcast cycle of lead for overlap plus one cycle in flight."""
+        return self.max_lead_steps or 2 * self.steps_per_broadcast()
+
+    def actor_throttle(self, base_version: int = 0) -> ActorThrottle:
+        """The staleness valve for an actor whose slots are consumed from
+        ``base_version`` on."""
+        return ActorThrottle(
+            steps_per_broadcast=self.steps_per_broadcast(),
+            max_lead_steps=self.effective_max_lead_steps(),
+            base_version=base_version,
+        )
+
+    def experience_port(self) -> int:
+        """The PULL port for experience fragments."""
+        return self.port + 1
+
+    def weights_port(self) -> int:
+        """The PUB port for weights."""
+        return self.port + 2
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """One actor process: where the learner is and what it runs."""
+
+    learner: str = _f(
+        f"127.0.0.1:{DEFAULT_PORT}", "learner control endpoint HOST[:PORT] or tcp://HOST:PORT"
+    )
+    env_id: str = _f("", "gymnasium env id; empty = the learner's env")
+    num_envs: int = _f(0, "env slots in this actor; 0 = the learner's envs_per_actor")
+    seed: int = _f(-1, "sampling seed; -1 = the run's seed + 1 + actor id")
+    actor_id: int = _f(-1, "requested actor id; -1 = the learner assigns the lowest free one")
+    register_timeout: float = _f(30.0, "seconds to wait for the learner's welcome")
+    torch_threads: int = _f(1, "torch intra-op threads for inference")
+
+    def validate(self) -> ActorConfig:
+        """Check every field; return self so calls chain."""
+        _require(
+            isinstance(self.learner, str) and bool(self.learner.strip()),
+            "learner", self.learner, "must be HOST[:PORT]",
+        )
+        _non_negative_int(self, "num_envs")
+        for name in ("seed", "actor_id"):
+            value = getattr(self, name)
+            _require(
+                isinstance(value, int) and not isinstance(value, bool) and value >= -1,
+                name, value, "must be an integer >= -1",
+            )
+        _positive(self, "register_timeout")
+        _positive_int(self, "torch_threads")
+        return self
+
+
+def replace(cfg: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` that validates the result."""
+    return dataclasses.replace(cfg, **changes).validate()

@@ -1,0 +1,674 @@
+"""The learner: binds the sockets, keeps membership, assembles rollouts, trains.
+
+One thread, one loop (the reference's ``learner_loop`` lifted onto sockets):
+
+1. **Fill**: poll PULL (fragments) and ROUTER (hello, heartbeat, bye) until every
+   member slot holds ``num_steps`` rows. Rows beyond the quota stay queued.
+2. **Train**: take the ``[num_steps, slots]`` rollout, compute GAE or V-trace
+   targets (:mod:`zmq_rl.targets`) and run one PPO update (:mod:`zmq_rl.ppo`).
+3. **Broadcast**: every ``broadcast_every`` updates, version += 1 and PUBlish the
+   weights; actors that registered during the last cycle become members now.
+
+The run ends when the env-step budget is spent (or an evaluation reaches
+``target_return``); then every actor is told to shut down and its ``bye`` (with its
+stats) is collected for the report. Socket code stays here; RL math does not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import zmq
+
+from .config import LearnerConfig, PolicyConfig, PPOConfig
+from .evaluation import evaluate_policy
+from .policy import build_policy, export_weights
+from .ppo import PPOTrainer
+from .protocol import (
+    Bye,
+    Fragment,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    ProtocolVersionMismatch,
+    Refuse,
+    Shutdown,
+    Weights,
+    Welcome,
+    decode,
+    encode,
+    space_from_spec,
+    space_spec,
+    spaces_equal,
+)
+from .rollout import SlotKey, SlotQueues
+from .targets import TargetSettings, rollout_to_batch
+from .transport import WEIGHTS_HWM, SocketOptions, make_socket, tcp_endpoint
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 50
+"""Longest a poll blocks, so timers (heartbeats, timeouts) run on time."""
+SHUTDOWN_GRACE_S = 3.0
+"""How long the learner waits for every actor's bye after asking them to stop."""
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+class LearnerStarved(RuntimeError):
+    """No rollout could be completed within ``starvation_timeout``."""
+
+
+@dataclass
+class ActorRecord:
+    """What the learner knows of one registered actor."""
+
+    actor_id: int
+    routing_id: bytes
+    num_envs: int
+    host: str
+    pid: int
+    base_version: int
+    member: bool
+    last_seen: float
+    registered_at: float
+    next_seq: list[int | None] = field(default_factory=list)
+    fragments_received: int = 0
+    steps_received: int = 0
+    steps_consumed: int = 0
+    said_bye: bool = False
+    bye_stats: dict[str, float] = field(default_factory=dict)
+    bye_last_seq: list[int] = field(default_factory=list)
+
+    def slots(self) -> list[SlotKey]:
+        """The ``(actor_id, slot)`` keys of this actor."""
+        return [(self.actor_id, s) for s in range(self.num_envs)]
+
+    def caught_up(self) -> bool:
+        """Whether every fragment the bye says was sent has arrived."""
+        return all(
+            (nxt if nxt is not None else 0) > last
+            for nxt, last in zip(self.next_seq, self.bye_last_seq, strict=False)
+        )
+
+
+@dataclass
+class LearnerReport:
+    """The reference's ``LearnerReport`` fields, plus what a distributed run adds."""
+
+    updates_completed: int = 0
+    env_steps_consumed: int = 0
+    episodes_completed: int = 0
+    broadcasts_sent: int = 0
+    last_policy_version: int = 0
+    episode_rewards: list[float] = field(default_factory=list)
+    final_stats: dict[str, float] | None = None
+    actor_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    evaluations: list[dict[str, float]] = field(default_factory=list)
+    run_id: str = ""
+    wall_seconds: float = 0.0
+    stop_reason: str = ""
+
+    def mean_recent_episode_reward(self, n: int) -> float:
+        """Mean total reward of the last ``n`` completed episodes (0.0 before any)."""
+        if not self.episode_rewards:
+            return 0.0
+        recent = self.episode_rewards[-n:]
+        return float(sum(recent) / len(recent))
+
+    def to_json(self) -> str:
+        """The report as JSON (written as ``report.json`` in the run directory)."""
+        return json.dumps(asdict(self), indent=2, default=float)
+
+
+class Learner:
+    """Owns the sockets, the policy, the optimiser and the run's bookkeeping."""
+
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        ppo: PPOConfig | None = None,
+        policy_cfg: PolicyConfig | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.cfg = cfg.validate()
+        self.ppo_cfg = (ppo or PPOConfig()).validate()
+        self.policy_cfg = (policy_cfg or PolicyConfig()).validate()
+        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(cfg.torch_threads)
+        probe = gym.make(cfg.env_id)
+        self.observation_space = probe.observation_space
+        self.action_space = probe.action_space
+        probe.close()
+        self.policy = build_policy(self.observation_space, self.action_space, self.policy_cfg)
+        self.trainer = PPOTrainer(self.policy, self.ppo_cfg, seed=cfg.seed)
+        self.targets = TargetSettings(
+            gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, use_vtrace=cfg.use_vtrace,
+            rho_bar=cfg.vtrace_rho_bar, c_bar=cfg.vtrace_c_bar,
+        )
+        self.run_id = uuid.uuid4().hex[:12]
+        self.version = 0
+        self.report = LearnerReport(run_id=self.run_id)
+        self.counters: Counter[str] = Counter()
+        self.actors: dict[int, ActorRecord] = {}
+        self.by_routing: dict[bytes, int] = {}
+        self.queues = SlotQueues()
+        self.running_reward: dict[SlotKey, float] = {}
+        self.started = False
+        self._last_heartbeat = 0.0
+        self._weights_frame = b""
+        self._ctx = context or zmq.Context.instance()
+        self._bind()
+        self._publish_weights(publish=False)
+        self._metrics_file = None
+        if cfg.run_dir:
+            Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+            self._metrics_file = open(Path(cfg.run_dir) / "metrics.jsonl", "a")  # noqa: SIM115
+
+    # ------------------------------------------------------------------ sockets
+
+    def _bind(self) -> None:
+        cfg = self.cfg
+        receive = SocketOptions(max_message_bytes=cfg.max_message_bytes)
+        self.control = make_socket(self._ctx, zmq.ROUTER, receive)
+        self.experience = make_socket(self._ctx, zmq.PULL, receive)
+        self.weights = make_socket(self._ctx, zmq.PUB, SocketOptions(sndhwm=WEIGHTS_HWM))
+        try:
+            self.control.bind(tcp_endpoint(cfg.host, cfg.port))
+            self.experience.bind(tcp_endpoint(cfg.host, cfg.experience_port()))
+            self.weights.bind(tcp_endpoint(cfg.host, cfg.weights_port()))
+        except zmq.ZMQError as exc:
+            self.close()
+            raise OSError(
+                f"cannot bind {cfg.host} ports {cfg.port}-{cfg.port + 2}: {exc} "
+                "(choose another --port or stop the other learner)"
+            ) from exc
+        self.poller = zmq.Poller()
+        self.poller.register(self.control, zmq.POLLIN)
+        self.poller.register(self.experience, zmq.POLLIN)
+        log.info(
+            "learner %s listening on %s (control), %d (experience), %d (weights)",
+            self.run_id, tcp_endpoint(cfg.host, cfg.port), cfg.experience_port(),
+            cfg.weights_port(),
+        )
+
+    def close(self) -> None:
+        """Close every socket (linger 0) and the metrics file."""
+        for name in ("control", "experience", "weights"):
+            sock = getattr(self, name, None)
+            if sock is not None:
+                sock.close(linger=0)
+        if getattr(self, "_metrics_file", None):
+            self._metrics_file.close()
+            self._metrics_file = None
+
+    def __enter__(self) -> Learner:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> LearnerReport:
+        """Train until the budget is spent; shut the actors down; return the report."""
+        cfg = self.cfg
+        start = time.monotonic()
+        self._wait_for_actors(start)
+        num_updates = cfg.num_updates()
+        stop_reason = "budget spent"
+        while True:
+            slots = self._member_slots()
+            if self.report.updates_completed > 0 and (
+                self.report.env_steps_consumed + cfg.num_steps * len(slots) > cfg.total_env_steps
+            ):
+                break
+            self._fill()
+            slots = self._member_slots()
+            rollout = self.queues.take(slots, cfg.num_steps)
+            self._account(rollout)
+            progress = min(1.0, self.report.env_steps_consumed / cfg.total_env_steps)
+            batch, diagnostics = rollout_to_batch(rollout, self.policy, self.targets)
+            self.report.env_steps_consumed += rollout.num_steps * rollout.num_slots
+            metrics = self.trainer.update(batch, progress)
+            self.report.updates_completed += 1
+            metrics.update(diagnostics)
+            metrics["charts/policy_lag_mean"] = float(self.version - rollout.versions.mean())
+            metrics["charts/policy_lag_max"] = float(self.version - rollout.versions.min())
+            if self.report.updates_completed % cfg.broadcast_every == 0:
+                self.version += 1
+                self._publish_weights()
+                self._admit_new_actors()
+            self.report.final_stats = metrics
+            solved = self._maybe_evaluate(start, metrics)
+            self._log_progress(start, metrics, num_updates)
+            if solved:
+                stop_reason = f"evaluation reached target_return {cfg.target_return}"
+                break
+        if cfg.eval_every == 0 or not self.report.evaluations or (
+            self.report.evaluations[-1]["updates"] != self.report.updates_completed
+        ):
+            self._evaluate(start)
+        self.report.stop_reason = stop_reason
+        self._shutdown_actors(stop_reason)
+        self.report.wall_seconds = time.monotonic() - start
+        self._finish()
+        return self.report
+
+    def _member_slots(self) -> list[SlotKey]:
+        return [key for rec in self.actors.values() if rec.member for key in rec.slots()]
+
+    def _wait_for_actors(self, start: float) -> None:
+        cfg = self.cfg
+        log.info("waiting for %d actor(s) to register", cfg.num_actors)
+        while len(self.actors) < cfg.num_actors:
+            if time.monotonic() - start > cfg.starvation_timeout:
+                raise LearnerStarved(
+                    f"only {len(self.actors)} of num_actors={cfg.num_actors} actors registered "
+                    f"within starvation_timeout={cfg.starvation_timeout}s"
+                )
+            self._pump(POLL_MS)
+        self.started = True
+        log.info("%d actor(s) registered; training starts", len(self.actors))
+
+    def _fill(self) -> None:
+        """Receive until every member slot holds ``num_steps`` rows."""
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.starvation_timeout
+        while True:
+            slots = self._member_slots()
+            if slots and self.queues.ready(slots, cfg.num_steps):
+                return
+            if time.monotonic() > deadline:
+                raise LearnerStarved(self._starvation_message(slots))
+            self._pump(POLL_MS)
+
+    def _starvation_message(self, slots: list[SlotKey]) -> str:
+        short = self.queues.short_slots(slots, self.cfg.num_steps)
+        silent = sorted({actor_id for actor_id, _ in short})
+        now = time.monotonic()
+        described = ", ".join(
+            f"actor {a} ({self.actors[a].host} pid {self.actors[a].pid}, "
+            f"silent for {now - self.actors[a].last_seen:.1f}s)"
+            for a in silent
+        )
+        return (
+            f"learner starved: no rollout completed within "
+            f"starvation_timeout={self.cfg.starvation_timeout}s; waiting on "
+            f"{described or 'actors that never registered'}"
+        )
+
+    def _account(self, rollout: Any) -> None:
+        """Episode bookkeeping in consumption order (as the reference)."""
+        done = rollout.terminated | rollout.truncated
+        for b, key in enumerate(rollout.slots):
+            running = self.running_reward.get(key, 0.0)
+            for t in range(rollout.num_steps):
+                running += float(rollout.rewards[t, b])
+                if done[t, b]:
+                    self.report.episode_rewards.append(running)
+                    self.report.episodes_completed += 1
+                    running = 0.0
+            self.running_reward[key] = running
+            self.actors[key[0]].steps_consumed += rollout.num_steps
+
+    # ------------------------------------------------------------------ receiving
+
+    def _pump(self, timeout_ms: int) -> None:
+        """Handle every message that arrives within ``timeout_ms``."""
+        self._maybe_heartbeat()
+        events = dict(self.poller.poll(timeout_ms))
+        if self.control in events:
+            for _ in range(1000):
+                try:
+                    frames = self.control.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._on_control(frames)
+        if self.experience in events:
+            for _ in range(10000):
+                try:
+                    frame = self.experience.recv(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._on_experience(frame.buffer)
+
+    def _reject(self, where: str, reason: str, detail: str) -> None:
+        key = f"rejected/{where}/{reason}"
+        self.counters[key] += 1
+        if self.counters[key] in (1, 10, 100, 1000, 10000, 100000):
+            log.warning("rejected %s message #%d (%s): %s", where, self.counters[key], reason,
+                        detail)
+
+    def _on_experience(self, frame: memoryview) -> None:
+        try:
+            fragment = decode(frame, (Fragment,), self.cfg.max_message_bytes)
+        except ProtocolError as exc:
+            self._reject("experience", exc.reason, str(exc))
+            return
+        assert isinstance(fragment, Fragment)
+        problem = self._check_fragment(fragment)
+        if problem:
+            self._reject("experience", *problem)
+            return
+        rec = self.actors[fragment.actor_id]
+        expected = rec.next_seq[fragment.slot]
+        if expected is not None and fragment.seq < expected:
+            self._reject("experience", "duplicate_seq",
+                         f"actor {rec.actor_id} slot {fragment.slot} seq {fragment.seq} "
+                         f"< expected {expected}")
+            return
+        if expected is not None and fragment.seq > expected:
+            self.counters["experience/seq_gaps"] += fragment.seq - expected
+        rec.next_seq[fragment.slot] = fragment.seq + 1
+        rec.last_seen = time.monotonic()
+        rec.fragments_received += 1
+        rec.steps_received += fragment.length
+        self.counters["received/fragments"] += 1
+        self.counters["received/steps"] += fragment.length
+        self.queues.push(fragment)
+
+    def _check_fragment(self, fragment: Fragment) -> tuple[str, str] | None:
+        """Check a fragment against the run; (reason, detail) when it must go."""
+        if fragment.run_id != self.run_id:
+            return "other_run", f"run_id {fragment.run_id!r} is not {self.run_id!r}"
+        rec = self.actors.get(fragment.actor_id)
+        if rec is None:
+            return "unknown_actor", f"actor_id {fragment.actor_id} is not registered"
+        if fragment.slot >= rec.num_envs:
+            return "bad_slot", f"slot {fragment.slot} >= actor's num_envs {rec.num_envs}"
+        obs_space = self.observation_space
+        if fragment.obs.shape[1:] != obs_space.shape or fragment.obs.dtype != obs_space.dtype:
+            return "bad_obs", (
+                f"obs rows {fragment.obs.shape[1:]} {fragment.obs.dtype}, "
+                f"expected {obs_space.shape} {obs_space.dtype}"
+            )
+        actions = fragment.actions
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            n = int(self.action_space.n)
+            if actions.ndim != 1 or actions.dtype.kind != "i":
+                return "bad_actions", f"discrete actions must be int [T], got {actions.dtype}"
+            if actions.size and (actions.min() < 0 or actions.max() >= n):
+                return "bad_actions", f"discrete actions outside [0, {n})"
+        else:
+            shape = (actions.shape[0], *self.action_space.shape)
+            if actions.shape != shape or actions.dtype.kind != "f":
+                return "bad_actions", f"actions {actions.shape} {actions.dtype}, expected {shape}"
+        return None
+
+    def _on_control(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            self._reject("control", "bad_frames", f"{len(frames)} frames")
+            return
+        routing_id, frame = frames
+        try:
+            message = decode(frame, (Hello, Heartbeat, Bye), self.cfg.max_message_bytes)
+        except ProtocolVersionMismatch as exc:
+            self._reject("control", exc.reason, str(exc))
+            self._send_control(routing_id, Refuse("version_mismatch", str(exc)))
+            return
+        except ProtocolError as exc:
+            self._reject("control", exc.reason, str(exc))
+            return
+        if isinstance(message, Hello):
+            self._on_hello(routing_id, message)
+            return
+        actor_id = self.by_routing.get(routing_id)
+        if actor_id is None or actor_id != message.actor_id:
+            self._reject("control", "unknown_actor", f"{message.TYPE} from unregistered peer")
+            self._send_control(
+                routing_id, Refuse("reregister", f"actor {message.actor_id} is not registered "
+                                   f"in run {self.run_id}; say hello again")
+            )
+            return
+        rec = self.actors[actor_id]
+        rec.last_seen = time.monotonic()
+        if isinstance(message, Bye):
+            rec.said_bye = True
+            rec.bye_stats = message.stats
+            rec.bye_last_seq = message.last_seq
+            log.info("actor %d said bye: %s", actor_id, message.stats)
+
+    def _on_hello(self, routing_id: bytes, hello: Hello) -> None:
+        problem = self._check_hello(routing_id, hello)
+        if problem:
+            code, reason = problem
+            self.counters[f"refused/{code}"] += 1
+            log.warning("refused actor from %s pid %d: %s", hello.host, hello.pid, reason)
+            self._send_control(routing_id, Refuse(code, reason))
+            return
+        for old_id in {self.by_routing.get(routing_id), hello.actor_id}:
+            if old_id is not None and old_id in self.actors:
+                self._drop_actor(old_id, "re-registered")
+        actor_id = hello.actor_id
+        if actor_id < 0:
+            actor_id = next(i for i in range(len(self.actors) + 1) if i not in self.actors)
+        now = time.monotonic()
+        base = 0 if not self.started else self.version + 1
+        rec = ActorRecord(
+            actor_id=actor_id, routing_id=routing_id, num_envs=hello.num_envs,
+            host=hello.host, pid=hello.pid, base_version=base, member=not self.started,
+            last_seen=now, registered_at=now, next_seq=[None] * hello.num_envs,
+        )
+        self.actors[actor_id] = rec
+        self.by_routing[routing_id] = actor_id
+        self.counters["registered"] += 1
+        log.info("actor %d registered from %s pid %d with %d env(s); base version %d",
+                 actor_id, hello.host, hello.pid, hello.num_envs, base)
+        self._send_control(routing_id, self._welcome(rec))
+
+    def _check_hello(self, routing_id: bytes, hello: Hello) -> tuple[str, str] | None:
+        if hello.env_id and hello.env_id != self.cfg.env_id:
+            log.info("actor runs env %s, learner %s: comparing spaces", hello.env_id,
+                     self.cfg.env_id)
+        if hello.observation_space or hello.action_space:
+            try:
+                theirs_obs = space_from_spec(hello.observation_space, "hello.observation_space")
+                theirs_act = space_from_spec(hello.action_space, "hello.action_space")
+            except ProtocolError as exc:
+                return "bad_hello", str(exc)
+            if not (spaces_equal(theirs_obs, self.observation_space)
+                    and spaces_equal(theirs_act, self.action_space)):
+                return "space_mismatch", (
+                    f"env spaces differ: actor ({hello.env_id}) has observation {theirs_obs} "
+                    f"and action {theirs_act}; learner ({self.cfg.env_id}) has observation "
+                    f"{self.observation_space} and action {self.action_space}"
+                )
+        rec = self.actors.get(hello.actor_id)
+        if rec is not None and not rec.said_bye and rec.routing_id != routing_id:
+            return "duplicate_id", (
+                f"actor id {hello.actor_id} is already taken by a live actor on "
+                f"{rec.host} pid {rec.pid}; pass another --actor-id or -1"
+            )
+        return None
+
+    def _welcome(self, rec: ActorRecord) -> Welcome:
+        cfg = self.cfg
+        config = {
+            "env_id": cfg.env_id,
+            "observation_space": space_spec(self.observation_space),
+            "action_space": space_spec(self.action_space),
+            "policy": {
+                **asdict(self.policy_cfg), "hidden_sizes": list(self.policy_cfg.hidden_sizes)
+            },
+            "num_steps": cfg.num_steps,
+            "broadcast_every": cfg.broadcast_every,
+            "steps_per_broadcast": cfg.steps_per_broadcast(),
+            "max_lead_steps": cfg.effective_max_lead_steps(),
+            "fragment_length": cfg.fragment_length,
+            "envs_per_actor": cfg.envs_per_actor,
+            "seed": cfg.seed,
+            "heartbeat_interval": HEARTBEAT_INTERVAL_S,
+        }
+        return Welcome(
+            actor_id=rec.actor_id, run_id=self.run_id, base_version=rec.base_version,
+            experience_port=cfg.experience_port(), weights_port=cfg.weights_port(),
+            config=config, weights=self._current_weights,
+        )
+
+    def _send_control(self, routing_id: bytes, message: Any) -> bool:
+        try:
+            self.control.send_multipart([routing_id, encode(message)], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:  # EHOSTUNREACH (peer gone) or EAGAIN (its queue is full)
+            self.counters["control/undeliverable"] += 1
+            return False
+
+    def _maybe_heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_heartbeat < HEARTBEAT_INTERVAL_S:
+            return
+        self._last_heartbeat = now
+        beat = Heartbeat(actor_id=-1, run_id=self.run_id, version=self.version)
+        for rec in self.actors.values():
+            if not rec.said_bye:
+                self._send_control(rec.routing_id, beat)
+
+    def _drop_actor(self, actor_id: int, reason: str) -> None:
+        rec = self.actors.pop(actor_id)
+        self.by_routing.pop(rec.routing_id, None)
+        fragments, rows = self.queues.drop_actor(actor_id)
+        if rows:
+            self.counters[f"discarded/steps/{reason}"] += rows
+            self.counters[f"discarded/fragments/{reason}"] += fragments
+        self.report.actor_stats[str(actor_id)] = self._actor_summary(rec)
+
+    def _admit_new_actors(self) -> None:
+        for rec in self.actors.values():
+            if not rec.member and not rec.said_bye:
+                rec.member = True
+                log.info("actor %d joins the rollout at version %d", rec.actor_id, self.version)
+
+    # ------------------------------------------------------------------ weights
+
+    def _publish_weights(self, publish: bool = True) -> None:
+        self._current_weights = Weights(
+            version=self.version, run_id=self.run_id, tensors=export_weights(self.policy)
+        )
+        if publish:
+            self.weights.send(encode(self._current_weights), copy=False)
+            self.report.broadcasts_sent += 1
+            self.report.last_policy_version = self.version
+
+    # ------------------------------------------------------------------ evaluation & output
+
+    def _maybe_evaluate(self, start: float, metrics: dict[str, float]) -> bool:
+        every = self.cfg.eval_every
+        if every and self.report.updates_completed % every == 0:
+            result = self._evaluate(start)
+            metrics["eval/mean_return"] = result["mean_return"]
+            return result["mean_return"] >= self.cfg.target_return
+        return False
+
+    def _evaluate(self, start: float) -> dict[str, float]:
+        mean, std = evaluate_policy(
+            self.policy, self.cfg.env_id, self.cfg.eval_episodes, seed=self.cfg.seed + 10_000
+        )
+        result = {
+            "updates": self.report.updates_completed,
+            "env_steps": self.report.env_steps_consumed,
+            "wall_seconds": time.monotonic() - start,
+            "mean_return": mean,
+            "std_return": std,
+        }
+        self.report.evaluations.append(result)
+        log.info("evaluation after %d steps: %.1f ± %.1f over %d episodes",
+                 result["env_steps"], mean, std, self.cfg.eval_episodes)
+        return result
+
+    def _log_progress(self, start: float, metrics: dict[str, float], num_updates: int) -> None:
+        elapsed = time.monotonic() - start
+        report = self.report
+        row = {
+            "update": report.updates_completed,
+            "env_steps": report.env_steps_consumed,
+            "wall_seconds": elapsed,
+            "version": self.version,
+            "charts/SPS": report.env_steps_consumed / max(elapsed, 1e-9),
+            "charts/mean_return": report.mean_recent_episode_reward(100),
+            "charts/episodes": report.episodes_completed,
+            "charts/actors": sum(1 for r in self.actors.values() if r.member),
+            **metrics,
+        }
+        if self._metrics_file is not None:
+            self._metrics_file.write(json.dumps(row) + "\n")
+            self._metrics_file.flush()
+        log.info(
+            "update %d/%d  steps %d  %.0f steps/s  return %.1f  actors %d  lag %.2f  "
+            "loss %.3f  entropy %.3f",
+            report.updates_completed, num_updates, report.env_steps_consumed, row["charts/SPS"],
+            row["charts/mean_return"], row["charts/actors"], metrics["charts/policy_lag_mean"],
+            metrics.get("losses/policy_loss", math.nan), metrics.get("losses/entropy", math.nan),
+        )
+
+    def _shutdown_actors(self, reason: str) -> None:
+        """Tell every actor to stop; collect byes and trailing fragments (bounded)."""
+        message = Shutdown(reason=reason, run_id=self.run_id)
+        for rec in self.actors.values():
+            self._send_control(rec.routing_id, message)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        while time.monotonic() < deadline:
+            if all(rec.said_bye and rec.caught_up() for rec in self.actors.values()):
+                break
+            self._pump(POLL_MS)
+        missing = [a for a, rec in self.actors.items() if not rec.said_bye]
+        if missing:
+            log.warning("no bye from actor(s) %s within %.1fs", missing, SHUTDOWN_GRACE_S)
+
+    def _actor_summary(self, rec: ActorRecord) -> dict[str, Any]:
+        return {
+            "actor_id": rec.actor_id,
+            "host": rec.host,
+            "pid": rec.pid,
+            "num_envs": rec.num_envs,
+            "said_bye": rec.said_bye,
+            "fragments_received": rec.fragments_received,
+            "steps_received": rec.steps_received,
+            "steps_consumed": rec.steps_consumed,
+            **{f"actor/{k}": v for k, v in rec.bye_stats.items()},
+        }
+
+    def _finish(self) -> None:
+        for actor_id, rec in self.actors.items():
+            self.report.actor_stats[str(actor_id)] = self._actor_summary(rec)
+        self.counters["consumed/steps"] = self.report.env_steps_consumed
+        queued = self.queues.total_rows()
+        if queued:
+            self.counters["discarded/steps/run_ended"] += queued
+        self.report.counters = dict(self.counters)
+        if self.cfg.run_dir:
+            run_dir = Path(self.cfg.run_dir)
+            _atomic_write_bytes(run_dir / "report.json", self.report.to_json().encode())
+            self.save_policy(run_dir / "policy.pt")
+
+    def save_policy(self, path: Path) -> None:
+        """Save the policy (tensors + the config needed to rebuild it), atomically."""
+        state = {
+            "policy": self.policy.state_dict(),
+            "policy_config": json.dumps(
+                {**asdict(self.policy_cfg), "hidden_sizes": list(self.policy_cfg.hidden_sizes)}
+            ),
+            "env_id": self.cfg.env_id,
+            "version": self.version,
+        }
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

@@ -1,0 +1,638 @@
+"""Wire protocol v1: every message that crosses a socket, and nothing else.
+
+A message is one ZeroMQ frame holding one msgpack map. Every map has
+
+* ``"proto"``: the protocol version (:data:`PROTOCOL_VERSION`), and
+* ``"type"``: the message type (``"fragment"``, ``"weights"``, ``"hello"``, ...),
+
+plus the fields of that type. Arrays travel as a map
+``{"dtype": str, "shape": [int, ...], "data": bin}`` holding the raw little-endian,
+C-ordered bytes of a numpy array whose dtype is one of :data:`ARRAY_DTYPES`.
+Nothing here constructs arbitrary objects: msgpack yields only maps, lists,
+strings, numbers and bytes, and every field is checked before a message object
+exists. ``docs/protocol.md`` is the normative specification of the same rules.
+
+``encode(msg) -> bytes`` and ``decode(frame) -> Message`` are the only entry
+points the socket code needs. ``decode`` raises :class:`ProtocolError` (with a
+``reason`` code used by the reject counters) for anything malformed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+"""Bumped whenever a message changes incompatibly."""
+
+ARRAY_DTYPES = ("bool", "int8", "uint8", "int32", "int64", "float32", "float64")
+"""The only dtypes an array may declare (little-endian for multi-byte types)."""
+
+MAX_ARRAY_DIMS = 8
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class ProtocolError(ValueError):
+    """A frame is not a valid protocol-v1 message.
+
+    ``reason`` is a short stable code (``"not_msgpack"``, ``"bad_field"``, ...) under
+    which receivers count rejects; the message says what exactly is wrong.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ProtocolVersionMismatch(ProtocolError):
+    """The peer speaks another protocol version (``theirs``) than we do."""
+
+    def __init__(self, theirs: Any) -> None:
+        super().__init__(
+            "version_mismatch",
+            f"protocol version mismatch: peer speaks {theirs!r}, we speak {PROTOCOL_VERSION}",
+        )
+        self.theirs = theirs
+
+
+# --------------------------------------------------------------------------- arrays
+
+
+def encode_array(array: np.ndarray) -> dict[str, Any]:
+    """Encode a numpy array as ``{"dtype", "shape", "data"}`` (raw C-order bytes)."""
+    array = np.asarray(array)
+    name = array.dtype.name
+    if name not in ARRAY_DTYPES:
+        raise TypeError(f"dtype {name} cannot travel; allowed: {', '.join(ARRAY_DTYPES)}")
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return {
+        "dtype": name,
+        "shape": list(array.shape),
+        "data": np.ascontiguousarray(array).tobytes(),
+    }
+
+
+def decode_array(value: Any, where: str) -> np.ndarray:
+    """Decode and validate an encoded array; the result is a read-only view."""
+    if not isinstance(value, dict) or set(value) != {"dtype", "shape", "data"}:
+        raise ProtocolError("bad_array", f"{where}: expected an array map {{dtype, shape, data}}")
+    dtype, shape, data = value["dtype"], value["shape"], value["data"]
+    if dtype not in ARRAY_DTYPES:
+        raise ProtocolError("bad_dtype", f"{where}: dtype {dtype!r} is not one of {ARRAY_DTYPES}")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_ARRAY_DIMS
+        or not all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise ProtocolError("bad_shape", f"{where}: shape {shape!r} is not a list of ints >= 0")
+    if not isinstance(data, bytes):
+        raise ProtocolError("bad_array", f"{where}: data must be bytes")
+    np_dtype = np.dtype(dtype).newbyteorder("<") if dtype not in ("bool", "int8", "uint8") else (
+        np.dtype(dtype)
+    )
+    expected = math.prod(shape) * np_dtype.itemsize
+    if expected != len(data):
+        raise ProtocolError(
+            "size_mismatch",
+            f"{where}: shape {shape} of {dtype} needs {expected} bytes, got {len(data)}",
+        )
+    array = np.frombuffer(data, dtype=np_dtype).reshape(shape)
+    if dtype == "bool" and array.size and not np.isin(array.view(np.uint8), (0, 1)).all():
+        raise ProtocolError("bad_value", f"{where}: bool array holds bytes other than 0 and 1")
+    return array
+
+
+# --------------------------------------------------------------------------- spaces
+
+
+def space_spec(space: Any) -> dict[str, Any]:
+    """Describe a gymnasium ``Box`` or ``Discrete`` space as a plain map."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        return {"kind": "discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, spaces.Box):
+        return {
+            "kind": "box",
+            "shape": list(space.shape),
+            "dtype": space.dtype.name,
+            "low": encode_array(np.asarray(space.low)),
+            "high": encode_array(np.asarray(space.high)),
+        }
+    raise TypeError(f"space {space} is not supported (only Box and Discrete)")
+
+
+def space_from_spec(spec: Any, where: str = "space") -> Any:
+    """Rebuild a gymnasium space from :func:`space_spec` output, validating it."""
+    from gymnasium import spaces
+
+    if not isinstance(spec, dict):
+        raise ProtocolError("bad_field", f"{where}: expected a space map")
+    kind = spec.get("kind")
+    try:
+        if kind == "discrete":
+            n, start = spec.get("n"), spec.get("start", 0)
+            if type(n) is not int or n < 1 or type(start) is not int:
+                raise ProtocolError("bad_field", f"{where}: discrete n={n!r} start={start!r}")
+            return spaces.Discrete(n, start=start)
+        if kind == "box":
+            low = decode_array(spec.get("low"), f"{where}.low")
+            high = decode_array(spec.get("high"), f"{where}.high")
+            shape = spec.get("shape")
+            dtype = spec.get("dtype")
+            if dtype not in ARRAY_DTYPES or list(low.shape) != shape or list(high.shape) != shape:
+                raise ProtocolError("bad_field", f"{where}: inconsistent box {shape} {dtype}")
+            return spaces.Box(low=low, high=high, shape=tuple(shape), dtype=np.dtype(dtype))
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ProtocolError):
+            raise
+        raise ProtocolError("bad_field", f"{where}: {exc}") from exc
+    raise ProtocolError("bad_field", f"{where}: unknown space kind {kind!r}")
+
+
+def spaces_equal(a: Any, b: Any) -> bool:
+    """Whether two gymnasium spaces are the same (kind, shape, dtype and bounds)."""
+    return a == b
+
+
+# --------------------------------------------------------------------------- field checks
+
+
+def _int(value: Any, where: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
+    if type(value) is not int or not lo <= value <= hi:
+        raise ProtocolError("bad_field", f"{where}: expected an int in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def _str(value: Any, where: str, max_len: int = 256) -> str:
+    if not isinstance(value, str) or len(value) > max_len:
+        raise ProtocolError("bad_field", f"{where}: expected a string of <= {max_len} chars")
+    return value
+
+
+def _finite_float(value: Any, where: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise ProtocolError("bad_value", f"{where}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _map(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ProtocolError("bad_field", f"{where}: expected a map with string keys")
+    return value
+
+
+def _numbers(value: Any, where: str) -> dict[str, float]:
+    """A flat map of string -> finite number (stats, counters)."""
+    out = {}
+    for key, number in _map(value, where).items():
+        out[key] = _finite_float(number, f"{where}.{key}")
+    return out
+
+
+def _array(value: Any, where: str, dtypes: tuple[str, ...], ndim: int | None = None) -> np.ndarray:
+    array = decode_array(value, where)
+    if array.dtype.name not in dtypes:
+        raise ProtocolError("bad_dtype", f"{where}: dtype {array.dtype.name}, expected {dtypes}")
+    if ndim is not None and array.ndim != ndim:
+        raise ProtocolError("bad_shape", f"{where}: expected {ndim} dims, got {list(array.shape)}")
+    return array
+
+
+def _require_finite(array: np.ndarray, where: str) -> None:
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise ProtocolError("not_finite", f"{where}: holds NaN or inf")
+
+
+# --------------------------------------------------------------------------- messages
+
+
+class Message:
+    """Base of every message type; ``TYPE`` is its ``"type"`` string."""
+
+    TYPE: ClassVar[str] = ""
+
+    def to_map(self) -> dict[str, Any]:
+        """The msgpack map of this message (without the envelope)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_map(cls, body: dict[str, Any]) -> Message:
+        """Validate ``body`` and build the message, or raise ProtocolError."""
+        raise NotImplementedError
+
+
+FLOAT_DTYPES = ("float32", "float64")
+OBS_DTYPES = ("float32", "float64", "uint8", "int8", "int32", "int64")
+ACTION_DTYPES = ("int64", "int32", "float32", "float64")
+
+
+@dataclass
+class Fragment(Message):
+    """T >= 1 consecutive steps of one env slot of one actor.
+
+    Row ``t`` holds the observation the action was taken in, the action, and what
+    the step returned. ``next_obs`` is the observation after the last row (the
+    reset observation when the last row ended an episode). For every row that was
+    truncated (and not terminated) ``final_obs`` holds the true last observation of
+    that episode, in row order, and ``final_obs_index`` the row numbers, so the
+    learner can bootstrap V(final observation).
+    """
+
+    TYPE: ClassVar[str] = "fragment"
+
+    actor_id: int
+    slot: int
+    version: int
+    seq: int
+    run_id: str
+    obs: np.ndarray  # [T, *obs_shape]
+    actions: np.ndarray  # [T] (discrete) or [T, act_dim] (continuous)
+    rewards: np.ndarray  # [T] float32
+    terminated: np.ndarray  # [T] bool
+    truncated: np.ndarray  # [T] bool
+    values: np.ndarray  # [T] float32, behaviour V(obs_t)
+    log_probs: np.ndarray  # [T] float32, behaviour log mu(a_t | obs_t)
+    next_obs: np.ndarray  # [*obs_shape]
+    final_obs_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [K]
+    final_obs: np.ndarray | None = None  # [K, *obs_shape]
+    sent_at: float = 0.0
+
+    ARRAYS: ClassVar[tuple[str, ...]] = (
+        "obs", "actions", "rewards", "terminated", "truncated", "values", "log_probs",
+        "next_obs", "final_obs_index", "final_obs",
+    )
+
+    @property
+    def length(self) -> int:
+        """T, the number of steps."""
+        return int(self.rewards.shape[0])
+
+    def to_map(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "actor_id": self.actor_id,
+            "slot": self.slot,
+            "version": self.version,
+            "seq": self.seq,
+            "run_id": self.run_id,
+            "sent_at": float(self.sent_at),
+        }
+        final_obs = self.final_obs
+        if final_obs is None:
+            final_obs = np.zeros((0, *self.next_obs.shape), self.next_obs.dtype)
+        for name in self.ARRAYS:
+            body[name] = encode_array(final_obs if name == "final_obs" else getattr(self, name))
+        return body
+
+    @classmethod
+    def from_map(cls, body: dict[str, Any]) -> Fragment:
+        arrays = {}
+        arrays["obs"] = _array(body.get("obs"), "fragment.obs", OBS_DTYPES)
+        arrays["actions"] = _array(body.get("actions"), "fragment.actions", ACTION_DTYPES)
+        arrays["rewards"] = _array(body.get("rewards"), "fragment.rewards", FLOAT_DTYPES, 1)
+        arrays["terminated"] = _array(body.get("terminated"), "fragment.terminated", ("bool",), 1)
+        arrays["truncated"] = _array(body.get("truncated"), "fragment.truncated", ("bool",), 1)
+        arrays["values"] = _array(body.get("values"), "fragment.values", FLOAT_DTYPES, 1)
+        arrays["log_probs"] = _array(body.get("log_probs"), "fragment.log_probs", FLOAT_DTYPES, 1)
+        arrays["next_obs"] = _array(body.get("next_obs"), "fragment.next_obs", OBS_DTYPES)
+        arrays["final_obs_index"] = _array(
+            body.get("final_obs_index"), "fragment.final_obs_index", ("int32", "int64"), 1
+        )
+        arrays["final_obs"] = _array(body.get("final_obs"), "fragment.final_obs", OBS_DTYPES)
+        length = arrays["rewards"].shape[0]
+        if length < 1:
+            raise ProtocolError("bad_shape", "fragment: T must be >= 1")
+        for name in ("obs", "actions", "terminated", "truncated", "values", "log_probs"):
+            if arrays[name].ndim < 1 or arrays[name].shape[0] != length:
+                raise ProtocolError(
+                    "bad_shape",
+                    f"fragment.{name}: leading dim {list(arrays[name].shape)} != T={length}",
+                )
+        if arrays["actions"].ndim > 2:
+            raise ProtocolError("bad_shape", "fragment.actions: expected [T] or [T, act_dim]")
+        obs_shape = arrays["obs"].shape[1:]
+        if arrays["next_obs"].shape != obs_shape:
+            raise ProtocolError(
+                "bad_shape",
+                f"fragment.next_obs: shape {list(arrays['next_obs'].shape)} != obs "
+                f"row shape {list(obs_shape)}",
+            )
+        index = arrays["final_obs_index"]
+        if arrays["final_obs"].shape != (index.shape[0], *obs_shape):
+            raise ProtocolError(
+                "bad_shape",
+                f"fragment.final_obs: shape {list(arrays['final_obs'].shape)} != "
+                f"[{index.shape[0]}, {', '.join(map(str, obs_shape))}]",
+            )
+        needs_final = np.flatnonzero(arrays["truncated"] & ~arrays["terminated"])
+        if not np.array_equal(index.astype(np.int64), needs_final):
+            raise ProtocolError(
+                "bad_field",
+                f"fragment.final_obs_index: {index.tolist()} must list exactly the truncated, "
+                f"non-terminated rows {needs_final.tolist()}",
+            )
+        for name in ("obs", "actions", "rewards", "values", "log_probs", "next_obs", "final_obs"):
+            _require_finite(arrays[name], f"fragment.{name}")
+        return cls(
+            actor_id=_int(body.get("actor_id"), "fragment.actor_id"),
+            slot=_int(body.get("slot"), "fragment.slot", 0, 65535),
+            version=_int(body.get("version"), "fragment.version"),
+            seq=_int(body.get("seq"), "fragment.seq"),
+            run_id=_str(body.get("run_id"), "fragment.run_id"),
+            sent_at=_finite_float(body.get("sent_at", 0.0), "fragment.sent_at"),
+            **arrays,
+        )
+
+
+@dataclass
+class Weights(Message):
+    """A versioned policy: every tensor of the network, by name, in order.
+
+    Published on PUB after every ``broadcast_every`` updates and embedded in the
+    welcome. ``extras`` holds other named arrays that actors must apply exactly as
+    the learner does (e.g. observation-normalisation statistics).
+    """
+
+    TYPE: ClassVar[str] = "weights"
+
+    version: int
+    run_id: str
+    tensors: list[tuple[str, np.ndarray]]
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def to_map(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "run_id": self.run_id,
+            "tensors": [[name, encode_array(a)] for name, a in self.tensors],
+            "extras": {name: encode_array(a) for name, a in self.extras.items()},
+        }
+
+    @classmethod
+    def from_map(cls, body: dict[str, Any]) -> Weights:
+        tensors_raw = body.get("tensors")
+        if not isinstance(tensors_raw, list) or not tensors_raw:
+            raise ProtocolError("bad_field", "weights.tensors: expected a non-empty list")
+        tensors = []
+        seen = set()
+        for i, entry in enumerate(tensors_raw):
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise ProtocolError("bad_field", f"weights.tensors[{i}]: expected [name, array]")
+            name = _str(entry[0], f"weights.tensors[{i}].name")
+            if name in seen:
+                raise ProtocolError("bad_field", f"weights.tensors: duplicate name {name!r}")
+            seen.add(name)
+            array = _array(entry[1], f"weights.tensors[{name}]", ARRAY_DTYPES)
+            _require_finite(array, f"weights.tensors[{name}]")
+            tensors.append((name, array))
+        extras = {}
+        for name, value in _map(body.get("extras", {}), "weights.extras").items():
+            extras[name] = _array(value, f"weights.extras[{name}]", ARRAY_DTYPES)
+            _require_finite(extras[name], f"weights.extras[{name}]")
+        return cls(
+            version=_int(body.get("version"), "weights.version"),
+            run_id=_str(body.get("run_id"), "weights.run_id"),
+            tensors=tensors,
+            extras=extras,
+        )
+
+
+@dataclass
+class Hello(Message):
+    """Actor → learner on DEALER: ask to join the run.
+
+    ``actor_id`` -1 lets the learner choose. ``rejoin_run_id`` names the run the
+    actor was in before (empty on first contact) so a restarted learner can tell
+    re-registration from a new actor.
+    """
+
+    TYPE: ClassVar[str] = "hello"
+
+    actor_id: int
+    env_id: str
+    observation_space: dict[str, Any]
+    action_space: dict[str, Any]
+    num_envs: int
+    host: str = ""
+    pid: int = 0
+    rejoin_run_id: str = ""
+
+    def to_map(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_map(cls, body: dict[str, Any]) -> Hello:
+        return cls(
+            actor_id=_int(body.get("actor_id"), "hello.actor_id", -1, 2**31 - 1),
+            env_id=_str(body.get("env_id"), "hello.env_id"),
+            observation_space=_map(body.get("observation_space"), "hello.observation_space"),
+            action_space=_map(body.get("action_space"), "hello.action_space"),
+            num_envs=_int(body.get("num_envs"), "hello.num_envs", 1, 4096),
+            host=_str(body.get("host", ""), "hello.host"),
+            pid=_int(body.get("pid", 0), "hello.pid"),
+            rejoin_run_id=_str(body.get("rejoin_run_id", ""), "hello.rejoin_run_id"),
+        )
+
+
+@dataclass
+class Welcome(Message):
+    """Learner → actor on ROUTER: registration accepted.
+
+    Carries the actor's id, the run id, the ports of the data sockets, the run's
+    settings the actor needs (``config``), the version from which its slots are
+    consumed (``base_version``, for the staleness valve) and the current weights,
+    so an actor never acts on random or stale weights.
+    """
+
+    TYPE: ClassVar[str] = "welcome"
+
+    actor_id: int
+    run_id: str
+    base_version: int
+    experience_port: int
+    weights_port: int
+    config: dict[str, Any]
+    weights: Weights
+
+    def to_map(self) -> dict[str, Any]:
+        return {
+            "actor_id": self.actor_id,
+            "run_id": self.run_id,
+            "base_version": self.base_version,
+            "experience_port": self.experience_port,
+            "weights_port": self.weights_port,
+            "config": self.config,
+            "weights": self.weights.to_map(),
+        }
+
+    @classmethod
+    def from_map(cls, body: dict[str, Any]) -> Welcome:
+        return cls(
+            actor_id=_int(body.get("actor_id"), "welcome.actor_id", 0, 2**31 - 1),
+            run_id=_str(body.get("run_id"), "welcome.run_id"),
+            base_version=_int(body.get("base_version"), "welcome.base_version"),
+            experience_port=_int(body.get("experience_port"), "welcome.experience_port", 1, 65535),
+            weights_port=_int(body.get("weights_port"), "welcome.weights_port", 1, 65535),
+            config=_map(body.get("config"), "welcome.config"),
+            weights=Weights.from_map(_map(body.get("weights"), "welcome.weights")),
+        )
+
+
+@dataclass
+class Refuse(Message):
+    """Learner → actor: registration refused; ``code`` is machine-readable."""
+
+    TYPE: ClassVar[str] = "refuse"
+
+    code: str
+    reason: str
+
+    def to_map(self) -> dict[str, Any]:
+        return {"code": self.code, "reason": self.reason}
+
+    @classmethod
+    def from_map(cls, body: dict[str, Any]) -> Refuse:
+        return cls(
+            code=_str(body.get("code"), "refuse.code"),
+            reason=_str(body.get("reason"), "refuse.reason", 4096),
+        )
+
+
+@dataclass
+class Shutdown(Message):
+    """Learner → actor: stop, flush, and answer with :class:`Bye`."""
+
+    TYPE: ClassVar[str] = "shutdown"
+
+    reason: str
+    run_id: str = ""
+
+    def to_map(self) -> dict[str, Any]:
+        return {"reason": self.reason, "run_id": self.run_id}
+
+    @classmethod
+    def from_map(cls, body: dict[str, Any]) -> Shutdown:
+        return cls(
+            reason=_str(body.get("reason"), "shutdown.reason", 4096),
+            run_id=_str(body.get("run_id", ""), "shutdown.run_id"),
+        )
+
+
+@dataclass
+class Bye(Message):
+    """Actor → learner: leaving, with the actor's counters (``stats``) and the
+    highest sequence number sent on each slot (``last_seq``)."""
+
+    TYPE: ClassVar[str] = "bye"
+
+    actor_id: int
+    stats: dict[str, float]
+    last_seq: list[int] = field(default_factory=list)
+
+    def to_map(self) -> dict[str, Any]:
+        return {"actor_id": self.actor_id, "stats": self.stats, "last_seq": self.last_seq}
+
+    @classmethod
+    def from_map(cls, body: dict[str, Any]) -> Bye:
+        last_seq = body.get("last_seq", [])
+        if not isinstance(last_seq, list) or len(last_seq) > 4096:
+            raise ProtocolError("bad_field", "bye.last_seq: expected a list of ints")
+        return cls(
+            actor_id=_int(body.get("actor_id"), "bye.actor_id"),
+            stats=_numbers(body.get("stats"), "bye.stats"),
+            last_seq=[_int(s, "bye.last_seq[]", -1) for s in last_seq],
+        )
+
+
+@dataclass
+class Heartbeat(Message):
+    """Either direction on the control channel: "I am alive".
+
+    From an actor, ``actor_id`` is its id; from the learner, -1. ``run_id`` lets
+    each side notice that the other one restarted.
+    """
+
+    TYPE: ClassVar[str] = "heartbeat"
+
+    actor_id: int
+    run_id: str
+    version: int = 0
+
+    def to_map(self) -> dict[str, Any]:
+        return {"actor_id": self.actor_id, "run_id": self.run_id, "version": self.version}
+
+    @classmethod
+    def from_map(cls, body: dict[str, Any]) -> Heartbeat:
+        return cls(
+            actor_id=_int(body.get("actor_id"), "heartbeat.actor_id", -1),
+            run_id=_str(body.get("run_id"), "heartbeat.run_id"),
+            version=_int(body.get("version", 0), "heartbeat.version"),
+        )
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls for cls in (Fragment, Weights, Hello, Welcome, Refuse, Shutdown, Bye, Heartbeat)
+}
+
+
+# --------------------------------------------------------------------------- encode / decode
+
+
+def encode(message: Message) -> bytes:
+    """Serialise a message into one frame (a msgpack map with the envelope)."""
+    body = message.to_map()
+    body["proto"] = PROTOCOL_VERSION
+    body["type"] = message.TYPE
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(
+    frame: bytes | memoryview,
+    expected: tuple[type[Message], ...] | None = None,
+    max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> Message:
+    """Parse and validate one frame; raise :class:`ProtocolError` if it is invalid.
+
+    ``expected`` restricts the accepted types (a PULL socket only takes fragments);
+    anything else is rejected with reason ``"unexpected_type"``.
+    """
+    if len(frame) > max_bytes:
+        raise ProtocolError("too_large", f"message of {len(frame)} bytes exceeds {max_bytes}")
+    try:
+        body = msgpack.unpackb(
+            frame,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_bin_len=max_bytes,
+            max_str_len=1 << 20,
+            max_array_len=1 << 20,
+            max_map_len=1 << 16,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError("not_msgpack", f"not a msgpack message: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("not_a_map", f"message is a {type(body).__name__}, not a map")
+    proto = body.get("proto")
+    if proto != PROTOCOL_VERSION or type(proto) is not int:
+        raise ProtocolVersionMismatch(proto)
+    kind = body.get("type")
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError("unknown_type", f"unknown message type {kind!r}")
+    if expected is not None and cls not in expected:
+        names = ", ".join(c.TYPE for c in expected)
+        raise ProtocolError("unexpected_type", f"{kind!r} is not accepted here (only {names})")
+    try:
+        return cls.from_map(body)
+    except ProtocolError:
+        raise
+    except (TypeError, ValueError, KeyError, OverflowError) as exc:
+        raise ProtocolError("bad_field", f"{kind}: {exc}") from None

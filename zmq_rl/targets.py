@@ -1,0 +1,94 @@
+"""From a time-major :class:`~zmq_rl.rollout.Rollout` to a flat PPO batch.
+
+Advantages are GAE (Schulman et al. 2016) on the actors' behaviour values, or
+V-trace (Espeholt et al. 2018) with target log-probs from re-evaluating every
+stored ``(obs, action)`` under the learner's current policy. Episode ends enter
+only through the discounts; a truncated step is bootstrapped by adding
+``gamma * V(final observation)`` to its reward (its discount is 0 like any episode
+end), a terminated one is not. No sockets here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .advantages import gae, vtrace
+from .policy import ActorCritic
+from .ppo import RolloutBatch
+from .rollout import Rollout
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """What :func:`rollout_to_batch` needs of the run's configuration."""
+
+    gamma: float
+    gae_lambda: float
+    use_vtrace: bool = False
+    rho_bar: float = 1.0
+    c_bar: float = 1.0
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor.float() if tensor.dtype != torch.float32 else tensor
+
+
+@torch.no_grad()
+def rollout_to_batch(
+    rollout: Rollout, policy: ActorCritic, settings: TargetSettings
+) -> tuple[RolloutBatch, dict[str, float]]:
+    """Compute advantages and returns for ``rollout`` and flatten it (time-major).
+
+    With V-trace, ``old_log_probs`` of the batch are the current policy's
+    log-probs (the PPO ratio starts at 1 and clips the update's own step), while
+    the lag between the behaviour policy and the current one is corrected by the
+    clipped importance weights inside the V-trace targets and advantages.
+    Without V-trace, ``old_log_probs`` are the behaviour log-probs, as in PPO.
+    Returns the batch and a few diagnostics (``charts/...`` keys).
+    """
+    T, B = rollout.num_steps, rollout.num_slots
+    obs_shape = rollout.obs.shape[2:]
+    flat_obs = _tensor(rollout.obs.reshape(T * B, *obs_shape))
+    flat_actions = torch.from_numpy(
+        np.ascontiguousarray(rollout.actions.reshape(T * B, *rollout.actions.shape[2:]))
+    )
+    rewards = rollout.rewards.astype(np.float32, copy=True)  # [T, B]
+    if len(rollout.final_t):
+        final_values = policy.value(_tensor(rollout.final_obs)).numpy()
+        rewards[rollout.final_t, rollout.final_b] += settings.gamma * final_values
+    done = rollout.terminated | rollout.truncated
+    discounts = (settings.gamma * (1.0 - done)).astype(np.float32)  # [T, B]
+    bootstrap = policy.value(_tensor(rollout.bootstrap_obs)).numpy()  # [B]
+    behaviour_log_probs = rollout.log_probs.astype(np.float32)
+    diagnostics: dict[str, float] = {}
+    if settings.use_vtrace:
+        target_log_probs, _, current_values = policy.evaluate_actions(flat_obs, flat_actions)
+        target_lp = target_log_probs.numpy().reshape(T, B)
+        values = current_values.numpy().reshape(T, B)
+        log_rhos = target_lp - behaviour_log_probs
+        out = vtrace(
+            log_rhos, discounts, rewards, values, bootstrap,
+            rho_bar=settings.rho_bar, c_bar=settings.c_bar,
+        )
+        advantages, returns = out.pg_advantages, out.vs
+        old_log_probs = target_lp
+        rhos = np.exp(log_rhos)
+        diagnostics["charts/importance_ratio_mean"] = float(rhos.mean())
+        diagnostics["charts/importance_ratio_clipped"] = float((rhos > settings.rho_bar).mean())
+    else:
+        values = rollout.values.astype(np.float32)
+        advantages, returns = gae(rewards, values, bootstrap, discounts, settings.gae_lambda)
+        old_log_probs = behaviour_log_probs
+    batch = RolloutBatch(
+        obs=flat_obs,
+        actions=flat_actions,
+        old_log_probs=torch.from_numpy(np.ascontiguousarray(old_log_probs).reshape(T * B)),
+        old_values=torch.from_numpy(rollout.values.astype(np.float32).reshape(T * B)),
+        advantages=torch.from_numpy(np.ascontiguousarray(advantages).reshape(T * B)),
+        returns=torch.from_numpy(np.ascontiguousarray(returns).reshape(T * B)),
+    )
+    return batch, diagnostics

@@ -1,0 +1,95 @@
+"""ZeroMQ socket setup: endpoints, options (linger, HWM, max message size).
+
+Every socket of the project is made by :func:`make_socket`, so each one has an
+explicit linger and high-water mark. The chosen behaviour at the HWM:
+
+* experience (actor PUSH → learner PULL): never dropped. PUSH blocks at its HWM;
+  the actor's send waits (polling its control socket) until there is room.
+* weights (learner PUB → actor SUB): may be dropped at the HWM, since only the
+  newest version matters; actors drain the queue and load only the newest.
+* control (ROUTER / DEALER): small messages; ROUTER_MANDATORY makes a send to a
+  peer that has gone raise instead of vanishing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import zmq
+
+from .config import DEFAULT_PORT
+
+EXPERIENCE_HWM = 1000
+"""Fragments queued per PUSH/PULL pipe before the sender blocks."""
+WEIGHTS_HWM = 4
+"""Weight blobs queued per PUB/SUB pipe before the oldest ones are dropped."""
+CONTROL_HWM = 1000
+"""Control messages queued per peer."""
+ACTOR_PUSH_LINGER_MS = 2000
+"""How long an exiting actor keeps trying to deliver fragments it already sent."""
+
+
+def parse_learner_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """Split ``HOST[:PORT]`` or ``tcp://HOST:PORT`` into (host, control port).
+
+    Raises ValueError naming the address when it cannot be parsed.
+    """
+    text = address.strip()
+    if text.startswith("tcp://"):
+        text = text[len("tcp://") :]
+    if not text:
+        raise ValueError(f"learner address {address!r} is empty")
+    if text.startswith("["):  # [ipv6]:port
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise ValueError(f"learner address {address!r} has no host")
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        raise ValueError(f"learner address {address!r}: port {port_text!r} is not a number")
+    if not 1 <= port <= 65535:
+        raise ValueError(f"learner address {address!r}: port {port} out of range")
+    return host, port
+
+
+def tcp_endpoint(host: str, port: int) -> str:
+    """``tcp://host:port`` (IPv6 hosts bracketed)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
+
+
+@dataclass(frozen=True)
+class SocketOptions:
+    """Options every socket gets explicitly."""
+
+    linger_ms: int = 0
+    sndhwm: int = CONTROL_HWM
+    rcvhwm: int = CONTROL_HWM
+    max_message_bytes: int = -1  # -1: no limit (only for sockets that send)
+
+
+def make_socket(ctx: zmq.Context, kind: int, options: SocketOptions) -> zmq.Socket:
+    """Create a socket of ``kind`` with linger, HWMs and ZMQ_MAXMSGSIZE set."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, options.linger_ms)
+    sock.setsockopt(zmq.SNDHWM, options.sndhwm)
+    sock.setsockopt(zmq.RCVHWM, options.rcvhwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if kind in (zmq.DEALER, zmq.ROUTER, zmq.PUSH, zmq.SUB):
+        # Quick reconnects so that a restarted learner is found again fast.
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    return sock
+
+
+def readable(sock: zmq.Socket) -> bool:
+    """Whether a message can be received now (cheaper than a poll)."""
+    return bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
