@@ -64,7 +64,7 @@ class GymActor:
             env_id=cfg.env_id,
             observation_space=probe.observation_space if probe else None,
             action_space=probe.action_space if probe else None,
-            num_envs=cfg.num_envs or 1,
+            num_envs=cfg.num_envs,
             actor_id=cfg.actor_id,
             context=self.context,
             register_timeout=cfg.register_timeout,

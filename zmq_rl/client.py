@@ -82,7 +82,7 @@ class LearnerUnreachable(TimeoutError):
 class ActorClient:
     """Register with a learner, send experience, receive weights and control.
 
-    ``num_envs`` slots step in lockstep through :meth:`step`; :meth:`send_fragment`
+    ``num_envs`` slots step in lockstep (0: as many as the learner's welcome says) through :meth:`step`; :meth:`send_fragment`
     sends any T >= 1 steps of one slot directly. Counters for the ``bye`` message
     are kept in :attr:`stats`.
     """
@@ -198,8 +198,11 @@ class ActorClient:
             base_version=welcome.base_version,
         )
         self.fragment_length = max(1, int(self.config.get("fragment_length", 1)))
+        if int(self.config.get("num_envs", self.num_envs)) != self.num_envs:
+            self.num_envs = int(self.config["num_envs"])
+            self._seq = np.zeros(self.num_envs, np.int64)
+        self._slot_steps = np.zeros(self.num_envs, np.int64)
         self.heartbeat_interval = float(self.config.get("heartbeat_interval", 1.0))
-        self._slot_steps[:] = 0
         self._buffer = None
         self.last_heard = time.monotonic()
         for sock in (self._experience, self._weights):

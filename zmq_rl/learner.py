@@ -25,6 +25,7 @@ import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -142,8 +143,12 @@ class Learner:
         ppo: PPOConfig | None = None,
         policy_cfg: PolicyConfig | None = None,
         context: zmq.Context | None = None,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        """Bind the sockets and build the policy; ``on_update(row)`` is called after
+        every update with the metrics row (for progress displays)."""
         self.cfg = cfg.validate()
+        self.on_update = on_update
         self.ppo_cfg = (ppo or PPOConfig()).validate()
         self.policy_cfg = (policy_cfg or PolicyConfig()).validate()
         torch.manual_seed(cfg.seed)
@@ -457,16 +462,17 @@ class Learner:
             actor_id = next(i for i in range(len(self.actors) + 1) if i not in self.actors)
         now = time.monotonic()
         base = 0 if not self.started else self.version + 1
+        num_envs = hello.num_envs or self.cfg.envs_per_actor
         rec = ActorRecord(
-            actor_id=actor_id, routing_id=routing_id, num_envs=hello.num_envs,
+            actor_id=actor_id, routing_id=routing_id, num_envs=num_envs,
             host=hello.host, pid=hello.pid, base_version=base, member=not self.started,
-            last_seen=now, registered_at=now, next_seq=[None] * hello.num_envs,
+            last_seen=now, registered_at=now, next_seq=[None] * num_envs,
         )
         self.actors[actor_id] = rec
         self.by_routing[routing_id] = actor_id
         self.counters["registered"] += 1
         log.info("actor %d registered from %s pid %d with %d env(s); base version %d",
-                 actor_id, hello.host, hello.pid, hello.num_envs, base)
+                 actor_id, hello.host, hello.pid, num_envs, base)
         self._send_control(routing_id, self._welcome(rec))
 
     def _check_hello(self, routing_id: bytes, hello: Hello) -> tuple[str, str] | None:
@@ -508,7 +514,7 @@ class Learner:
             "steps_per_broadcast": cfg.steps_per_broadcast(),
             "max_lead_steps": cfg.effective_max_lead_steps(),
             "fragment_length": cfg.fragment_length,
-            "envs_per_actor": cfg.envs_per_actor,
+            "num_envs": rec.num_envs,
             "seed": cfg.seed,
             "heartbeat_interval": HEARTBEAT_INTERVAL_S,
         }
@@ -605,6 +611,8 @@ class Learner:
         if self._metrics_file is not None:
             self._metrics_file.write(json.dumps(row) + "\n")
             self._metrics_file.flush()
+        if self.on_update is not None:
+            self.on_update(row)
         log.info(
             "update %d/%d  steps %d  %.0f steps/s  return %.1f  actors %d  lag %.2f  "
             "loss %.3f  entropy %.3f",

@@ -407,7 +407,8 @@ class Weights(Message):
 class Hello(Message):
     """Actor → learner on DEALER: ask to join the run.
 
-    ``actor_id`` -1 lets the learner choose. ``rejoin_run_id`` names the run the
+    ``actor_id`` -1 lets the learner choose; ``num_envs`` 0 takes the learner's
+    ``envs_per_actor``; empty space maps take the learner's env. ``rejoin_run_id`` names the run the
     actor was in before (empty on first contact) so a restarted learner can tell
     re-registration from a new actor.
     """
@@ -433,7 +434,7 @@ class Hello(Message):
             env_id=_str(body.get("env_id"), "hello.env_id"),
             observation_space=_map(body.get("observation_space"), "hello.observation_space"),
             action_space=_map(body.get("action_space"), "hello.action_space"),
-            num_envs=_int(body.get("num_envs"), "hello.num_envs", 1, 4096),
+            num_envs=_int(body.get("num_envs"), "hello.num_envs", 0, 4096),
             host=_str(body.get("host", ""), "hello.host"),
             pid=_int(body.get("pid", 0), "hello.pid"),
             rejoin_run_id=_str(body.get("rejoin_run_id", ""), "hello.rejoin_run_id"),
