@@ -1,0 +1,298 @@
+"""Proximal Policy Optimization (Schulman et al. 2017, arXiv:1707.06347), without sockets.
+
+* :func:`ppo_loss` is the pure loss: the clipped surrogate objective (eq. 7), the
+  value loss (plain or clipped, as in OpenAI baselines / CleanRL) and the entropy
+  bonus, combined as in eq. 9, plus the usual diagnostics.
+* :class:`RolloutBatch` is a flat batch of transitions with their advantages and
+  value targets (computed elsewhere, e.g. :mod:`zmq_rl.advantages`).
+* :class:`PPOTrainer` runs the epochs of shuffled minibatch Adam steps on one batch,
+  with learning-rate / clip-range annealing, per-minibatch advantage normalisation,
+  gradient-norm clipping and target-KL early stopping; its metric names follow
+  CleanRL's ``ppo.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from zmq_rl.config import PPOConfig
+from zmq_rl.policy import ActorCritic
+
+__all__ = [
+    "PPOLoss",
+    "PPOTrainer",
+    "RolloutBatch",
+    "explained_variance",
+    "ppo_loss",
+]
+
+
+class PPOLoss(NamedTuple):
+    """Output of :func:`ppo_loss` (all scalar tensors).
+
+    Attributes:
+      total: the loss to minimise, ``policy_loss - ent_coef * entropy + vf_coef * value_loss``
+        (the negated objective ``L^{CLIP+VF+S}`` of eq. 9); the only field with grad
+        through all three terms.
+      policy_loss: ``-L^{CLIP}`` (eq. 7), with grad.
+      value_loss: ``0.5 * mean((V - R)^2)`` or its clipped variant, with grad.
+      entropy: mean policy entropy, with grad.
+      approx_kl: ``mean((r - 1) - log r)``, detached: an unbiased, non-negative
+        estimator of ``KL(pi_old || pi)`` (Schulman's "k3", http://joschu.net/blog/kl-approx.html).
+      clip_fraction: fraction of samples with ``|r - 1| > clip_range``, detached.
+    """
+
+    total: torch.Tensor
+    policy_loss: torch.Tensor
+    value_loss: torch.Tensor
+    entropy: torch.Tensor
+    approx_kl: torch.Tensor
+    clip_fraction: torch.Tensor
+
+
+def ppo_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    value: torch.Tensor,
+    old_value: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    *,
+    clip_range: float,
+    clip_value_loss: bool,
+    value_clip_range: float,
+    vf_coef: float,
+    ent_coef: float,
+) -> PPOLoss:
+    """The PPO loss on a minibatch of ``[N]`` tensors (Schulman et al. 2017).
+
+    With the probability ratio ``r = exp(log_prob - old_log_prob)`` and advantages
+    ``A`` (already normalised if wanted), the policy loss is the negated clipped
+    surrogate of eq. 7::
+
+        L^CLIP = mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),  policy_loss = -L^CLIP
+
+    The value loss is ``0.5 * mean((V - R)^2)``, or, when ``clip_value_loss`` (OpenAI
+    baselines' variant; c = ``value_clip_range``)::
+
+        0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2))
+
+    and the total is eq. 9 negated: ``policy_loss - ent_coef * mean(entropy) +
+    vf_coef * value_loss``. ``approx_kl`` and ``clip_fraction`` are detached
+    diagnostics (see :class:`PPOLoss`).
+    """
+    log_ratio = log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    surrogate = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range) * advantages
+    policy_loss = -torch.min(surrogate, clipped).mean()
+
+    squared = (value - returns).square()
+    if clip_value_loss:
+        v_clipped = old_value + torch.clamp(value - old_value, -value_clip_range, value_clip_range)
+        squared = torch.max(squared, (v_clipped - returns).square())
+    value_loss = 0.5 * squared.mean()
+
+    entropy_mean = entropy.mean()
+    total = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1.0) - log_ratio).mean()
+        clip_fraction = ((ratio - 1.0).abs() > clip_range).to(ratio.dtype).mean()
+    return PPOLoss(total, policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction)
+
+
+def explained_variance(prediction: torch.Tensor, target: torch.Tensor) -> float:
+    """``1 - Var(target - prediction) / Var(target)``: 1 is a perfect value function,
+    0 no better than a constant, negative worse. NaN when ``target`` is constant
+    (the CleanRL / SB3 convention)."""
+    var_y = torch.var(target.double(), unbiased=False)
+    if var_y.item() == 0.0:
+        return math.nan
+    return float(1.0 - torch.var((target - prediction).double(), unbiased=False) / var_y)
+
+
+@dataclass
+class RolloutBatch:
+    """A flat batch of ``N`` transitions for one PPO update.
+
+    Attributes:
+      obs: ``[N, *obs_shape]`` observations.
+      actions: ``[N]`` (Discrete) or ``[N, act_dim]`` (Box, unclipped samples).
+      old_log_probs: ``[N]`` log-probabilities of ``actions`` under the behaviour policy.
+      old_values: ``[N]`` values the behaviour policy predicted (for the clipped
+        value loss and explained variance).
+      advantages: ``[N]`` advantage estimates (e.g. GAE, unnormalised).
+      returns: ``[N]`` value targets.
+    """
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    old_log_probs: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.obs.shape[0])
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The batch with every tensor on ``device`` (no copy for tensors already there)."""
+        return RolloutBatch(
+            obs=self.obs.to(device),
+            actions=self.actions.to(device),
+            old_log_probs=self.old_log_probs.to(device),
+            old_values=self.old_values.to(device),
+            advantages=self.advantages.to(device),
+            returns=self.returns.to(device),
+        )
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless every tensor has the same leading size ``N >= 1``
+        and the per-transition scalars are ``[N]``."""
+        n = len(self)
+        if n < 1:
+            raise ValueError("RolloutBatch is empty")
+        if self.actions.shape[0] != n:
+            raise ValueError(f"actions has leading size {self.actions.shape[0]}, obs has {n}")
+        for name in ("old_log_probs", "old_values", "advantages", "returns"):
+            shape = tuple(getattr(self, name).shape)
+            if shape != (n,):
+                raise ValueError(f"{name} has shape {shape}, expected ({n},)")
+
+
+_MEAN_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+
+
+class PPOTrainer:
+    """Runs PPO updates of an :class:`ActorCritic` with Adam.
+
+    ``seed`` seeds the private ``torch.Generator`` that shuffles minibatches, so two
+    trainers built from identical policies and seeds take identical steps (on the
+    same device and torch build). The global RNG is not touched.
+    """
+
+    def __init__(self, policy: ActorCritic, cfg: PPOConfig, seed: int = 0) -> None:
+        cfg.validate()
+        self.policy = policy
+        self.cfg = cfg
+        self.optimizer = torch.optim.Adam(
+            policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps
+        )
+        self.generator = torch.Generator()
+        self.generator.manual_seed(int(seed))
+
+    def _schedule(self, progress: float) -> tuple[float, float]:
+        """(learning rate, clip range) for an update at ``progress`` of the budget."""
+        if not (0.0 <= progress <= 1.0):
+            raise ValueError(f"progress must be in [0, 1], got {progress!r}")
+        frac = 1.0 - progress
+        lr = self.cfg.learning_rate * (frac if self.cfg.anneal_lr else 1.0)
+        clip = self.cfg.clip_range * (frac if self.cfg.anneal_clip_range else 1.0)
+        return lr, clip
+
+    def update(self, batch: RolloutBatch, progress: float = 0.0) -> dict[str, float]:
+        """One PPO update on ``batch``; returns CleanRL-style metrics as python floats.
+
+        ``progress`` in [0, 1] is the fraction of the training budget already spent;
+        with ``anneal_lr`` (``anneal_clip_range``) the learning rate (clip range) of
+        this update is ``base * (1 - progress)``. Runs ``num_epochs`` passes of
+        shuffled minibatches of ``min(minibatch_size, N)`` transitions (the last
+        minibatch of an epoch holds the remainder when ``N`` is not a multiple),
+        normalising advantages per minibatch (unless it has one element), clipping the
+        global gradient norm, and -- when ``target_kl > 0`` -- stopping all remaining
+        minibatches and epochs after the step whose minibatch had ``approx_kl >
+        target_kl`` (measured before that step, as in CleanRL; at least one step is
+        always taken, so stale off-policy data cannot stall learning entirely).
+
+        Metrics (losses averaged over the minibatches run): ``losses/policy_loss``,
+        ``losses/value_loss``, ``losses/entropy``, ``losses/approx_kl``,
+        ``losses/clip_fraction``, ``losses/explained_variance`` (of the behaviour
+        values on the returns; NaN when the returns are constant),
+        ``charts/learning_rate``, ``charts/clip_range`` and ``losses/epochs_run``
+        (epochs completed, fractional when stopped mid-epoch).
+        """
+        cfg = self.cfg
+        lr, clip_range = self._schedule(progress)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        device = next(self.policy.parameters()).device
+        batch.validate()
+        batch = batch.to(device)
+        n = len(batch)
+        mb_size = min(cfg.minibatch_size, n)
+        per_epoch = math.ceil(n / mb_size)
+
+        # Summed on the device; one host sync at the end (plus one per step for target_kl).
+        sums = torch.zeros(len(_MEAN_KEYS), dtype=torch.float64, device=device)
+        minibatches = 0
+        stop = False
+        self.policy.train()
+        for _epoch in range(cfg.num_epochs):
+            perm = torch.randperm(n, generator=self.generator).to(device)
+            for start in range(0, n, mb_size):
+                idx = perm[start : start + mb_size]
+                advantages = batch.advantages[idx]
+                if cfg.normalize_advantages and idx.numel() > 1:
+                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                log_prob, entropy, value = self.policy.evaluate_actions(
+                    batch.obs[idx], batch.actions[idx]
+                )
+                loss = ppo_loss(
+                    log_prob,
+                    batch.old_log_probs[idx],
+                    advantages,
+                    value,
+                    batch.old_values[idx],
+                    batch.returns[idx],
+                    entropy,
+                    clip_range=clip_range,
+                    clip_value_loss=cfg.clip_value_loss,
+                    value_clip_range=clip_range,
+                    vf_coef=cfg.vf_coef,
+                    ent_coef=cfg.ent_coef,
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.total.backward()
+                nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+
+                sums += torch.stack([getattr(loss, key).detach() for key in _MEAN_KEYS]).double()
+                minibatches += 1
+                if cfg.target_kl > 0.0 and float(loss.approx_kl) > cfg.target_kl:
+                    stop = True
+                    break
+            if stop:
+                break
+
+        means = (sums / minibatches).tolist()
+        metrics = {f"losses/{key}": float(v) for key, v in zip(_MEAN_KEYS, means, strict=True)}
+        metrics["losses/explained_variance"] = explained_variance(batch.old_values, batch.returns)
+        metrics["losses/epochs_run"] = float(minibatches / per_epoch)
+        metrics["charts/learning_rate"] = float(lr)
+        metrics["charts/clip_range"] = float(clip_range)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """Policy, optimiser and shuffling-RNG state, for checkpoints.
+
+        Holds only tensors and python primitives, so ``torch.save`` output loads with
+        ``torch.load(weights_only=True)``.
+        """
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (strict on the policy's tensor names)."""
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if "generator" in state:
+            self.generator.set_state(state["generator"])
