@@ -68,6 +68,7 @@ class GymActor:
             actor_id=cfg.actor_id,
             context=self.context,
             register_timeout=cfg.register_timeout,
+            learner_timeout=cfg.learner_timeout,
         )
         if probe is not None:
             probe.close()

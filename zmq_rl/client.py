@@ -79,6 +79,10 @@ class LearnerUnreachable(TimeoutError):
     """No answer from the learner within the allowed time."""
 
 
+class LearnerLost(TimeoutError):
+    """The learner has been silent for longer than ``learner_timeout``."""
+
+
 class ActorClient:
     """Register with a learner, send experience, receive weights and control.
 
@@ -98,6 +102,7 @@ class ActorClient:
         actor_id: int = -1,
         context: zmq.Context | None = None,
         register_timeout: float = 30.0,
+        learner_timeout: float = 60.0,
         max_message_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
     ) -> None:
         self.host, self.control_port = parse_learner_address(learner)
@@ -107,6 +112,9 @@ class ActorClient:
         self.num_envs = int(num_envs)
         self.requested_id = int(actor_id)
         self.register_timeout = float(register_timeout)
+        self.learner_timeout = float(learner_timeout)
+        self.needs_reregister = False
+        self.registrations = 0
         self.max_message_bytes = int(max_message_bytes)
         self._ctx = context or zmq.Context.instance()
         self._control: zmq.Socket | None = None
@@ -164,6 +172,7 @@ class ActorClient:
             host=pysocket.gethostname()[:200],
             pid=os.getpid(),
             rejoin_run_id=self.run_id,
+            next_seq=[int(s) for s in self._seq],
         )
         self._control.send(encode(hello))
         deadline = time.monotonic() + timeout
@@ -179,15 +188,20 @@ class ActorClient:
             except ProtocolError as exc:
                 self._reject("control", exc)
                 continue
-            if isinstance(message, Refuse):
+            if isinstance(message, Refuse) and message.code != "reregister":
                 raise LearnerRefused(message.code, message.reason)
             if isinstance(message, Welcome):
                 self._accept(message)
                 return message
-            # Heartbeats or a stale shutdown from an earlier run: ignore here.
+            # Heartbeats, a stale shutdown, or a "reregister" answering an earlier
+            # heartbeat: this hello is already the answer to those.
 
     def _accept(self, welcome: Welcome) -> None:
         self.welcome = welcome
+        self.registrations += 1
+        self.needs_reregister = False
+        if self.registrations > 1:
+            self.stats["reregistrations"] = self.registrations - 1
         self.actor_id = welcome.actor_id
         self.run_id = welcome.run_id
         self.config = dict(welcome.config)
@@ -249,11 +263,25 @@ class ActorClient:
     def poll(self) -> Weights | None:
         """Handle control messages and return the newest unseen weights, if any.
 
-        Never blocks. When several weight blobs are queued only the newest is
-        decoded and returned; the caller must load it before its next step (the
-        client tags later fragments with its version).
+        Never blocks while the learner is there. When several weight blobs are
+        queued only the newest is decoded and returned; the caller must load it
+        before its next step (the client tags later fragments with its version).
+
+        When the learner restarted (a new run id, or it no longer knows this
+        actor) the client registers again, blocking up to ``register_timeout``,
+        and returns the new welcome's weights. Raises :class:`LearnerLost` when
+        the learner has been silent for ``learner_timeout`` seconds.
         """
         self._poll_control()
+        if self.needs_reregister:
+            log.warning("learner restarted or forgot this actor; registering again")
+            return self.register().weights
+        silent = time.monotonic() - self.last_heard
+        if silent > self.learner_timeout:
+            raise LearnerLost(
+                f"no message from the learner at {tcp_endpoint(self.host, self.control_port)} "
+                f"for {silent:.0f}s (learner_timeout={self.learner_timeout:g}s)"
+            )
         self._maybe_heartbeat()
         if self._weights is None or not readable(self._weights):
             return None
@@ -282,6 +310,7 @@ class ActorClient:
             assert isinstance(weights, Weights)
             if weights.run_id != self.run_id:
                 self.rejects["weights:other_run"] += 1
+                self.needs_reregister = True
                 continue
             self.last_heard = time.monotonic()
             if weights.version <= self.version:
@@ -306,8 +335,12 @@ class ActorClient:
                     self.shutdown_reason = message.reason
                     log.info("learner requested shutdown: %s", message.reason)
             elif isinstance(message, Heartbeat):
-                if message.run_id == self.run_id:
-                    self.last_heard = time.monotonic()
+                self.last_heard = time.monotonic()
+                if message.run_id != self.run_id:
+                    self.needs_reregister = True
+            elif isinstance(message, Refuse) and message.code == "reregister":
+                self.last_heard = time.monotonic()
+                self.needs_reregister = True
             else:
                 self.rejects["control:unexpected_type"] += 1
 
@@ -454,25 +487,33 @@ class ActorClient:
             ),
             sent_at=time.time(),
         )
-        self._send_experience(encode(fragment))
+        if not self._send_experience(encode(fragment)):
+            return
         self._seq[slot] += 1
         self.stats["steps_sent"] += fragment.length
         self.stats["fragments_sent"] += 1
 
-    def _send_experience(self, frame: bytes) -> None:
-        """Send a fragment, waiting while PUSH is at its HWM (never dropping it)."""
+    def _send_experience(self, frame: bytes) -> bool:
+        """Send a fragment, waiting while PUSH is at its HWM (never dropping it).
+
+        Gives up (False) only when the learner asked for shutdown or restarted.
+        """
         sock = self._experience
         assert sock is not None
         while True:
             try:
                 sock.send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
-                return
+                return True
             except zmq.Again:
                 pass
             self._poll_control()
-            if self.shutdown_requested:
-                self.rejects["unsent:shutdown"] += 1
-                return
+            if self.shutdown_requested or self.needs_reregister:
+                self.rejects["unsent:" + ("shutdown" if self.shutdown_requested else "restart")] += 1
+                return False
+            silent = time.monotonic() - self.last_heard
+            if silent > self.learner_timeout:
+                raise LearnerLost(f"experience undeliverable and the learner silent for {silent:.0f}s")
+            self._maybe_heartbeat()
             sock.poll(100, zmq.POLLOUT)
 
 

@@ -245,6 +245,10 @@ class LearnerConfig:
         64 * 1024 * 1024, "largest message a receiving socket accepts (ZMQ_MAXMSGSIZE)"
     )
     torch_threads: int = _f(1, "torch intra-op threads for the update (small nets: 1 is fastest)")
+    actor_timeout: float = _f(
+        10.0, "seconds of silence after which an actor is declared dead and its slots leave"
+    )
+    checkpoint_every: int = _f(25, "write a checkpoint every N updates (and at the end); 0 = end only")
 
     def validate(self) -> LearnerConfig:
         """Check every field (the reference's rules first); return self so calls chain."""
@@ -279,7 +283,8 @@ class LearnerConfig:
             isinstance(self.port, int) and 1 <= self.port <= 65533, "port", self.port,
             "must be in 1..65533 (the learner binds port, port + 1 and port + 2)",
         )
-        _positive(self, "starvation_timeout")
+        _positive(self, "starvation_timeout", "actor_timeout")
+        _non_negative_int(self, "checkpoint_every")
         _require(
             isinstance(self.target_return, (int, float)) and not math.isnan(self.target_return),
             "target_return", self.target_return, "must be a number (inf = never stop early)",
@@ -338,6 +343,9 @@ class ActorConfig:
     seed: int = _f(-1, "sampling seed; -1 = the run's seed + 1 + actor id")
     actor_id: int = _f(-1, "requested actor id; -1 = the learner assigns the lowest free one")
     register_timeout: float = _f(30.0, "seconds to wait for the learner's welcome")
+    learner_timeout: float = _f(
+        60.0, "exit with an error after hearing nothing from the learner for this long"
+    )
     torch_threads: int = _f(1, "torch intra-op threads for inference")
 
     def validate(self) -> ActorConfig:
@@ -353,7 +361,7 @@ class ActorConfig:
                 isinstance(value, int) and not isinstance(value, bool) and value >= -1,
                 name, value, "must be an integer >= -1",
             )
-        _positive(self, "register_timeout")
+        _positive(self, "register_timeout", "learner_timeout")
         _positive_int(self, "torch_threads")
         return self
 

@@ -65,10 +65,16 @@ POLL_MS = 50
 SHUTDOWN_GRACE_S = 3.0
 """How long the learner waits for every actor's bye after asking them to stop."""
 HEARTBEAT_INTERVAL_S = 1.0
+CHECKPOINT_FORMAT = 1
+CHECKPOINTS_KEPT = 3
 
 
 class LearnerStarved(RuntimeError):
     """No rollout could be completed within ``starvation_timeout``."""
+
+
+class StopRequested(Exception):
+    """Raised inside the loop when :meth:`Learner.request_stop` was called."""
 
 
 @dataclass
@@ -121,6 +127,8 @@ class LearnerReport:
     run_id: str = ""
     wall_seconds: float = 0.0
     stop_reason: str = ""
+    dead_actors: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: str = ""
 
     def mean_recent_episode_reward(self, n: int) -> float:
         """Mean total reward of the last ``n`` completed episodes (0.0 before any)."""
@@ -172,6 +180,8 @@ class Learner:
         self.queues = SlotQueues()
         self.running_reward: dict[SlotKey, float] = {}
         self.started = False
+        self.shutting_down = False
+        self._stop_reason = ""
         self._last_heartbeat = 0.0
         self._weights_frame = b""
         self._ctx = context or zmq.Context.instance()
@@ -228,49 +238,71 @@ class Learner:
     # ------------------------------------------------------------------ the run
 
     def run(self) -> LearnerReport:
-        """Train until the budget is spent; shut the actors down; return the report."""
+        """Train until the budget is spent (or a stop is requested); shut the actors
+        down; write the final checkpoint and report; return the report."""
         cfg = self.cfg
         start = time.monotonic()
-        self._wait_for_actors(start)
-        num_updates = cfg.num_updates()
         stop_reason = "budget spent"
-        while True:
-            slots = self._member_slots()
-            if self.report.updates_completed > 0 and (
-                self.report.env_steps_consumed + cfg.num_steps * len(slots) > cfg.total_env_steps
+        try:
+            self._wait_for_actors(start)
+            while not self._budget_spent():
+                metrics = self._one_update()
+                solved = self._maybe_evaluate(start, metrics)
+                self._log_progress(start, metrics)
+                if cfg.checkpoint_every and self.report.updates_completed % cfg.checkpoint_every == 0:
+                    self.checkpoint()
+                if solved:
+                    stop_reason = f"evaluation reached target_return {cfg.target_return:g}"
+                    break
+                if self._stop_reason:
+                    raise StopRequested(self._stop_reason)
+            if not self.report.evaluations or (
+                self.report.evaluations[-1]["updates"] != self.report.updates_completed
             ):
-                break
-            self._fill()
-            slots = self._member_slots()
-            rollout = self.queues.take(slots, cfg.num_steps)
-            self._account(rollout)
-            progress = min(1.0, self.report.env_steps_consumed / cfg.total_env_steps)
-            batch, diagnostics = rollout_to_batch(rollout, self.policy, self.targets)
-            self.report.env_steps_consumed += rollout.num_steps * rollout.num_slots
-            metrics = self.trainer.update(batch, progress)
-            self.report.updates_completed += 1
-            metrics.update(diagnostics)
-            metrics["charts/policy_lag_mean"] = float(self.version - rollout.versions.mean())
-            metrics["charts/policy_lag_max"] = float(self.version - rollout.versions.min())
-            if self.report.updates_completed % cfg.broadcast_every == 0:
-                self.version += 1
-                self._publish_weights()
-                self._admit_new_actors()
-            self.report.final_stats = metrics
-            solved = self._maybe_evaluate(start, metrics)
-            self._log_progress(start, metrics, num_updates)
-            if solved:
-                stop_reason = f"evaluation reached target_return {cfg.target_return}"
-                break
-        if cfg.eval_every == 0 or not self.report.evaluations or (
-            self.report.evaluations[-1]["updates"] != self.report.updates_completed
-        ):
-            self._evaluate(start)
+                self._evaluate(start)
+        except StopRequested as stop:
+            stop_reason = str(stop)
+            log.warning("stopping: %s", stop_reason)
         self.report.stop_reason = stop_reason
         self._shutdown_actors(stop_reason)
         self.report.wall_seconds = time.monotonic() - start
         self._finish()
         return self.report
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the run to end soon (safe from a signal handler): the current wait or
+        update finishes, actors are shut down, a checkpoint and report are written."""
+        self._stop_reason = reason
+
+    def _budget_spent(self) -> bool:
+        """As the reference: no update that would overrun ``total_env_steps`` starts
+        (but at least one update runs)."""
+        rows = self.cfg.num_steps * max(1, len(self._member_slots()))
+        return self.report.updates_completed > 0 and (
+            self.report.env_steps_consumed + rows > self.cfg.total_env_steps
+        )
+
+    def _one_update(self) -> dict[str, float]:
+        """Fill, take the rollout, compute targets, run PPO, maybe broadcast."""
+        cfg = self.cfg
+        self._fill()
+        slots = self._member_slots()
+        rollout = self.queues.take(slots, cfg.num_steps)
+        self._account(rollout)
+        progress = min(1.0, self.report.env_steps_consumed / cfg.total_env_steps)
+        batch, diagnostics = rollout_to_batch(rollout, self.policy, self.targets)
+        self.report.env_steps_consumed += rollout.num_steps * rollout.num_slots
+        metrics = self.trainer.update(batch, progress)
+        self.report.updates_completed += 1
+        metrics.update(diagnostics)
+        metrics["charts/policy_lag_mean"] = float(self.version - rollout.versions.mean())
+        metrics["charts/policy_lag_max"] = float(self.version - rollout.versions.min())
+        if self.report.updates_completed % cfg.broadcast_every == 0:
+            self.version += 1
+            self._publish_weights()
+            self._admit_new_actors()
+        self.report.final_stats = metrics
+        return metrics
 
     def _member_slots(self) -> list[SlotKey]:
         return [key for rec in self.actors.values() if rec.member for key in rec.slots()]
@@ -279,6 +311,8 @@ class Learner:
         cfg = self.cfg
         log.info("waiting for %d actor(s) to register", cfg.num_actors)
         while len(self.actors) < cfg.num_actors:
+            if self._stop_reason:
+                raise StopRequested(self._stop_reason)
             if time.monotonic() - start > cfg.starvation_timeout:
                 raise LearnerStarved(
                     f"only {len(self.actors)} of num_actors={cfg.num_actors} actors registered "
@@ -292,10 +326,15 @@ class Learner:
         """Receive until every member slot holds ``num_steps`` rows."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.starvation_timeout
+        self._pump(0)  # control and heartbeats are served even when data is backlogged
         while True:
             slots = self._member_slots()
             if slots and self.queues.ready(slots, cfg.num_steps):
                 return
+            if not slots:
+                self._admit_new_actors()
+            if self._stop_reason:
+                raise StopRequested(self._stop_reason)
             if time.monotonic() > deadline:
                 raise LearnerStarved(self._starvation_message(slots))
             self._pump(POLL_MS)
@@ -334,6 +373,7 @@ class Learner:
     def _pump(self, timeout_ms: int) -> None:
         """Handle every message that arrives within ``timeout_ms``."""
         self._maybe_heartbeat()
+        self._evict_silent_actors()
         events = dict(self.poller.poll(timeout_ms))
         if self.control in events:
             for _ in range(1000):
@@ -371,7 +411,7 @@ class Learner:
         rec = self.actors[fragment.actor_id]
         expected = rec.next_seq[fragment.slot]
         if expected is not None and fragment.seq < expected:
-            self._reject("experience", "duplicate_seq",
+            self._reject("experience", "old_seq",
                          f"actor {rec.actor_id} slot {fragment.slot} seq {fragment.seq} "
                          f"< expected {expected}")
             return
@@ -383,6 +423,10 @@ class Learner:
         rec.steps_received += fragment.length
         self.counters["received/fragments"] += 1
         self.counters["received/steps"] += fragment.length
+        if rec.said_bye and not self.shutting_down:
+            self.counters["discarded/steps/actor_left"] += fragment.length
+            self.counters["discarded/fragments/actor_left"] += 1
+            return
         self.queues.push(fragment)
 
     def _check_fragment(self, fragment: Fragment) -> tuple[str, str] | None:
@@ -445,6 +489,11 @@ class Learner:
             rec.bye_stats = message.stats
             rec.bye_last_seq = message.last_seq
             log.info("actor %d said bye: %s", actor_id, message.stats)
+            if not self.shutting_down:
+                rec.member = False
+                fragments, rows = self.queues.drop_actor(actor_id)
+                self.counters["discarded/steps/actor_left"] += rows
+                self.counters["discarded/fragments/actor_left"] += fragments
 
     def _on_hello(self, routing_id: bytes, hello: Hello) -> None:
         problem = self._check_hello(routing_id, hello)
@@ -461,12 +510,17 @@ class Learner:
         if actor_id < 0:
             actor_id = next(i for i in range(len(self.actors) + 1) if i not in self.actors)
         now = time.monotonic()
-        base = 0 if not self.started else self.version + 1
+        # Before training starts, or when no member is left, the actor joins the
+        # rollout being filled: its slots are consumed from this version on. Else it
+        # joins at the next broadcast, so consumption starts from version + 1.
+        joins_now = not self.started or not self._member_slots()
+        base = self.version if joins_now else self.version + 1
         num_envs = hello.num_envs or self.cfg.envs_per_actor
         rec = ActorRecord(
             actor_id=actor_id, routing_id=routing_id, num_envs=num_envs,
-            host=hello.host, pid=hello.pid, base_version=base, member=not self.started,
-            last_seen=now, registered_at=now, next_seq=[None] * num_envs,
+            host=hello.host, pid=hello.pid, base_version=base, member=joins_now,
+            last_seen=now, registered_at=now,
+            next_seq=list(hello.next_seq) if len(hello.next_seq) == num_envs else [None] * num_envs,
         )
         self.actors[actor_id] = rec
         self.by_routing[routing_id] = actor_id
@@ -506,9 +560,7 @@ class Learner:
             "env_id": cfg.env_id,
             "observation_space": space_spec(self.observation_space),
             "action_space": space_spec(self.action_space),
-            "policy": {
-                **asdict(self.policy_cfg), "hidden_sizes": list(self.policy_cfg.hidden_sizes)
-            },
+            "policy": _config_dict(self.policy_cfg),
             "num_steps": cfg.num_steps,
             "broadcast_every": cfg.broadcast_every,
             "steps_per_broadcast": cfg.steps_per_broadcast(),
@@ -541,6 +593,27 @@ class Learner:
         for rec in self.actors.values():
             if not rec.said_bye:
                 self._send_control(rec.routing_id, beat)
+
+    def _evict_silent_actors(self) -> None:
+        """Declare dead every actor silent for ``actor_timeout``: its slots leave the
+        rollout being filled and what it had queued is discarded (counted)."""
+        if self.shutting_down:
+            return
+        now = time.monotonic()
+        for rec in list(self.actors.values()):
+            silent = now - rec.last_seen
+            if not rec.said_bye and silent > self.cfg.actor_timeout:
+                log.warning(
+                    "actor %d (%s pid %d) silent for %.1fs > actor_timeout=%gs: declared dead",
+                    rec.actor_id, rec.host, rec.pid, silent, self.cfg.actor_timeout,
+                )
+                self.report.dead_actors.append({
+                    "actor_id": rec.actor_id, "host": rec.host, "pid": rec.pid,
+                    "silent_seconds": round(silent, 3), "at_update": self.report.updates_completed,
+                    "at_version": self.version,
+                })
+                self.counters["actors/declared_dead"] += 1
+                self._drop_actor(rec.actor_id, "actor_dead")
 
     def _drop_actor(self, actor_id: int, reason: str) -> None:
         rec = self.actors.pop(actor_id)
@@ -594,7 +667,7 @@ class Learner:
                  result["env_steps"], mean, std, self.cfg.eval_episodes)
         return result
 
-    def _log_progress(self, start: float, metrics: dict[str, float], num_updates: int) -> None:
+    def _log_progress(self, start: float, metrics: dict[str, float]) -> None:
         elapsed = time.monotonic() - start
         report = self.report
         row = {
@@ -616,13 +689,15 @@ class Learner:
         log.info(
             "update %d/%d  steps %d  %.0f steps/s  return %.1f  actors %d  lag %.2f  "
             "loss %.3f  entropy %.3f",
-            report.updates_completed, num_updates, report.env_steps_consumed, row["charts/SPS"],
+            report.updates_completed, self.cfg.num_updates(), report.env_steps_consumed,
+            row["charts/SPS"],
             row["charts/mean_return"], row["charts/actors"], metrics["charts/policy_lag_mean"],
             metrics.get("losses/policy_loss", math.nan), metrics.get("losses/entropy", math.nan),
         )
 
     def _shutdown_actors(self, reason: str) -> None:
         """Tell every actor to stop; collect byes and trailing fragments (bounded)."""
+        self.shutting_down = True
         message = Shutdown(reason=reason, run_id=self.run_id)
         for rec in self.actors.values():
             self._send_control(rec.routing_id, message)
@@ -658,6 +733,7 @@ class Learner:
         self.report.counters = dict(self.counters)
         if self.cfg.run_dir:
             run_dir = Path(self.cfg.run_dir)
+            self.checkpoint()
             _atomic_write_bytes(run_dir / "report.json", self.report.to_json().encode())
             self.save_policy(run_dir / "policy.pt")
 
@@ -665,15 +741,103 @@ class Learner:
         """Save the policy (tensors + the config needed to rebuild it), atomically."""
         state = {
             "policy": self.policy.state_dict(),
-            "policy_config": json.dumps(
-                {**asdict(self.policy_cfg), "hidden_sizes": list(self.policy_cfg.hidden_sizes)}
-            ),
+            "policy_config": json.dumps(_config_dict(self.policy_cfg)),
             "env_id": self.cfg.env_id,
             "version": self.version,
         }
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        _atomic_torch_save(state, path)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint(self) -> Path | None:
+        """Write a checkpoint into ``run_dir/checkpoints`` atomically (temp + rename):
+        policy, optimiser, version, counters, report, configs and RNG states. Keeps
+        the newest :data:`CHECKPOINTS_KEPT`. Returns the path (None without run_dir)."""
+        if not self.cfg.run_dir:
+            return None
+        folder = Path(self.cfg.run_dir) / "checkpoints"
+        folder.mkdir(parents=True, exist_ok=True)
+        report = asdict(self.report)
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "trainer": self.trainer.state_dict(),
+            "version": self.version,
+            "learner_config": json.dumps(_config_dict(self.cfg)),
+            "ppo_config": json.dumps(_config_dict(self.ppo_cfg)),
+            "policy_config": json.dumps(_config_dict(self.policy_cfg)),
+            "report": json.dumps(report, default=float),
+            "counters": json.dumps(dict(self.counters)),
+            "running_reward": json.dumps([[a, b, r] for (a, b), r in self.running_reward.items()]),
+            "torch_rng": torch.get_rng_state(),
+        }
+        path = folder / f"ckpt-{self.report.updates_completed:08d}.pt"
+        _atomic_torch_save(state, path)
+        for old in sorted(folder.glob("ckpt-*.pt"))[:-CHECKPOINTS_KEPT]:
+            old.unlink(missing_ok=True)
+        log.info("checkpoint %s (version %d)", path, self.version)
+        return path
+
+    @classmethod
+    def resume(
+        cls,
+        run_dir: str | Path,
+        context: zmq.Context | None = None,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+        **learner_overrides: Any,
+    ) -> Learner:
+        """A learner continuing the newest checkpoint in ``run_dir``: same configs
+        (``learner_overrides`` may change e.g. host, port or the budget), same
+        policy, optimiser, counters and report; version numbering continues. A new
+        run id tells the actors that the learner restarted, so they re-register."""
+        path = newest_checkpoint(run_dir)
+        state = torch.load(path, weights_only=True)
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path}: unknown checkpoint format {state.get('format')!r}")
+        raw = json.loads(state["learner_config"])
+        raw.update(learner_overrides, run_dir=str(run_dir))
+        cfg = LearnerConfig(**raw)
+        ppo = PPOConfig(**json.loads(state["ppo_config"]))
+        policy_raw = json.loads(state["policy_config"])
+        policy_raw["hidden_sizes"] = tuple(policy_raw["hidden_sizes"])
+        learner = cls(cfg, ppo, PolicyConfig(**policy_raw), context=context, on_update=on_update)
+        learner.trainer.load_state_dict(state["trainer"])
+        learner.version = int(state["version"])
+        report = json.loads(state["report"])
+        for key, value in report.items():
+            if key not in ("run_id", "actor_stats"):
+                setattr(learner.report, key, value)
+        learner.report.resumed_from = str(path)
+        learner.counters.update(json.loads(state["counters"]))
+        learner.counters["learner/resumes"] += 1
+        learner.running_reward = {
+            (int(a), int(b)): float(r) for a, b, r in json.loads(state["running_reward"])
+        }
+        torch.set_rng_state(state["torch_rng"])
+        learner._publish_weights(publish=False)
+        log.info("resumed %s at update %d, version %d, %d env steps consumed", path,
+                 learner.report.updates_completed, learner.version,
+                 learner.report.env_steps_consumed)
+        return learner
+
+
+def newest_checkpoint(run_dir: str | Path) -> Path:
+    """The newest ``checkpoints/ckpt-*.pt`` of a run directory (FileNotFoundError
+    naming the directory when there is none)."""
+    found = sorted((Path(run_dir) / "checkpoints").glob("ckpt-*.pt"))
+    if not found:
+        raise FileNotFoundError(f"no checkpoint in {Path(run_dir) / 'checkpoints'}")
+    return found[-1]
+
+
+def _config_dict(cfg: Any) -> dict[str, Any]:
+    raw = asdict(cfg)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in raw.items()}
+
+
+def _atomic_torch_save(state: dict[str, Any], path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -176,6 +176,12 @@ def _str(value: Any, where: str, max_len: int = 256) -> str:
     return value
 
 
+def _int_list(value: Any, where: str, lo: int = 0) -> list[int]:
+    if not isinstance(value, list) or len(value) > 4096:
+        raise ProtocolError("bad_field", f"{where}: expected a list of at most 4096 ints")
+    return [_int(v, f"{where}[]", lo) for v in value]
+
+
 def _finite_float(value: Any, where: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):
         raise ProtocolError("bad_value", f"{where}: expected a finite number, got {value!r}")
@@ -410,7 +416,9 @@ class Hello(Message):
     ``actor_id`` -1 lets the learner choose; ``num_envs`` 0 takes the learner's
     ``envs_per_actor``; empty space maps take the learner's env. ``rejoin_run_id`` names the run the
     actor was in before (empty on first contact) so a restarted learner can tell
-    re-registration from a new actor.
+    re-registration from a new actor. ``next_seq`` (optional) is the sequence
+    number the actor will put on its next fragment of each slot, so the learner
+    can tell fragments of an earlier registration from new ones and count gaps.
     """
 
     TYPE: ClassVar[str] = "hello"
@@ -423,6 +431,7 @@ class Hello(Message):
     host: str = ""
     pid: int = 0
     rejoin_run_id: str = ""
+    next_seq: list[int] = field(default_factory=list)
 
     def to_map(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -438,6 +447,7 @@ class Hello(Message):
             host=_str(body.get("host", ""), "hello.host"),
             pid=_int(body.get("pid", 0), "hello.pid"),
             rejoin_run_id=_str(body.get("rejoin_run_id", ""), "hello.rejoin_run_id"),
+            next_seq=_int_list(body.get("next_seq", []), "hello.next_seq"),
         )
 
 
@@ -541,13 +551,10 @@ class Bye(Message):
 
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Bye:
-        last_seq = body.get("last_seq", [])
-        if not isinstance(last_seq, list) or len(last_seq) > 4096:
-            raise ProtocolError("bad_field", "bye.last_seq: expected a list of ints")
         return cls(
             actor_id=_int(body.get("actor_id"), "bye.actor_id"),
             stats=_numbers(body.get("stats"), "bye.stats"),
-            last_seq=[_int(s, "bye.last_seq[]", -1) for s in last_seq],
+            last_seq=_int_list(body.get("last_seq", []), "bye.last_seq", -1),
         )
 
 

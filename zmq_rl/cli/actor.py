@@ -1,0 +1,131 @@
+"""``zmq-actor``: step gymnasium envs with a local policy copy for a learner.
+
+Registers with the learner at ``--learner HOST[:PORT]``, then collects until the
+learner says shutdown (exit 0) or Ctrl-C / SIGTERM (exit 130). A learner that
+refuses the registration or does not answer within ``--register-timeout`` makes
+it print the reason and exit 1. Every :class:`~zmq_rl.config.ActorConfig` field
+is a flag (``zmq-actor --help``).
+"""
+
+from __future__ import annotations
+
+import _thread
+import argparse
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from zmq_rl.config import ActorConfig, ConfigError
+
+from .common import (
+    EXIT_INTERRUPTED,
+    CliFailure,
+    check_env,
+    guard,
+    handle_sigterm,
+    setup_logging,
+)
+from .flags import (
+    HelpFormatter,
+    Section,
+    add_config_flags,
+    add_logging_flag,
+    build_configs,
+    parse_with_config,
+)
+
+__all__ = ["ACTOR_SECTIONS", "build_parser", "main", "resolve"]
+
+ACTOR_SECTIONS = (Section("actor", ActorConfig, "actor"),)
+ALIASES = {"env_id": ["--env"]}
+PARENT_POLL_S = 0.5
+PARENT_GONE_GRACE_S = 10.0
+
+
+def build_parser(prog: str = "zmq-actor") -> argparse.ArgumentParser:
+    """The ``zmq-actor`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run one actor: register with the learner (DEALER to its control "
+        "port), then step --num-envs envs with the newest weights (SUB, port + 2) and push "
+        "experience (PUSH, port + 1) until the learner shuts the run down.",
+        epilog="Example: zmq-actor --learner 10.0.0.5:5555 --num-envs 8",
+        formatter_class=HelpFormatter,
+    )
+    add_config_flags(parser, ACTOR_SECTIONS, aliases=ALIASES)
+    add_logging_flag(parser, default="info")
+    # For `zmq-rl run`: exit when the process that started this actor is gone.
+    parser.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
+    return parser
+
+
+def resolve(
+    argv: Sequence[str] | None, parser: argparse.ArgumentParser | None = None
+) -> tuple[argparse.Namespace, ActorConfig]:
+    """Parse ``argv`` (with ``--config``) into a validated :class:`ActorConfig`."""
+    from zmq_rl.transport import parse_learner_address
+
+    parser = parser or build_parser()
+    args = parse_with_config(parser, argv, ACTOR_SECTIONS)
+    cfg = build_configs(args, ACTOR_SECTIONS)["actor"]
+    try:
+        parse_learner_address(cfg.learner)
+    except ValueError as exc:
+        raise ConfigError("learner", cfg.learner, str(exc)) from None
+    return args, cfg
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Interrupt this process (a clean exit) once ``parent_pid`` is no longer its parent."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        _thread.interrupt_main()
+        time.sleep(PARENT_GONE_GRACE_S)
+        os._exit(EXIT_INTERRUPTED)  # the clean exit did not happen in time
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``zmq-actor``; returns the exit code."""
+    handle_sigterm()
+    parser = build_parser()
+
+    def body() -> int:
+        import gymnasium as gym
+
+        from zmq_rl.actor import GymActor, SpaceMismatch
+        from zmq_rl.client import LearnerRefused, LearnerUnreachable
+
+        args, cfg = resolve(argv, parser)
+        setup_logging(args.log_level)
+        if args.parent_pid:
+            _exit_with_parent(args.parent_pid)
+        if cfg.env_id:
+            check_env(cfg.env_id)
+        try:
+            stats = GymActor(cfg).run()
+        except LearnerRefused as exc:
+            raise CliFailure(str(exc)) from None
+        except LearnerUnreachable as exc:
+            raise CliFailure(
+                f"{exc}: is the learner running, is --learner right, and does the learner "
+                "bind an address this host can reach (zmq-learner --host 0.0.0.0)?"
+            ) from None
+        except SpaceMismatch as exc:
+            raise CliFailure(str(exc)) from None
+        except gym.error.Error as exc:  # the learner's env id does not exist here
+            raise CliFailure(f"cannot make the learner's env on this host: {exc}") from None
+        summary = ", ".join(f"{k} {v:g}" for k, v in stats.items())
+        print(f"actor done: {summary}", flush=True)
+        return 0
+
+    return guard(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Pieces every command shares: logging, signals, error exits, env ids, run dirs.
+
+Exit codes of every command: 0 done, 1 failed at run time (learner unreachable or
+refused, starved, an actor crashed), 2 bad configuration or usage (argparse's own
+code), 130 interrupted (Ctrl-C or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from zmq_rl.config import ConfigError
+
+from .flags import ConfigFileError
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "CliFailure",
+    "check_env",
+    "default_run_dir",
+    "describe_exception",
+    "ensure_env_importable",
+    "error",
+    "format_duration",
+    "guard",
+    "handle_sigterm",
+    "setup_logging",
+]
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliFailure(RuntimeError):
+    """A run-time failure to report as ``error: <message>`` with exit code ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A handler that writes to whatever ``sys.stderr`` is *now*.
+
+    The live progress display swaps ``sys.stderr`` for a proxy that prints above
+    the progress line; a handler bound to the original stream would garble it.
+    """
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
+def setup_logging(level: str) -> None:
+    """Send log records of ``level`` and above to stderr, one line each."""
+    handler = _StderrHandler()
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+    )
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+def error(message: str) -> None:
+    """Print ``error: message`` to stderr."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def handle_sigterm() -> None:
+    """Make SIGTERM raise :class:`KeyboardInterrupt` like Ctrl-C, so both exit cleanly."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+@contextmanager
+def _no_traceback_on_interrupt() -> Iterator[None]:
+    """Swallow a second Ctrl-C while the first one is being cleaned up after."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def guard(body: Callable[[], int], on_interrupt: Callable[[], None] | None = None) -> int:
+    """Run a command body and turn its expected failures into messages and exit codes.
+
+    :class:`ConfigError` and :class:`ConfigFileError` print ``error: ...`` and give
+    2; :class:`CliFailure` gives its code; :class:`KeyboardInterrupt` (Ctrl-C,
+    SIGTERM) calls ``on_interrupt`` and gives 130. Anything else is a bug and
+    keeps its traceback.
+    """
+    try:
+        return body()
+    except (ConfigError, ConfigFileError) as exc:
+        error(str(exc))
+        return EXIT_CONFIG
+    except CliFailure as exc:
+        error(str(exc))
+        return exc.code
+    except KeyboardInterrupt:
+        with _no_traceback_on_interrupt():
+            if on_interrupt is not None:
+                on_interrupt()
+            print("interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def ensure_env_importable(env_id: str) -> None:
+    """Let a ``module:EnvName-v0`` id import ``module`` from the working directory.
+
+    ``python -m ...`` puts the working directory on ``sys.path``; an installed
+    console script does not. The directory is appended (lowest priority), and only
+    for ids that name a module.
+    """
+    if ":" in env_id:
+        cwd = os.getcwd()
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.append(cwd)
+
+
+def check_env(env_id: str) -> None:
+    """Make (and close) the env once, so a bad id fails as a config error up front."""
+    import gymnasium as gym
+
+    ensure_env_importable(env_id)
+    try:
+        gym.make(env_id).close()
+    except Exception as exc:  # gymnasium raises many kinds for a bad id
+        raise ConfigError("env_id", env_id, f"cannot make the env: {exc}") from None
+
+
+def default_run_dir(env_id: str, root: str = "runs") -> str:
+    """``runs/<env>-<YYYYmmdd-HHMMSS>`` (made unique with ``-2``, ``-3``... if taken)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", env_id.split(":")[-1]).strip("_") or "run"
+    base = Path(root) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return str(candidate)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``ExcType: message`` for one-line error reports."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def format_duration(seconds: float) -> str:
+    """``75.3`` -> ``"1m15s"``; under a minute ``"12.3s"``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s"

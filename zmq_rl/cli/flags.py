@@ -1,0 +1,399 @@
+"""Command-line flags and TOML config files generated from the config dataclasses.
+
+Every field of a config dataclass (:mod:`zmq_rl.config`) becomes one flag: the flag
+name is the field name with ``-`` for ``_``, the type comes from the annotation,
+the help text and ``choices`` from ``metadata``, and the default from the field, so
+a field cannot exist in the dataclass and be missing from the command line (the
+tests compare ``--help`` with the dataclasses).
+
+Types:
+
+* ``int`` and ``float``: a number (``1e5`` is accepted for an int when integral);
+* ``bool``: ``--flag`` / ``--no-flag`` (:class:`argparse.BooleanOptionalAction`);
+* ``tuple[int, ...]``: a comma list, ``--hidden-sizes 64,64``;
+* ``str``: as given, restricted to ``metadata["choices"]`` when present.
+
+``--config FILE.toml`` loads values from a TOML file, either in sections named
+after the dataclasses (``[learner]``, ``[ppo]``, ``[policy]``, ``[actor]``) or as
+flat keys; flags given on the command line override the file. An unknown key is an
+error that names it. :func:`dump_toml` writes a resolved config back in the same
+form, so a run's ``config.toml`` can be passed to ``--config`` to repeat it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import math
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zmq_rl.config import ConfigError
+
+__all__ = [
+    "ConfigFileError",
+    "HelpFormatter",
+    "Section",
+    "add_config_flags",
+    "add_logging_flag",
+    "build_configs",
+    "dump_toml",
+    "flag_name",
+    "load_toml",
+    "parse_with_config",
+]
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigFileError(ValueError):
+    """A ``--config`` file cannot be read, is not TOML, or holds an unknown key."""
+
+
+@dataclass(frozen=True)
+class Section:
+    """One config dataclass exposed on a command line and as a TOML table.
+
+    ``name`` is the TOML table (``[learner]``) and the prefix of the argparse dest;
+    ``cls`` the dataclass; ``title`` the heading of its group in ``--help``.
+    """
+
+    name: str
+    cls: type
+    title: str
+
+    def fields(self) -> tuple[dataclasses.Field, ...]:
+        """The dataclass fields, in declaration order."""
+        return dataclasses.fields(self.cls)
+
+    def dest(self, field_name: str) -> str:
+        """The argparse dest of a field (``"learner.gamma"``)."""
+        return f"{self.name}.{field_name}"
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default, except where the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default:" in text or action.default is None:
+            return text
+        return super()._get_help_string(action) or text
+
+
+def flag_name(field_name: str) -> str:
+    """``num_envs`` -> ``--num-envs``."""
+    return "--" + field_name.replace("_", "-")
+
+
+# -- converting values ----------------------------------------------------------------
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    return int(value)
+
+
+def _parse_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def _parse_int_list(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers")
+    return tuple(_parse_int(p) for p in parts)
+
+
+def _kind(annotation: Any) -> str:
+    """Classify a resolved field annotation: int, float, bool, str or int_tuple."""
+    if annotation in (int, float, bool, str):
+        return annotation.__name__
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is tuple and args and args[0] is int:
+        return "int_tuple"
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"optional/union config fields are not supported: {annotation!r}")
+    raise TypeError(f"config field type {annotation!r} has no command-line form")
+
+
+def _field_kinds(cls: type) -> dict[str, str]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: _kind(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "int": _parse_int,
+    "float": _parse_float,
+    "str": str,
+    "int_tuple": _parse_int_list,
+}
+_METAVARS = {"int": "N", "float": "X", "str": "TEXT", "int_tuple": "N,N,..."}
+
+
+def coerce(kind: str, name: str, value: Any) -> Any:
+    """Convert a value read from TOML to a field's type; :class:`ConfigError` if it can't."""
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(name, value, "must be true or false")
+    if kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(name, value, "must be an integer")
+    if kind == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(name, value, "must be a number")
+    if kind == "str":
+        if isinstance(value, str):
+            return value
+        raise ConfigError(name, value, "must be a string")
+    if kind == "int_tuple":
+        if isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            return tuple(value)
+        if isinstance(value, str):
+            try:
+                return _parse_int_list(value)
+            except argparse.ArgumentTypeError:
+                pass
+        raise ConfigError(name, value, "must be a list of integers")
+    raise TypeError(kind)
+
+
+# -- flags ----------------------------------------------------------------------------
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser,
+    sections: Sequence[Section],
+    *,
+    aliases: Mapping[str, Sequence[str]] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    default_help: Mapping[str, str] | None = None,
+) -> None:
+    """Add one flag per field of every section, in a help group per section.
+
+    ``aliases`` maps a field name to extra flags (``{"env_id": ["--env"]}``);
+    ``defaults`` replaces a field's dataclass default for this command;
+    ``default_help`` describes a default that is computed later (shown instead of
+    the value, e.g. ``"runs/<env>-<timestamp>"``; the flag's default is then None).
+    Field names must be unique across the sections.
+    """
+    aliases = aliases or {}
+    defaults = defaults or {}
+    default_help = default_help or {}
+    seen: dict[str, str] = {}
+    for section in sections:
+        kinds = _field_kinds(section.cls)
+        doc = (section.cls.__doc__ or "").strip().splitlines()
+        group = parser.add_argument_group(section.title, doc[0] if doc else None)
+        for f in section.fields():
+            if f.name in seen:
+                raise ValueError(
+                    f"field {f.name!r} is in both [{seen[f.name]}] and [{section.name}]"
+                )
+            seen[f.name] = section.name
+            kind = kinds[f.name]
+            names = [flag_name(f.name), *aliases.get(f.name, ())]
+            help_text = str(f.metadata.get("help", "")).replace("%", "%%")
+            if f.name in default_help:
+                default: Any = None
+                help_text += f" (default: {default_help[f.name]})"
+            else:
+                default = defaults.get(f.name, f.default)
+                if kind == "int_tuple" and isinstance(default, tuple):
+                    help_text += f" (default: {','.join(str(v) for v in default)})"
+                elif default == "":
+                    help_text += " (default: '')"
+            kwargs: dict[str, Any] = {
+                "dest": section.dest(f.name),
+                "default": default,
+                "help": help_text,
+            }
+            if kind == "bool":
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = _PARSERS[kind]
+                kwargs["metavar"] = _METAVARS[kind]
+                choices = f.metadata.get("choices")
+                if choices:
+                    kwargs["choices"] = tuple(choices)
+                    kwargs["metavar"] = "{" + ",".join(str(c) for c in choices) + "}"
+            group.add_argument(*names, **kwargs)
+    parser.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        type=Path,
+        default=None,
+        help="read settings from a TOML file (tables "
+        + ", ".join(f"[{s.name}]" for s in sections)
+        + " or flat keys); flags given here override it",
+    )
+
+
+def add_logging_flag(parser: argparse.ArgumentParser, default: str = "warning") -> None:
+    """Add ``--log-level``."""
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=default,
+        help="log messages of this level and above (to stderr)",
+    )
+
+
+def build_configs(args: argparse.Namespace, sections: Sequence[Section]) -> dict[str, Any]:
+    """Build and validate one dataclass instance per section from parsed flags.
+
+    Fields whose flag value is None (a default computed later) are left out, so
+    the dataclass default applies; the caller replaces them afterwards. Raises
+    :class:`ConfigError` from the dataclasses' ``validate()``.
+    """
+    out: dict[str, Any] = {}
+    for section in sections:
+        kwargs = {}
+        for f in section.fields():
+            value = getattr(args, section.dest(f.name))
+            if value is not None:
+                kwargs[f.name] = value
+        out[section.name] = section.cls(**kwargs).validate()
+    return out
+
+
+# -- TOML -----------------------------------------------------------------------------
+
+
+def load_toml(path: Path, sections: Sequence[Section]) -> dict[str, Any]:
+    """Read a TOML config into ``{dest: value}`` for :meth:`ArgumentParser.set_defaults`.
+
+    Accepts tables named after the sections and flat keys (matched to the section
+    that has the field). Raises :class:`ConfigFileError` for an unreadable file,
+    invalid TOML, an unknown table or key (naming it, with a suggestion), and
+    a value of the wrong type (the message then reads ``FILE: field=value: reason``).
+    """
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigFileError(f"{path}: cannot read config: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigFileError(f"{path}: invalid TOML: {exc}") from None
+    kinds = {s.name: _field_kinds(s.cls) for s in sections}
+    owner = {name: s for s in sections for name in kinds[s.name]}
+    by_name = {s.name: s for s in sections}
+    values: dict[str, Any] = {}
+
+    def put(section: Section, key: str, value: Any, where: str) -> None:
+        if key not in kinds[section.name]:
+            raise ConfigFileError(
+                f"{path}: unknown key {key!r} in {where}{_suggest(key, kinds[section.name])}"
+            )
+        try:
+            values[section.dest(key)] = coerce(kinds[section.name][key], key, value)
+        except ConfigError as exc:
+            raise ConfigFileError(f"{path}: {exc}") from None
+
+    for key, value in data.items():
+        if isinstance(value, dict):
+            section = by_name.get(key)
+            if section is None:
+                raise ConfigFileError(
+                    f"{path}: unknown table [{key}]{_suggest(key, by_name)}; "
+                    f"known tables: {', '.join(f'[{s}]' for s in by_name)}"
+                )
+            for sub_key, sub_value in value.items():
+                put(section, sub_key, sub_value, f"[{key}]")
+        else:
+            section = owner.get(key)
+            if section is None:
+                raise ConfigFileError(
+                    f"{path}: unknown key {key!r}{_suggest(key, owner)}"
+                )
+            put(section, key, value, "the top level")
+    return values
+
+
+def _suggest(word: str, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} to TOML")
+
+
+def dump_toml(
+    configs: Mapping[str, Any], header: str = "", commented: Iterable[str] = ()
+) -> str:
+    """TOML text with one table per config dataclass instance (``{"learner": cfg}``).
+
+    Fields named in ``commented`` are written as comments (shown, not loaded).
+    """
+    lines = [f"# {line}" for line in header.splitlines()]
+    commented = set(commented)
+    for name, cfg in configs.items():
+        if lines:
+            lines.append("")
+        lines.append(f"[{name}]")
+        for f in dataclasses.fields(cfg):
+            prefix = "# " if f.name in commented else ""
+            lines.append(f"{prefix}{f.name} = {_toml_value(getattr(cfg, f.name))}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_with_config(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    sections: Sequence[Section],
+    flags_parser: argparse.ArgumentParser | None = None,
+) -> argparse.Namespace:
+    """Parse ``argv``; if it names ``--config``, load the file and parse again.
+
+    The file's values become the defaults of ``flags_parser`` (the parser, or the
+    subcommand parser, that owns the generated flags), so flags given on the
+    command line win over the file and the file wins over the dataclass defaults.
+    """
+    args = parser.parse_args(argv)
+    path = getattr(args, "config", None)
+    if path is None:
+        return args
+    values = load_toml(path, sections)
+    (flags_parser or parser).set_defaults(**values)
+    return parser.parse_args(argv)

@@ -1,0 +1,272 @@
+"""``zmq-rl``: one command for the whole workflow (``run``, ``eval``, ``plot``).
+
+Each subcommand is one function registered with :func:`subcommand`; its flags are
+declared in the decorator (``arg(...)`` specs, or a function that adds them), and
+the function takes the parsed :class:`argparse.Namespace` and returns the exit
+code. Adding a subcommand is adding one such function here (or in a module
+imported at the bottom of this file)::
+
+    @subcommand("keys", "generate CURVE key pairs for encrypted sockets",
+                arg("out_dir", type=Path, help="where to write the keys"))
+    def keys_command(args: argparse.Namespace) -> int:
+        ...
+        return 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .common import (
+    EXIT_INTERRUPTED,
+    guard,
+    handle_sigterm,
+    setup_logging,
+)
+from .flags import HelpFormatter, Section, parse_with_config
+from .learner import LEARNER_SECTIONS
+
+__all__ = ["arg", "build_parser", "main", "subcommand"]
+
+
+@dataclass(frozen=True)
+class Arg:
+    """The arguments of one ``parser.add_argument`` call."""
+
+    names: tuple[str, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def arg(*names: str, **kwargs: Any) -> Arg:
+    """Declare one argument of a subcommand (same signature as ``add_argument``)."""
+    return Arg(names, kwargs)
+
+
+Configure = Callable[[argparse.ArgumentParser], None]
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A registered subcommand: its name, help, arguments and body."""
+
+    name: str
+    help: str
+    description: str
+    args: tuple[Arg | Configure, ...]
+    run: Callable[[argparse.Namespace], int]
+    sections: tuple[Section, ...] = ()
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {}
+
+
+def subcommand(
+    name: str,
+    help: str,
+    *args: Arg | Configure,
+    description: str = "",
+    sections: Sequence[Section] = (),
+) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """Register the decorated function as ``zmq-rl NAME``.
+
+    ``args`` are :func:`arg` specs or functions that add arguments to the
+    subcommand's parser. ``sections``: the config dataclasses whose flags the
+    subcommand has (with ``--config``); a TOML file given there is applied before
+    the function runs. The function gets the parsed namespace and returns the
+    exit code; it may raise :class:`~zmq_rl.cli.common.CliFailure` or a config
+    error (reported as ``error: ...``).
+    """
+
+    def register(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        if name in SUBCOMMANDS:
+            raise ValueError(f"subcommand {name!r} is registered twice")
+        doc = (fn.__doc__ or "").strip()
+        SUBCOMMANDS[name] = Subcommand(
+            name, help, description or doc or help, args, fn, tuple(sections)
+        )
+        return fn
+
+    return register
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``zmq-rl`` parser with one subparser per registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="zmq-rl",
+        description="Distributed PPO over ZeroMQ. 'zmq-rl run' trains with local actors; "
+        "for several machines use zmq-learner and zmq-actor.",
+        formatter_class=HelpFormatter,
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for sub in SUBCOMMANDS.values():
+        sp = subparsers.add_parser(
+            sub.name, help=sub.help, description=sub.description,
+            formatter_class=HelpFormatter,
+        )
+        for spec in sub.args:
+            if isinstance(spec, Arg):
+                sp.add_argument(*spec.names, **spec.kwargs)
+            else:
+                spec(sp)
+        sp.set_defaults(_subcommand=sub.name)
+    return parser
+
+
+def subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name`` inside ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise KeyError(name)
+
+
+# -- run ------------------------------------------------------------------------------
+
+RUN_DEFAULTS = {"num_actors": 2, "eval_every": 5, "target_return": 475.0}
+"""Where ``zmq-rl run`` differs from the learner's defaults: solve CartPole-v1 and stop."""
+
+
+def _run_flags(parser: argparse.ArgumentParser) -> None:
+    from .learner import add_learner_flags
+
+    add_learner_flags(parser, defaults=RUN_DEFAULTS)
+    parser.add_argument(
+        "--actor-log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="log level of the actor processes (their logs go to RUN_DIR/logs/)",
+    )
+    parser.add_argument(
+        "--plot",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="draw learning_curve.png into the run dir at the end",
+    )
+
+
+@subcommand(
+    "run",
+    "train with a learner here and --actors local actor processes",
+    _run_flags,
+    description="Train in one command: the learner runs in this process and --actors "
+    "actor processes (python -m zmq_rl.cli.actor) connect to it over loopback. The "
+    "defaults solve CartPole-v1 (evaluation every 5 updates; stop at mean return 475). "
+    "Ctrl-C stops everything. The run dir gets config.toml, metrics.jsonl, metrics.csv, "
+    "report.json, policy.pt, learning_curve.png and logs/actor-N.log.",
+    sections=LEARNER_SECTIONS,
+)
+def run_command(args: argparse.Namespace) -> int:
+    """``zmq-rl run``."""
+    from .learner import configs_from_args
+    from .local import LocalActors
+    from .plot import CURVE_NAME, plot_runs
+    from .training import make_console, print_summary, train
+
+    cfg, ppo, policy = configs_from_args(args)
+    setup_logging(args.log_level)
+    console = make_console()
+    log_dir = Path(cfg.run_dir) / "logs" if cfg.run_dir else None
+
+    def around_run(learner: Any) -> LocalActors:
+        return LocalActors(
+            learner, cfg.num_actors, log_dir=log_dir, log_level=args.actor_log_level
+        )
+
+    outcome = train(cfg, ppo, policy, console, tensorboard=args.tensorboard,
+                    around_run=around_run, command="zmq-rl run")
+    extra = {}
+    if cfg.run_dir and args.plot and (Path(cfg.run_dir) / "metrics.jsonl").is_file():
+        curve = plot_runs([cfg.run_dir], Path(cfg.run_dir) / CURVE_NAME)
+        extra["learning curve"] = str(curve)
+    if log_dir is not None:
+        extra["actor logs"] = str(log_dir)
+    print_summary(console, outcome, extra)
+    return EXIT_INTERRUPTED if outcome.interrupted else 0
+
+
+# -- eval -----------------------------------------------------------------------------
+
+
+@subcommand(
+    "eval",
+    "measure a saved policy: mean ± std return over fresh episodes",
+    arg("target", metavar="RUN_DIR_OR_POLICY", help="a run directory or its policy.pt"),
+    arg("--episodes", type=int, default=20, help="deterministic episodes to play"),
+    arg("--seed", type=int, default=10_000,
+        help="seed of the episodes (a run with --seed S evaluates with S + 10000)"),
+    arg("--env", default="", help="env id to play (default: the one the policy was trained on)"),
+    arg("--video", metavar="DIR", type=Path, default=None,
+        help="record every episode to DIR as MP4 (needs moviepy, and pygame for "
+        "classic-control envs: pip install 'zmq_rl[video]')"),
+    arg("--log-level", choices=("debug", "info", "warning", "error"), default="warning",
+        help="log messages of this level and above (to stderr)"),
+)
+def eval_command(args: argparse.Namespace) -> int:
+    """Play a saved policy deterministically and print the mean ± std return."""
+    from zmq_rl.config import ConfigError
+
+    from .evaluate import evaluate, load_policy, record_episodes
+
+    setup_logging(args.log_level)
+    if args.episodes < 1:
+        raise ConfigError("episodes", args.episodes, "must be an integer >= 1")
+    loaded = load_policy(args.target, env_id=args.env)
+    if args.video is not None:
+        mean, std = record_episodes(loaded, args.episodes, args.seed, args.video)
+    else:
+        mean, std = evaluate(loaded, args.episodes, args.seed)
+    print(f"{loaded.env_id}: mean return {mean:.2f} ± {std:.2f} over {args.episodes} "
+          f"episodes (policy version {loaded.version}, {loaded.path})")
+    if args.video is not None:
+        print(f"videos: {args.video}")
+    return 0
+
+
+# -- plot -----------------------------------------------------------------------------
+
+
+@subcommand(
+    "plot",
+    "draw learning curves (return vs env steps) of one or more runs",
+    arg("runs", metavar="RUN_DIR", nargs="+", type=Path, help="run directories"),
+    arg("--out", metavar="PNG", type=Path, default=None,
+        help="output image (default: RUN_DIR/learning_curve.png for one run, "
+        "./learning_curve.png for several)"),
+)
+def plot_command(args: argparse.Namespace) -> int:
+    """Draw training return (mean of the last 100 episodes) and evaluation returns
+    (mean ± std) against env steps, from each run's metrics.jsonl and report.json."""
+    from .plot import CURVE_NAME, plot_runs
+
+    out = args.out
+    if out is None:
+        out = args.runs[0] / CURVE_NAME if len(args.runs) == 1 else Path(CURVE_NAME)
+    print(plot_runs(args.runs, out))
+    return 0
+
+
+# -- entry point ----------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``zmq-rl``; returns the exit code."""
+    handle_sigterm()
+    parser = build_parser()
+
+    def body() -> int:
+        args = parser.parse_args(argv)
+        sub = SUBCOMMANDS[args._subcommand]
+        if sub.sections and getattr(args, "config", None) is not None:
+            args = parse_with_config(parser, argv, sub.sections, subparser(parser, sub.name))
+        return sub.run(args)
+
+    return guard(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

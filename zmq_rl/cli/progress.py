@@ -1,0 +1,119 @@
+"""The live progress line of a training run, fed by the learner's ``on_update`` hook.
+
+On a terminal it is a rich progress bar::
+
+    update ━━━━━━━━━━━━ 120/390  5,210 steps/s  return 187.3  actors 2  lag 0.41  0:00:06
+
+Elsewhere (a pipe, a CI log) the same facts are printed as plain lines, at most
+every tenth of the run or every 15 seconds, plus one line per evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+__all__ = ["TrainingProgress", "format_row"]
+
+PLAIN_INTERVAL_S = 15.0
+
+
+def _get(row: Mapping[str, Any], key: str) -> float:
+    value = row.get(key)
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+def format_row(row: Mapping[str, Any]) -> str:
+    """One line of the facts a person watches: speed, return, actors, lag, evaluation."""
+    text = (
+        f"{_get(row, 'charts/SPS'):,.0f} steps/s  "
+        f"return {_get(row, 'charts/mean_return'):.1f}  "
+        f"actors {int(_get(row, 'charts/actors')) if 'charts/actors' in row else '?'}  "
+        f"lag {_get(row, 'charts/policy_lag_mean'):.2f}"
+    )
+    if "eval/mean_return" in row:
+        text += f"  eval {_get(row, 'eval/mean_return'):.1f}"
+    return text
+
+
+class TrainingProgress:
+    """Shows ``update/total``, env steps/s, mean return, actors and policy lag.
+
+    Use as a context manager and pass :meth:`update` as (part of) the learner's
+    ``on_update`` hook. ``live`` forces the rich bar on or off (default: on when
+    the console is a terminal).
+    """
+
+    def __init__(
+        self, total_updates: int, console: Console, waiting: str = "", live: bool | None = None
+    ) -> None:
+        self.total = total_updates
+        self.console = console
+        self.live = console.is_terminal if live is None else live
+        self.last_row: Mapping[str, Any] = {}
+        self.last_eval = math.nan
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._waiting = waiting
+        self._last_print = 0.0
+        self._every = max(1, total_updates // 10)
+
+    def __enter__(self) -> TrainingProgress:
+        if self._waiting:
+            self.console.print(self._waiting, markup=False)
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[bold]update"),
+                BarColumn(bar_width=24),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(
+                "train", total=self.total, stats="waiting for actors" if self._waiting else ""
+            )
+        return self
+
+    def update(self, row: Mapping[str, Any]) -> None:
+        """Take one metrics row (as the learner's ``on_update`` passes it)."""
+        self.last_row = row
+        update = int(row.get("update", 0))
+        evaluated = "eval/mean_return" in row
+        if evaluated:
+            self.last_eval = _get(row, "eval/mean_return")
+        stats = format_row(row)
+        if not evaluated and not math.isnan(self.last_eval):
+            stats += f"  eval {self.last_eval:.1f}"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=min(update, self.total), stats=stats)
+            return
+        now = time.monotonic()
+        if (
+            update == 1
+            or evaluated
+            or update % self._every == 0
+            or now - self._last_print >= PLAIN_INTERVAL_S
+        ):
+            self._last_print = now
+            self.console.print(
+                f"update {update}/{self.total}  steps {int(_get(row, 'env_steps'))}  {stats}",
+                highlight=False,
+            )
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

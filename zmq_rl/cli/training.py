@@ -1,0 +1,213 @@
+"""Run a learner from the command line: run dir, config.toml, progress, metrics, summary.
+
+Shared by ``zmq-learner`` (actors come from elsewhere) and ``zmq-rl run`` (which
+starts local actor processes around the run through ``around_run``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+
+from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig, replace
+
+from .common import CliFailure, check_env, default_run_dir, format_duration
+from .flags import dump_toml
+from .progress import TrainingProgress
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TrainingOutcome", "make_console", "print_summary", "resolve_run_dir", "train"]
+
+CONFIG_NAME = "config.toml"
+
+
+def make_console() -> Console:
+    """The stdout console of the commands (no wrapping of long lines in logs)."""
+    return Console(soft_wrap=True, highlight=False)
+
+
+def resolve_run_dir(cfg: LearnerConfig, run_dir: str | None) -> LearnerConfig:
+    """Fill in ``runs/<env>-<timestamp>`` when no ``--run-dir`` was given (None);
+    an explicit empty string keeps the run without a directory."""
+    if run_dir is None:
+        run_dir = default_run_dir(cfg.env_id)
+    return replace(cfg, run_dir=run_dir)
+
+
+def write_config(
+    cfg: LearnerConfig, ppo: PPOConfig, policy: PolicyConfig, command: str = "zmq-learner"
+) -> Path | None:
+    """Write the resolved config as ``config.toml`` in the run dir (loadable by ``--config``).
+
+    ``run_dir`` is written as a comment, so that repeating a run with ``--config``
+    makes a new run directory instead of appending to this one.
+    """
+    if not cfg.run_dir:
+        return None
+    path = Path(cfg.run_dir) / CONFIG_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"zmq_rl run config, written {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
+        f"Repeat the run with: {command} --config {path}"
+    )
+    text = dump_toml(
+        {"learner": cfg, "ppo": ppo, "policy": policy}, header, commented=("run_dir",)
+    )
+    path.write_text(text)
+    return path
+
+
+class TrainingOutcome:
+    """What :func:`train` produced: the learner's report (None if interrupted) and files."""
+
+    def __init__(self, cfg: LearnerConfig) -> None:
+        self.cfg = cfg
+        self.report: Any = None
+        self.interrupted = False
+        self.updates_seen = 0
+        self.last_row: Mapping[str, Any] = {}
+
+
+def train(
+    cfg: LearnerConfig,
+    ppo: PPOConfig,
+    policy: PolicyConfig,
+    console: Console,
+    *,
+    tensorboard: bool | None = None,
+    around_run: Callable[[Any], AbstractContextManager[Any]] | None = None,
+    live: bool | None = None,
+    command: str = "zmq-learner",
+) -> TrainingOutcome:
+    """Bind a learner, run it to the end of its budget and return the outcome.
+
+    ``around_run(learner)`` is entered after the sockets are bound and exited after
+    the run (also on errors and interrupts): ``zmq-rl run`` starts and stops its
+    actor processes there. Raises :class:`CliFailure` for a port in use or a
+    starved learner. The first Ctrl-C or SIGTERM during the run asks the learner
+    to stop (:meth:`~zmq_rl.learner.Learner.request_stop`: it shuts the actors down
+    and writes its report, checkpoint and policy); a second one aborts at once,
+    without a report. Either way the outcome has ``interrupted`` set.
+    """
+    from zmq_rl.learner import Learner, LearnerStarved
+    from zmq_rl.metrics import MetricsWriter
+
+    check_env(cfg.env_id)
+    write_config(cfg, ppo, policy, command)
+    outcome = TrainingOutcome(cfg)
+    with contextlib.ExitStack() as stack:
+        metrics = None
+        if cfg.run_dir:
+            metrics = stack.enter_context(MetricsWriter(cfg.run_dir, tensorboard=tensorboard))
+        waiting = (
+            f"waiting for {cfg.num_actors} actor(s) at {cfg.host}:{cfg.port} "
+            f"(experience :{cfg.experience_port()}, weights :{cfg.weights_port()})"
+        )
+        progress = TrainingProgress(cfg.num_updates(), console, waiting=waiting, live=live)
+
+        def on_update(row: Mapping[str, Any]) -> None:
+            outcome.updates_seen += 1
+            outcome.last_row = row
+            if metrics is not None:
+                metrics.write(row)
+            progress.update(row)
+
+        try:
+            learner = Learner(cfg, ppo, policy, on_update=on_update)
+        except OSError as exc:
+            raise CliFailure(str(exc)) from None
+        stack.callback(learner.close)
+        if around_run is not None:
+            stack.enter_context(around_run(learner))
+        try:
+            with progress, _graceful_stop(learner, outcome):
+                outcome.report = learner.run()
+        except LearnerStarved as exc:
+            raise CliFailure(str(exc)) from None
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+    return outcome
+
+
+@contextlib.contextmanager
+def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
+    """First Ctrl-C / SIGTERM: ask the learner to stop after the current step (it
+    shuts the actors down and writes its report and policy); a second one raises
+    :class:`KeyboardInterrupt` at once."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if outcome.interrupted:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        outcome.interrupted = True
+        name = signal.Signals(signum).name
+        sys.stderr.write(f"\n{name}: stopping after the current update "
+                         "(press Ctrl-C again to abort at once)\n")
+        learner.request_stop(f"interrupted ({name})")
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def print_summary(
+    console: Console, outcome: TrainingOutcome, extra: Mapping[str, str] | None = None
+) -> None:
+    """Print the end-of-run summary: updates, steps, wall time, last evaluation, files."""
+    cfg = outcome.cfg
+    report = outcome.report
+    lines: list[tuple[str, str]] = []
+    if report is None:
+        row = outcome.last_row
+        lines.append(("stopped", "interrupted"))
+        lines.append(("updates", f"{outcome.updates_seen} of {cfg.num_updates()}"))
+        if row:
+            lines.append(("env steps", f"{int(row.get('env_steps', 0)):,}"))
+            lines.append(("wall time", format_duration(float(row.get("wall_seconds", 0.0)))))
+    else:
+        lines.append(("stopped", report.stop_reason or "done"))
+        lines.append(("updates", f"{report.updates_completed} (budget {cfg.num_updates()})"))
+        lines.append(("env steps", f"{report.env_steps_consumed:,} of {cfg.total_env_steps:,}"))
+        sps = report.env_steps_consumed / max(report.wall_seconds, 1e-9)
+        lines.append(("wall time", f"{format_duration(report.wall_seconds)} ({sps:,.0f} steps/s)"))
+        lines.append(("episodes", f"{report.episodes_completed:,}, mean return of the last 100: "
+                                  f"{report.mean_recent_episode_reward(100):.1f}"))
+        if report.evaluations:
+            last = report.evaluations[-1]
+            lines.append((
+                "last eval",
+                f"{last['mean_return']:.1f} ± {last['std_return']:.1f} over "
+                f"{cfg.eval_episodes} episodes (after {int(last['env_steps']):,} steps)",
+            ))
+        lines.append(("policy version", str(report.last_policy_version)))
+    if cfg.run_dir:
+        lines.append(("run dir", cfg.run_dir))
+    lines.extend((extra or {}).items())
+    width = max(len(k) for k, _ in lines)
+    console.print("[bold]summary[/bold]")
+    for key, value in lines:
+        console.print(f"  {key:<{width}}  {value}", markup=False)
+
+
+def last_eval_text(report: Any) -> str:
+    """``mean ± std`` of the last evaluation, or ``-``."""
+    if report is None or not report.evaluations:
+        return "-"
+    last = report.evaluations[-1]
+    if not math.isfinite(last["mean_return"]):
+        return "-"
+    return f"{last['mean_return']:.1f} ± {last['std_return']:.1f}"

@@ -1,0 +1,137 @@
+"""Per-update metrics to ``metrics.csv`` and, when installed, TensorBoard.
+
+The learner already appends every update's row to ``metrics.jsonl`` in its run
+directory; :class:`MetricsWriter` is the sink for the learner's ``on_update`` hook
+that adds a spreadsheet-friendly CSV and TensorBoard event files::
+
+    with MetricsWriter(run_dir) as metrics:
+        Learner(cfg, on_update=metrics.write).run()
+
+CSV columns are the keys of the first row, in order; a key that first appears in
+a later row (``eval/mean_return`` appears only on evaluation updates) is appended
+as a new column and the file is rewritten once with that header, so the CSV
+always holds every key seen, with empty cells where a row had no value. A CSV
+already in the run directory is appended to (as the learner does with its JSONL).
+
+TensorBoard scalars go to event files in the run directory itself (so
+``tensorboard --logdir runs`` shows every run), with the env-step count as the
+step, when the ``tensorboard`` package is importable (``pip install
+zmq_rl[tensorboard]``).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MetricsWriter", "tensorboard_available"]
+
+CSV_NAME = "metrics.csv"
+STEP_KEY = "env_steps"
+"""The x axis of TensorBoard scalars."""
+_NOT_SCALARS = frozenset({"update", STEP_KEY})
+
+
+def tensorboard_available() -> bool:
+    """Whether the ``tensorboard`` package (needed by torch's SummaryWriter) is installed."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+class MetricsWriter:
+    """Write metric rows to ``run_dir/metrics.csv`` and optionally TensorBoard.
+
+    ``tensorboard``: True requires the package (ImportError otherwise), False
+    never writes events, None (default) writes them when the package is installed.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.csv_path = self.run_dir / CSV_NAME
+        self.fieldnames: list[str] = []
+        self.rows_written = 0
+        self._csv_file: Any = None
+        self._csv: csv.DictWriter | None = None
+        self._tb: Any = None
+        self._closed = False
+        if self.csv_path.exists():  # a reused run directory: keep its rows, as metrics.jsonl does
+            with open(self.csv_path, newline="") as f:
+                self.fieldnames = next(csv.reader(f), [])
+            if self.fieldnames:
+                self._open_for_append()
+        if tensorboard is None:
+            tensorboard = tensorboard_available()
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir))
+            log.info("writing TensorBoard events to %s", self.run_dir)
+
+    @property
+    def tensorboard_enabled(self) -> bool:
+        """Whether TensorBoard events are being written."""
+        return self._tb is not None
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append one row (one update's metrics) to the CSV and TensorBoard."""
+        if self._closed:
+            raise ValueError("MetricsWriter is closed")
+        new_keys = [k for k in row if k not in self.fieldnames]
+        if new_keys:
+            self._extend_header(new_keys)
+        assert self._csv is not None
+        self._csv.writerow(row)
+        self._csv_file.flush()
+        self.rows_written += 1
+        if self._tb is not None:
+            step = int(row.get(STEP_KEY, self.rows_written))
+            for key, value in row.items():
+                if key in _NOT_SCALARS or isinstance(value, bool):
+                    continue
+                if isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, global_step=step)
+            self._tb.flush()
+
+    def _extend_header(self, new_keys: list[str]) -> None:
+        """Add columns; rewrite the rows written so far under the wider header."""
+        old_rows: list[dict[str, str]] = []
+        if self._csv_file is not None:
+            self._csv_file.close()
+            with open(self.csv_path, newline="") as f:
+                old_rows = list(csv.DictReader(f))
+        self.fieldnames = [*self.fieldnames, *new_keys]
+        tmp = self.csv_path.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.fieldnames, restval="")
+            writer.writeheader()
+            writer.writerows(old_rows)
+        os.replace(tmp, self.csv_path)
+        self._open_for_append()
+
+    def _open_for_append(self) -> None:
+        self._csv_file = open(self.csv_path, "a", newline="")  # noqa: SIM115 (closed in close())
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=self.fieldnames, restval="")
+
+    def close(self) -> None:
+        """Flush and close the CSV file and the TensorBoard writer."""
+        self._closed = True
+        if self._csv_file is not None:
+            self._csv_file.close()
+            self._csv_file = None
+            self._csv = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
