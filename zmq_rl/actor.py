@@ -23,6 +23,7 @@ from .client import ActorClient
 from .config import ActorConfig, PolicyConfig
 from .policy import build_policy, import_weights
 from .protocol import space_from_spec, spaces_equal
+from .transport import CurveClientKeys, load_public_certificate, load_secret_certificate
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,15 @@ def env_seeds(seed: int, num_envs: int) -> list[int]:
     return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(num_envs)]
 
 
+def curve_client_keys(cfg: ActorConfig) -> CurveClientKeys | None:
+    """The actor's CURVE keys from its config (None when CURVE is off)."""
+    if not cfg.curve_secret_key:
+        return None
+    public, secret = load_secret_certificate(cfg.curve_secret_key, "curve_secret_key")
+    server = load_public_certificate(cfg.curve_server_key, "curve_server_key")
+    return CurveClientKeys(public=public, secret=secret, server_public=server)
+
+
 class GymActor:
     """One actor process's work: register, then collect until told to stop."""
 
@@ -69,6 +79,7 @@ class GymActor:
             context=self.context,
             register_timeout=cfg.register_timeout,
             learner_timeout=cfg.learner_timeout,
+            curve=curve_client_keys(cfg),
         )
         if probe is not None:
             probe.close()

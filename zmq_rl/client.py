@@ -49,11 +49,15 @@ from .protocol import (
     encode,
     space_spec,
 )
+from zmq.utils.monitor import recv_monitor_message
+
 from .transport import (
     ACTOR_PUSH_LINGER_MS,
     EXPERIENCE_HWM,
     WEIGHTS_HWM,
+    CurveClientKeys,
     SocketOptions,
+    apply_curve_client,
     make_socket,
     parse_learner_address,
     readable,
@@ -104,6 +108,7 @@ class ActorClient:
         register_timeout: float = 30.0,
         learner_timeout: float = 60.0,
         max_message_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        curve: CurveClientKeys | None = None,
     ) -> None:
         self.host, self.control_port = parse_learner_address(learner)
         self.env_id = env_id
@@ -115,6 +120,8 @@ class ActorClient:
         self.learner_timeout = float(learner_timeout)
         self.needs_reregister = False
         self.registrations = 0
+        self.curve = curve
+        self._monitor: zmq.Socket | None = None
         self.max_message_bytes = int(max_message_bytes)
         self._ctx = context or zmq.Context.instance()
         self._control: zmq.Socket | None = None
@@ -156,9 +163,13 @@ class ActorClient:
         """
         timeout = self.register_timeout if timeout is None else timeout
         if self._control is None:
-            self._control = make_socket(
-                self._ctx, zmq.DEALER,
-                SocketOptions(linger_ms=500, max_message_bytes=self.max_message_bytes),
+            self._control = self._socket(
+                zmq.DEALER, SocketOptions(linger_ms=500, max_message_bytes=self.max_message_bytes)
+            )
+            self._monitor = self._control.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
             )
             self._control.connect(tcp_endpoint(self.host, self.control_port))
         hello = Hello(
@@ -176,9 +187,17 @@ class ActorClient:
         )
         self._control.send(encode(hello))
         deadline = time.monotonic() + timeout
+        poller = zmq.Poller()
+        poller.register(self._control, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._control.poll(int(remaining * 1000) + 1):
+            events = dict(poller.poll(int(remaining * 1000) + 1)) if remaining > 0 else {}
+            if self._monitor in events:
+                self._raise_handshake_failure()
+            if self._control not in events:
+                if time.monotonic() < deadline:
+                    continue
                 raise LearnerUnreachable(
                     f"no welcome from learner at {tcp_endpoint(self.host, self.control_port)} "
                     f"within {timeout:.1f}s"
@@ -195,6 +214,26 @@ class ActorClient:
                 return message
             # Heartbeats, a stale shutdown, or a "reregister" answering an earlier
             # heartbeat: this hello is already the answer to those.
+
+    def _socket(self, kind: int, options: SocketOptions) -> zmq.Socket:
+        sock = make_socket(self._ctx, kind, options)
+        if self.curve is not None:
+            apply_curve_client(sock, self.curve)
+        return sock
+
+    def _raise_handshake_failure(self) -> None:
+        assert self._monitor is not None
+        event = recv_monitor_message(self._monitor)
+        detail = {
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the learner refused this actor's CURVE key",
+            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mismatch (one side uses CURVE, "
+            "the other not, or the learner's public key is wrong)",
+        }.get(event["event"], "the security handshake failed (wrong learner key?)")
+        raise LearnerRefused(
+            "auth_failed",
+            f"{detail} at {tcp_endpoint(self.host, self.control_port)} "
+            f"(handshake event {event['event']}, value {event['value']})",
+        )
 
     def _accept(self, welcome: Welcome) -> None:
         self.welcome = welcome
@@ -222,14 +261,12 @@ class ActorClient:
         for sock in (self._experience, self._weights):
             if sock is not None:
                 sock.close(linger=0)
-        self._experience = make_socket(
-            self._ctx, zmq.PUSH,
-            SocketOptions(linger_ms=ACTOR_PUSH_LINGER_MS, sndhwm=EXPERIENCE_HWM),
+        self._experience = self._socket(
+            zmq.PUSH, SocketOptions(linger_ms=ACTOR_PUSH_LINGER_MS, sndhwm=EXPERIENCE_HWM)
         )
         self._experience.connect(tcp_endpoint(self.host, welcome.experience_port))
-        self._weights = make_socket(
-            self._ctx, zmq.SUB,
-            SocketOptions(rcvhwm=WEIGHTS_HWM, max_message_bytes=self.max_message_bytes),
+        self._weights = self._socket(
+            zmq.SUB, SocketOptions(rcvhwm=WEIGHTS_HWM, max_message_bytes=self.max_message_bytes)
         )
         self._weights.setsockopt(zmq.SUBSCRIBE, b"")
         self._weights.connect(tcp_endpoint(self.host, welcome.weights_port))
@@ -247,10 +284,12 @@ class ActorClient:
                 self._control.send(encode(bye), zmq.NOBLOCK)
             except zmq.ZMQError:
                 log.warning("could not send bye to the learner")
-        for sock in (self._experience, self._weights, self._control):
+        if self._control is not None:
+            self._control.disable_monitor()
+        for sock in (self._experience, self._weights, self._control, self._monitor):
             if sock is not None:
                 sock.close()
-        self._experience = self._weights = self._control = None
+        self._experience = self._weights = self._control = self._monitor = None
 
     def __enter__(self) -> ActorClient:
         return self

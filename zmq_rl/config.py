@@ -242,13 +242,21 @@ class LearnerConfig:
     )
     run_dir: str = _f("", "directory for metrics, report and checkpoints; empty = none")
     max_message_bytes: int = _f(
-        64 * 1024 * 1024, "largest message a receiving socket accepts (ZMQ_MAXMSGSIZE)"
+        16 * 1024 * 1024,
+        "largest message the learner accepts (ZMQ_MAXMSGSIZE); the largest legitimate one is "
+        "a fragment: fragment_length * (obs + action bytes) + ~1 KB",
     )
     torch_threads: int = _f(1, "torch intra-op threads for the update (small nets: 1 is fastest)")
     actor_timeout: float = _f(
         10.0, "seconds of silence after which an actor is declared dead and its slots leave"
     )
     checkpoint_every: int = _f(25, "write a checkpoint every N updates (and at the end); 0 = end only")
+    curve_secret_key: str = _f(
+        "", "CURVE: the learner's secret certificate file (zmq-rl keys); empty = plain tcp"
+    )
+    curve_authorized_keys: str = _f(
+        "", "CURVE: folder of authorised actors' public certificates (required with a key)"
+    )
 
     def validate(self) -> LearnerConfig:
         """Check every field (the reference's rules first); return self so calls chain."""
@@ -284,6 +292,12 @@ class LearnerConfig:
             "must be in 1..65533 (the learner binds port, port + 1 and port + 2)",
         )
         _positive(self, "starvation_timeout", "actor_timeout")
+        _require(
+            bool(self.curve_secret_key) == bool(self.curve_authorized_keys),
+            "curve_authorized_keys" if self.curve_secret_key else "curve_secret_key",
+            self.curve_authorized_keys if self.curve_secret_key else self.curve_secret_key,
+            "curve_secret_key and curve_authorized_keys go together",
+        )
         _non_negative_int(self, "checkpoint_every")
         _require(
             isinstance(self.target_return, (int, float)) and not math.isnan(self.target_return),
@@ -346,6 +360,8 @@ class ActorConfig:
     learner_timeout: float = _f(
         60.0, "exit with an error after hearing nothing from the learner for this long"
     )
+    curve_secret_key: str = _f("", "CURVE: this actor's secret certificate file; empty = plain tcp")
+    curve_server_key: str = _f("", "CURVE: the learner's public certificate file (required with a key)")
     torch_threads: int = _f(1, "torch intra-op threads for inference")
 
     def validate(self) -> ActorConfig:
@@ -362,6 +378,12 @@ class ActorConfig:
                 name, value, "must be an integer >= -1",
             )
         _positive(self, "register_timeout", "learner_timeout")
+        _require(
+            bool(self.curve_secret_key) == bool(self.curve_server_key),
+            "curve_server_key" if self.curve_secret_key else "curve_secret_key",
+            self.curve_server_key if self.curve_secret_key else self.curve_secret_key,
+            "curve_secret_key and curve_server_key go together",
+        )
         _positive_int(self, "torch_threads")
         return self
 

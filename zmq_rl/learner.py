@@ -56,7 +56,16 @@ from .protocol import (
 )
 from .rollout import SlotKey, SlotQueues
 from .targets import TargetSettings, rollout_to_batch
-from .transport import WEIGHTS_HWM, SocketOptions, make_socket, tcp_endpoint
+from .transport import (
+    WEIGHTS_HWM,
+    CurveServerKeys,
+    SocketOptions,
+    apply_curve_server,
+    load_secret_certificate,
+    make_socket,
+    start_authenticator,
+    tcp_endpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +187,11 @@ class Learner:
         self.actors: dict[int, ActorRecord] = {}
         self.by_routing: dict[bytes, int] = {}
         self.queues = SlotQueues()
+        # An actor that follows the staleness valve never has more than its lead
+        # queued per slot; anything past this (with slack) is a misbehaving peer.
+        self._slot_cap = (
+            cfg.effective_max_lead_steps() + cfg.steps_per_broadcast() + cfg.fragment_length
+        )
         self.running_reward: dict[SlotKey, float] = {}
         self.started = False
         self.shutting_down = False
@@ -200,6 +214,14 @@ class Learner:
         self.control = make_socket(self._ctx, zmq.ROUTER, receive)
         self.experience = make_socket(self._ctx, zmq.PULL, receive)
         self.weights = make_socket(self._ctx, zmq.PUB, SocketOptions(sndhwm=WEIGHTS_HWM))
+        self._auth = None
+        if cfg.curve_secret_key:
+            public, secret = load_secret_certificate(cfg.curve_secret_key, "curve_secret_key")
+            keys = CurveServerKeys(public, secret, cfg.curve_authorized_keys)
+            self._auth = start_authenticator(self._ctx, keys)
+            for sock in (self.control, self.experience, self.weights):
+                apply_curve_server(sock, keys)
+            log.info("CURVE on: accepting actors whose keys are in %s", cfg.curve_authorized_keys)
         try:
             self.control.bind(tcp_endpoint(cfg.host, cfg.port))
             self.experience.bind(tcp_endpoint(cfg.host, cfg.experience_port()))
@@ -225,6 +247,9 @@ class Learner:
             sock = getattr(self, name, None)
             if sock is not None:
                 sock.close(linger=0)
+        if getattr(self, "_auth", None) is not None:
+            self._auth.stop()
+            self._auth = None
         if getattr(self, "_metrics_file", None):
             self._metrics_file.close()
             self._metrics_file = None
@@ -417,6 +442,13 @@ class Learner:
             return
         if expected is not None and fragment.seq > expected:
             self.counters["experience/seq_gaps"] += fragment.seq - expected
+        queued = self.queues.rows((rec.actor_id, fragment.slot))
+        if queued + fragment.length > self._slot_cap:
+            self._reject("experience", "over_lead",
+                         f"actor {rec.actor_id} slot {fragment.slot} would queue "
+                         f"{queued + fragment.length} rows > {self._slot_cap}: it ignores the "
+                         "staleness valve")
+            return
         rec.next_seq[fragment.slot] = fragment.seq + 1
         rec.last_seen = time.monotonic()
         rec.fragments_received += 1

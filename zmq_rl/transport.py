@@ -13,6 +13,7 @@ explicit linger and high-water mark. The chosen behaviour at the HWM:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import zmq
@@ -88,6 +89,77 @@ def make_socket(ctx: zmq.Context, kind: int, options: SocketOptions) -> zmq.Sock
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
     return sock
+
+
+@dataclass(frozen=True)
+class CurveServerKeys:
+    """The learner's CURVE key pair and the folder of authorised actor public keys."""
+
+    public: bytes
+    secret: bytes
+    authorized_dir: str
+
+
+@dataclass(frozen=True)
+class CurveClientKeys:
+    """An actor's CURVE key pair and the learner's public key it must verify."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes
+
+
+def load_secret_certificate(path: str, what: str) -> tuple[bytes, bytes]:
+    """(public, secret) from a ``zmq.auth`` secret certificate file; a clear error
+    naming ``what`` and the path when the file is missing or holds no secret key."""
+    import zmq.auth
+
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{what}: cannot read certificate {path!r}: {exc}") from exc
+    if not secret:
+        raise ValueError(f"{what}: {path!r} holds no secret key (use the .key_secret file)")
+    return public, secret
+
+
+def load_public_certificate(path: str, what: str) -> bytes:
+    """The public key of a ``zmq.auth`` certificate file (public or secret)."""
+    import zmq.auth
+
+    try:
+        public, _ = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{what}: cannot read certificate {path!r}: {exc}") from exc
+    return public
+
+
+def apply_curve_server(sock: zmq.Socket, keys: CurveServerKeys) -> None:
+    """Make ``sock`` a CURVE server (peers are checked by the ZAP authenticator)."""
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
+    sock.curve_server = True
+
+
+def apply_curve_client(sock: zmq.Socket, keys: CurveClientKeys) -> None:
+    """Make ``sock`` a CURVE client that only talks to the learner's key."""
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
+    sock.curve_serverkey = keys.server_public
+
+
+def start_authenticator(ctx: zmq.Context, keys: CurveServerKeys):  # -> ThreadAuthenticator
+    """Start pyzmq's ZAP authenticator accepting only the keys in ``authorized_dir``."""
+    import os
+
+    from zmq.auth.thread import ThreadAuthenticator
+
+    if not os.path.isdir(keys.authorized_dir):
+        raise ValueError(f"curve_authorized_keys: {keys.authorized_dir!r} is not a directory")
+    auth = ThreadAuthenticator(ctx, log=logging.getLogger("zmq_rl.auth"))
+    auth.start()
+    auth.configure_curve(domain="*", location=keys.authorized_dir)
+    return auth
 
 
 def readable(sock: zmq.Socket) -> bool:

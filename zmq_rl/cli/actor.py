@@ -24,7 +24,6 @@ from .common import (
     CliFailure,
     check_env,
     guard,
-    handle_sigterm,
     setup_logging,
 )
 from .flags import (
@@ -92,7 +91,6 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``zmq-actor``; returns the exit code."""
-    handle_sigterm()
     parser = build_parser()
 
     def body() -> int:

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,8 +36,8 @@ __all__ = [
     "error",
     "format_duration",
     "guard",
-    "handle_sigterm",
     "setup_logging",
+    "sigterm_as_interrupt",
 ]
 
 EXIT_FAILED = 1
@@ -76,7 +77,8 @@ def setup_logging(level: str) -> None:
     )
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        if isinstance(old, _StderrHandler):  # ours, from an earlier call
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
 
@@ -90,9 +92,18 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def handle_sigterm() -> None:
-    """Make SIGTERM raise :class:`KeyboardInterrupt` like Ctrl-C, so both exit cleanly."""
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`KeyboardInterrupt` like Ctrl-C, so both
+    exit cleanly; the previous handler is restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
@@ -110,11 +121,12 @@ def guard(body: Callable[[], int], on_interrupt: Callable[[], None] | None = Non
 
     :class:`ConfigError` and :class:`ConfigFileError` print ``error: ...`` and give
     2; :class:`CliFailure` gives its code; :class:`KeyboardInterrupt` (Ctrl-C,
-    SIGTERM) calls ``on_interrupt`` and gives 130. Anything else is a bug and
-    keeps its traceback.
+    SIGTERM, which raises it while the body runs) calls ``on_interrupt`` and gives
+    130. Anything else is a bug and keeps its traceback.
     """
     try:
-        return body()
+        with sigterm_as_interrupt():
+            return body()
     except (ConfigError, ConfigFileError) as exc:
         error(str(exc))
         return EXIT_CONFIG

@@ -14,7 +14,7 @@ from typing import Any
 
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 
-from .common import EXIT_INTERRUPTED, guard, handle_sigterm, setup_logging
+from .common import EXIT_INTERRUPTED, guard, setup_logging
 from .flags import (
     HelpFormatter,
     Section,
@@ -106,7 +106,6 @@ def configs_from_args(args: argparse.Namespace) -> tuple[LearnerConfig, PPOConfi
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``zmq-learner``; returns the exit code."""
-    handle_sigterm()
     parser = build_parser()
 
     def body() -> int:

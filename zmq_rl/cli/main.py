@@ -25,7 +25,6 @@ from typing import Any
 from .common import (
     EXIT_INTERRUPTED,
     guard,
-    handle_sigterm,
     setup_logging,
 )
 from .flags import HelpFormatter, Section, parse_with_config
@@ -255,7 +254,6 @@ def plot_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``zmq-rl``; returns the exit code."""
-    handle_sigterm()
     parser = build_parser()
 
     def body() -> int:
