@@ -157,6 +157,13 @@ class PolicyConfig:
     shared_trunk: bool = _f(False, "one trunk for actor and critic instead of two")
     ortho_init: bool = _f(True, "orthogonal initialisation (gains sqrt(2), 0.01, 1)")
     log_std_init: float = _f(0.0, "initial log standard deviation of Gaussian actions")
+    normalize_obs: bool = _f(
+        False, "normalise observations by running mean/var (kept by the learner, shipped "
+        "inside the weights so actors apply exactly the same transform)"
+    )
+    factory: str = _f(
+        "", "custom policy 'package.module:callable' (see docs/embedding.md); empty = built-in MLP"
+    )
 
     def validate(self) -> PolicyConfig:
         """Check every field; return self so calls chain."""
@@ -174,6 +181,10 @@ class PolicyConfig:
             "must be 'tanh' or 'relu'",
         )
         _finite(self, "log_std_init")
+        _require(
+            not self.factory or (":" in self.factory and all(self.factory.split(":", 1))),
+            "factory", self.factory, "must be 'package.module:callable'",
+        )
         return self
 
 
@@ -223,6 +234,9 @@ class LearnerConfig:
     gamma: float = _f(0.98, "discount factor")
     gae_lambda: float = _f(0.8, "GAE lambda (validated even when V-trace is on)")
     use_vtrace: bool = _f(False, "V-trace (Espeholt et al. 2018) instead of GAE")
+    normalize_reward: bool = _f(
+        False, "scale rewards by a running estimate of the discounted return's std"
+    )
     vtrace_rho_bar: float = _f(1.0, "V-trace rho clip (eq. 1); checked even when V-trace is off")
     vtrace_c_bar: float = _f(1.0, "V-trace c clip (eq. 1); checked even when V-trace is off")
     seed: int = _f(0, "base seed: learner uses seed, actor i samples with seed + 1 + i")

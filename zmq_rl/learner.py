@@ -36,6 +36,7 @@ import zmq
 from .config import LearnerConfig, PolicyConfig, PPOConfig
 from .evaluation import evaluate_policy
 from .policy import build_policy, export_weights
+from .normalization import RewardScaler
 from .ppo import PPOTrainer
 from .protocol import (
     Bye,
@@ -180,6 +181,7 @@ class Learner:
             gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, use_vtrace=cfg.use_vtrace,
             rho_bar=cfg.vtrace_rho_bar, c_bar=cfg.vtrace_c_bar,
         )
+        self.reward_scaler = RewardScaler(cfg.gamma) if cfg.normalize_reward else None
         self.run_id = uuid.uuid4().hex[:12]
         self.version = 0
         self.report = LearnerReport(run_id=self.run_id)
@@ -314,6 +316,12 @@ class Learner:
         slots = self._member_slots()
         rollout = self.queues.take(slots, cfg.num_steps)
         self._account(rollout)
+        if hasattr(self.policy, "update_obs_stats"):
+            self.policy.update_obs_stats(rollout.obs)
+        if self.reward_scaler is not None:
+            rollout.rewards = self.reward_scaler.scale(
+                rollout.rewards, rollout.terminated | rollout.truncated, rollout.slots
+            )
         progress = min(1.0, self.report.env_steps_consumed / cfg.total_env_steps)
         batch, diagnostics = rollout_to_batch(rollout, self.policy, self.targets)
         self.report.env_steps_consumed += rollout.num_steps * rollout.num_slots
@@ -801,6 +809,7 @@ class Learner:
             "counters": json.dumps(dict(self.counters)),
             "running_reward": json.dumps([[a, b, r] for (a, b), r in self.running_reward.items()]),
             "torch_rng": torch.get_rng_state(),
+            "reward_scaler": json.dumps(self.reward_scaler.state() if self.reward_scaler else None),
         }
         path = folder / f"ckpt-{self.report.updates_completed:08d}.pt"
         _atomic_torch_save(state, path)
@@ -845,6 +854,9 @@ class Learner:
             (int(a), int(b)): float(r) for a, b, r in json.loads(state["running_reward"])
         }
         torch.set_rng_state(state["torch_rng"])
+        scaler_state = json.loads(state.get("reward_scaler", "null"))
+        if learner.reward_scaler is not None and scaler_state:
+            learner.reward_scaler.load(scaler_state)
         learner._publish_weights(publish=False)
         log.info("resumed %s at update %d, version %d, %d env steps consumed", path,
                  learner.report.updates_completed, learner.version,

@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from zmq_rl.config import PolicyConfig
+from zmq_rl.normalization import merge_moments
 
 __all__ = [
     "ActorCritic",
@@ -42,6 +43,9 @@ __all__ = [
 ]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+OBS_NORM_EPS = 1e-8
+OBS_CLIP = 10.0
+"""Normalised observations are clipped to [-OBS_CLIP, OBS_CLIP] (as SB3's VecNormalize)."""
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 _ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu}
 
@@ -120,6 +124,28 @@ class ActorCritic(nn.Module):
         self.value_head = _layer(width, 1, 1.0, cfg.ortho_init)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(cfg.log_std_init)))
+        self.normalize_obs = bool(cfg.normalize_obs)
+        if self.normalize_obs:
+            # Buffers, not parameters: they travel with every weights message and
+            # checkpoint, so actors and evaluation normalise exactly as the learner.
+            self.register_buffer("obs_mean", torch.zeros(self.obs_dim, dtype=torch.float64))
+            self.register_buffer("obs_var", torch.ones(self.obs_dim, dtype=torch.float64))
+            self.register_buffer("obs_count", torch.zeros((), dtype=torch.float64))
+
+    @torch.no_grad()
+    def update_obs_stats(self, obs: np.ndarray) -> None:
+        """Fold a batch of observations ``[N, *obs_shape]`` into the running mean and
+        variance (Chan et al.'s parallel algorithm; no-op without ``normalize_obs``)."""
+        if not self.normalize_obs:
+            return
+        batch = np.asarray(obs, np.float64).reshape(-1, self.obs_dim)
+        mean, var, count = merge_moments(
+            self.obs_mean.cpu().numpy(), self.obs_var.cpu().numpy(), float(self.obs_count),
+            batch.mean(axis=0), batch.var(axis=0), batch.shape[0],
+        )
+        self.obs_mean.copy_(torch.from_numpy(mean))
+        self.obs_var.copy_(torch.from_numpy(var))
+        self.obs_count.fill_(count)
 
     # -- forward pieces -------------------------------------------------------------
 
@@ -132,7 +158,11 @@ class ActorCritic(nn.Module):
                 f"[B, {self.obs_dim}]"
             )
         dtype = self.policy_head.weight.dtype
-        return flat if flat.dtype == dtype else flat.to(dtype)
+        flat = flat if flat.dtype == dtype else flat.to(dtype)
+        if self.normalize_obs:
+            std = torch.sqrt(self.obs_var + OBS_NORM_EPS).to(dtype)
+            flat = ((flat - self.obs_mean.to(dtype)) / std).clamp_(-OBS_CLIP, OBS_CLIP)
+        return flat
 
     def _run(self, trunk: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
         """Apply a trunk with ``F.linear`` and the activation function directly.
@@ -248,7 +278,15 @@ def build_policy(
     Supported: a ``Box`` observation space (flattened to a float32 vector), and a
     ``Discrete`` (with ``start == 0``) or ``Box`` action space (flattened to
     ``act_dim``). Anything else raises :class:`ValueError` naming the space.
+
+    With ``cfg.factory`` set (``"package.module:callable"``) the callable builds the
+    network instead: ``callable(observation_space, action_space, cfg) -> nn.Module``
+    following the interface checked by :func:`check_policy_interface`.
     """
+    if cfg.factory:
+        module = load_factory(cfg.factory)(observation_space, action_space, cfg)
+        check_policy_interface(module, cfg.factory)
+        return module
     if not isinstance(observation_space, gymnasium.spaces.Box):
         # ValueError, not TypeError: an unsupported space is a bad value of a valid type.
         raise ValueError(  # noqa: TRY004
@@ -268,6 +306,47 @@ def build_policy(
     raise ValueError(
         f"unsupported action space {action_space!r}: only Discrete and Box actions are supported"
     )
+
+
+POLICY_METHODS = ("act", "evaluate_actions", "value")
+"""What a custom policy must provide (see :class:`ActorCritic` for the signatures)."""
+
+
+def load_factory(spec: str):  # -> Callable[..., nn.Module]
+    """Import ``"package.module:callable"``; ValueError naming the spec on failure."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"policy factory {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise ValueError(f"policy factory {spec!r}: {module_name} has no callable {attr!r}")
+    return factory
+
+
+def check_policy_interface(module: object, spec: str) -> None:
+    """Raise ValueError naming what ``module`` lacks to serve as a policy.
+
+    A policy is an ``nn.Module`` with ``act(obs, generator=None, deterministic=False)
+    -> (action, log_prob, value)``, ``evaluate_actions(obs, actions) -> (log_prob,
+    entropy, value)`` and ``value(obs) -> value``; everything in its ``state_dict``
+    is broadcast to actors (parameters and persistent buffers). Optional:
+    ``update_obs_stats(obs_batch)``, called by the learner on every rollout.
+    """
+    if not isinstance(module, nn.Module):
+        raise ValueError(
+            f"policy factory {spec!r} returned {type(module).__name__}, not a torch.nn.Module"
+        )
+    missing = [m for m in POLICY_METHODS if not callable(getattr(module, m, None))]
+    if missing:
+        raise ValueError(
+            f"policy factory {spec!r} returned {type(module).__name__}, which lacks "
+            f"{', '.join(missing)}; a policy needs {', '.join(POLICY_METHODS)} "
+            "(see docs/embedding.md, 'Custom policies')"
+        )
 
 
 # -- weights --------------------------------------------------------------------------
