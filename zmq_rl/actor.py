@@ -21,7 +21,7 @@ import torch
 
 from .client import ActorClient
 from .config import ActorConfig, PolicyConfig
-from .policy import build_policy, import_weights
+from .policy import WeightsMismatch, build_policy, import_weights
 from .protocol import space_from_spec, spaces_equal
 from .transport import CurveClientKeys, load_public_certificate, load_secret_certificate
 
@@ -55,6 +55,15 @@ def curve_client_keys(cfg: ActorConfig) -> CurveClientKeys | None:
     public, secret = load_secret_certificate(cfg.curve_secret_key, "curve_secret_key")
     server = load_public_certificate(cfg.curve_server_key, "curve_server_key")
     return CurveClientKeys(public=public, secret=secret, server_public=server)
+
+
+def load_weights(client: ActorClient, policy: torch.nn.Module, weights: Any) -> None:
+    """Load broadcast weights into the policy; weights whose tensors do not fit the
+    network are rejected (counted by the client) and the old ones stay in use."""
+    try:
+        import_weights(policy, weights.tensors)
+    except WeightsMismatch as exc:
+        client.reject_weights(weights, exc)
 
 
 class GymActor:
@@ -124,13 +133,13 @@ class GymActor:
             while True:
                 weights = client.poll()
                 if weights is not None:
-                    import_weights(policy, weights.tensors)
+                    load_weights(client, policy, weights)
                 if client.shutdown_requested:
                     break
                 if client.should_pause():
                     weights = client.wait_for_weights(PAUSE_WAIT_S)
                     if weights is not None:
-                        import_weights(policy, weights.tensors)
+                        load_weights(client, policy, weights)
                     continue
                 action_t, log_prob_t, value_t = policy.act(torch.from_numpy(obs), generator)
                 actions = action_t.numpy()

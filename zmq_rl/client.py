@@ -122,6 +122,7 @@ class ActorClient:
         self.registrations = 0
         self.curve = curve
         self._monitor: zmq.Socket | None = None
+        self._version_before = 0
         self.max_message_bytes = int(max_message_bytes)
         self._ctx = context or zmq.Context.instance()
         self._control: zmq.Socket | None = None
@@ -354,11 +355,21 @@ class ActorClient:
             self.last_heard = time.monotonic()
             if weights.version <= self.version:
                 return None
+            self._version_before = self.version
             self.version = weights.version
             self.stats["policy_updates_received"] += 1
             self.stats["last_policy_version"] = weights.version
             return weights
         return None
+
+    def reject_weights(self, weights: Weights, error: Exception) -> None:
+        """Undo accepting ``weights`` the policy could not load (wrong tensors): the
+        client goes back to the version it had, counts and logs the rejection."""
+        if self.version == weights.version:
+            self.version = self._version_before
+            self.stats["policy_updates_received"] -= 1
+            self.stats["last_policy_version"] = self.version
+        self._reject("weights", ProtocolError("wrong_tensors", str(error)))
 
     def _poll_control(self) -> None:
         sock = self._control
