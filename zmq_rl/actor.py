@@ -21,7 +21,7 @@ import torch
 
 from .client import ActorClient
 from .config import ActorConfig, PolicyConfig
-from .policy import WeightsMismatch, build_policy, import_weights
+from .policy import WeightsMismatch, build_policy, import_weights, policy_config_from
 from .protocol import space_from_spec, spaces_equal
 from .transport import CurveClientKeys, load_public_certificate, load_secret_certificate
 
@@ -33,14 +33,6 @@ PAUSE_WAIT_S = 0.05
 
 class SpaceMismatch(RuntimeError):
     """The actor's env spaces differ from the learner's."""
-
-
-def policy_config_from(config: dict[str, Any]) -> PolicyConfig:
-    """The :class:`PolicyConfig` a welcome's ``config["policy"]`` describes."""
-    raw = dict(config.get("policy", {}))
-    if "hidden_sizes" in raw:
-        raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
-    return PolicyConfig(**raw).validate()
 
 
 def env_seeds(seed: int, num_envs: int) -> list[int]:
@@ -162,4 +154,4 @@ class GymActor:
         return dict(client.stats)
 
 
-__all__ = ["GymActor", "SpaceMismatch", "env_seeds", "policy_config_from"]
+__all__ = ["GymActor", "SpaceMismatch", "env_seeds", "load_weights"]

@@ -24,6 +24,7 @@ No RL here: the client moves arrays and counts steps; it never looks inside them
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket as pysocket
 import time
@@ -47,6 +48,7 @@ from .protocol import (
     Welcome,
     decode,
     encode,
+    space_from_spec,
     space_spec,
 )
 from zmq.utils.monitor import recv_monitor_message
@@ -245,6 +247,9 @@ class ActorClient:
         self.actor_id = welcome.actor_id
         self.run_id = welcome.run_id
         self.config = dict(welcome.config)
+        if self.observation_space is None and "observation_space" in self.config:
+            self.observation_space = space_from_spec(self.config["observation_space"])
+            self.action_space = space_from_spec(self.config["action_space"])
         self.version = welcome.weights.version
         self.throttle = ActorThrottle(
             steps_per_broadcast=int(self.config.get("steps_per_broadcast", 0)),
@@ -279,7 +284,10 @@ class ActorClient:
     def close(self, extra_stats: Mapping[str, float] | None = None) -> None:
         """Say bye with the counters (plus ``extra_stats``) and close every socket."""
         if self._control is not None and self.actor_id >= 0:
-            stats = {**self.stats, **(extra_stats or {})}
+            stats = {
+                k: float(v) for k, v in {**self.stats, **(extra_stats or {})}.items()
+                if isinstance(v, (int, float)) and math.isfinite(v)
+            }
             bye = Bye(actor_id=self.actor_id, stats=stats, last_seq=[int(s) - 1 for s in self._seq])
             try:
                 self._control.send(encode(bye), zmq.NOBLOCK)
@@ -355,6 +363,7 @@ class ActorClient:
             self.last_heard = time.monotonic()
             if weights.version <= self.version:
                 return None
+            self.flush()  # rows collected under the old version leave tagged with it
             self._version_before = self.version
             self.version = weights.version
             self.stats["policy_updates_received"] += 1
@@ -453,7 +462,7 @@ class ActorClient:
             )
         buffer = self._buffer
         buffer.add(obs, actions, rewards, terminated, truncated, values, log_probs, final_obs)
-        buffer.next_obs = np.asarray(next_obs)
+        buffer.next_obs[...] = next_obs
         done = np.asarray(terminated) | np.asarray(truncated)
         self.stats["episodes_completed"] += int(done.sum())
         self._slot_steps += 1
@@ -516,6 +525,7 @@ class ActorClient:
             raise RuntimeError("register() first")
         rows = sorted(final)
         obs = np.asarray(obs)
+        self._check_outgoing(slot, obs, terminated, truncated, rows)
         fragment = Fragment(
             actor_id=self.actor_id,
             slot=slot,
@@ -542,6 +552,22 @@ class ActorClient:
         self._seq[slot] += 1
         self.stats["steps_sent"] += fragment.length
         self.stats["fragments_sent"] += 1
+
+    def _check_outgoing(self, slot: int, obs: np.ndarray, terminated: np.ndarray,
+                        truncated: np.ndarray, final_rows: list[int]) -> None:
+        """Catch here, with a clear error, what the learner would reject silently."""
+        space = self.observation_space
+        if space is not None and (obs.shape[1:] != space.shape or obs.dtype != space.dtype):
+            raise ValueError(
+                f"slot {slot}: observations {obs.shape[1:]} {obs.dtype} do not match the "
+                f"observation space {space.shape} {space.dtype} (the learner would reject them)"
+            )
+        needs = np.flatnonzero(np.asarray(truncated) & ~np.asarray(terminated)).tolist()
+        if needs != final_rows:
+            raise ValueError(
+                f"slot {slot}: rows {needs} are truncated (not terminated) and need a final "
+                f"observation each; got final_obs for rows {final_rows}"
+            )
 
     def _send_experience(self, frame: bytes) -> bool:
         """Send a fragment, waiting while PUSH is at its HWM (never dropping it).
@@ -578,7 +604,7 @@ class _LockstepBuffer:
         self.truncated = np.empty((length, num_envs), bool)
         self.values = np.empty((length, num_envs), np.float32)
         self.log_probs = np.empty((length, num_envs), np.float32)
-        self.next_obs = obs
+        self.next_obs = np.empty_like(obs)
         self.final: list[dict[int, np.ndarray]] = [{} for _ in range(num_envs)]
         self.size = 0
 

@@ -302,7 +302,7 @@ class LearnerConfig:
             "must be a non-empty gymnasium id",
         )
         _require(
-            isinstance(self.port, int) and 1 <= self.port <= 65533, "port", self.port,
+            type(self.port) is int and 1 <= self.port <= 65533, "port", self.port,
             "must be in 1..65533 (the learner binds port, port + 1 and port + 2)",
         )
         _positive(self, "starvation_timeout", "actor_timeout")
@@ -314,7 +314,7 @@ class LearnerConfig:
         )
         _non_negative_int(self, "checkpoint_every")
         _require(
-            isinstance(self.target_return, (int, float)) and not math.isnan(self.target_return),
+            type(self.target_return) in (int, float) and not math.isnan(self.target_return),
             "target_return", self.target_return, "must be a number (inf = never stop early)",
         )
         _require(

@@ -381,10 +381,13 @@ class Learner:
             f"silent for {now - self.actors[a].last_seen:.1f}s)"
             for a in silent
         )
+        if not described:
+            dead = ", ".join(f"actor {d['actor_id']} ({d['host']} pid {d['pid']})"
+                             for d in self.report.dead_actors[-8:])
+            described = "no live actor" + (f" (declared dead: {dead})" if dead else "")
         return (
             f"learner starved: no rollout completed within "
-            f"starvation_timeout={self.cfg.starvation_timeout}s; waiting on "
-            f"{described or 'actors that never registered'}"
+            f"starvation_timeout={self.cfg.starvation_timeout}s; waiting on {described}"
         )
 
     def _account(self, rollout: Any) -> None:
@@ -577,8 +580,8 @@ class Learner:
             try:
                 theirs_obs = space_from_spec(hello.observation_space, "hello.observation_space")
                 theirs_act = space_from_spec(hello.action_space, "hello.action_space")
-            except ProtocolError as exc:
-                return "bad_hello", str(exc)
+            except Exception as exc:  # noqa: BLE001 - a peer's input must never stop the run
+                return "bad_hello", f"unusable space in hello: {exc}"
             if not (spaces_equal(theirs_obs, self.observation_space)
                     and spaces_equal(theirs_act, self.action_space)):
                 return "space_mismatch", (

@@ -308,6 +308,29 @@ def build_policy(
     )
 
 
+def policy_config_from(config: dict) -> PolicyConfig:
+    """The :class:`PolicyConfig` in a welcome's ``config["policy"]`` (lists -> tuples)."""
+    raw = dict(config.get("policy", {}))
+    if "hidden_sizes" in raw:
+        raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
+    return PolicyConfig(**raw).validate()
+
+
+def policy_from_welcome(welcome) -> nn.Module:  # welcome: zmq_rl.protocol.Welcome
+    """Build the learner's network from a welcome and load its weights: what an
+    embedding actor needs to start acting."""
+    from zmq_rl.protocol import space_from_spec
+
+    config = welcome.config
+    policy = build_policy(
+        space_from_spec(config["observation_space"]), space_from_spec(config["action_space"]),
+        policy_config_from(config),
+    )
+    import_weights(policy, welcome.weights.tensors)
+    policy.eval()
+    return policy
+
+
 POLICY_METHODS = ("act", "evaluate_actions", "value")
 """What a custom policy must provide (see :class:`ActorCritic` for the signatures)."""
 

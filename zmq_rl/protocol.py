@@ -138,7 +138,9 @@ def space_from_spec(spec: Any, where: str = "space") -> Any:
     try:
         if kind == "discrete":
             n, start = spec.get("n"), spec.get("start", 0)
-            if type(n) is not int or n < 1 or type(start) is not int:
+            if type(n) is not int or not 1 <= n <= 2**31 or type(start) is not int or not (
+                -(2**31) <= start <= 2**31
+            ):
                 raise ProtocolError("bad_field", f"{where}: discrete n={n!r} start={start!r}")
             return spaces.Discrete(n, start=start)
         if kind == "box":
@@ -149,7 +151,7 @@ def space_from_spec(spec: Any, where: str = "space") -> Any:
             if dtype not in ARRAY_DTYPES or list(low.shape) != shape or list(high.shape) != shape:
                 raise ProtocolError("bad_field", f"{where}: inconsistent box {shape} {dtype}")
             return spaces.Box(low=low, high=high, shape=tuple(shape), dtype=np.dtype(dtype))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, ProtocolError):
             raise
         raise ProtocolError("bad_field", f"{where}: {exc}") from exc

@@ -82,6 +82,7 @@ def make_socket(ctx: zmq.Context, kind: int, options: SocketOptions) -> zmq.Sock
     sock.setsockopt(zmq.SNDHWM, options.sndhwm)
     sock.setsockopt(zmq.RCVHWM, options.rcvhwm)
     sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
+    sock.setsockopt(zmq.IPV6, 1)  # accept IPv6 hosts too (IPv4 keeps working)
     if kind == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     if kind in (zmq.DEALER, zmq.ROUTER, zmq.PUSH, zmq.SUB):
