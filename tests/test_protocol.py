@@ -1,0 +1,508 @@
+"""Tests for zmq_rl.protocol: round trips of every message, and every way decode rejects."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import msgpack
+import numpy as np
+import pytest
+from gymnasium import spaces
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zmq_rl.protocol import (
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    Bye,
+    Fragment,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    ProtocolVersionMismatch,
+    Refuse,
+    Shutdown,
+    Weights,
+    Welcome,
+    decode,
+    encode,
+    encode_array,
+    space_from_spec,
+    space_spec,
+)
+
+RNG = np.random.default_rng(0)
+
+
+def make_fragment(
+    T: int = 6, obs_shape=(3,), obs_dtype=np.float32, continuous: bool = False
+) -> Fragment:
+    """Rows: 1 truncated only (needs final_obs), 3 terminated and truncated (does not),
+    5 terminated."""
+    obs = (RNG.standard_normal((T, *obs_shape)) * 10).astype(obs_dtype)
+    terminated = np.zeros(T, bool)
+    truncated = np.zeros(T, bool)
+    truncated[[1, 3]] = True
+    terminated[[3, T - 1]] = True
+    if continuous:
+        actions = RNG.standard_normal((T, 2)).astype(np.float32)
+    else:
+        actions = RNG.integers(0, 4, T).astype(np.int64)
+    return Fragment(
+        actor_id=7,
+        slot=2,
+        version=11,
+        seq=42,
+        run_id="run-abc",
+        obs=obs,
+        actions=actions,
+        rewards=RNG.standard_normal(T).astype(np.float32),
+        terminated=terminated,
+        truncated=truncated,
+        values=RNG.standard_normal(T).astype(np.float32),
+        log_probs=-RNG.random(T).astype(np.float32),
+        next_obs=(RNG.standard_normal(obs_shape) * 10).astype(obs_dtype),
+        final_obs_index=np.array([1], np.int32),
+        final_obs=(RNG.standard_normal((1, *obs_shape)) * 10).astype(obs_dtype),
+        sent_at=1234.5,
+    )
+
+
+def make_weights(version: int = 3) -> Weights:
+    return Weights(
+        version=version,
+        run_id="run-abc",
+        tensors=[
+            ("trunk.0.weight", RNG.standard_normal((4, 3)).astype(np.float32)),
+            ("trunk.0.bias", np.zeros(4, np.float32)),
+            ("steps", np.array(5, np.int64)),
+        ],
+        extras={"obs_mean": np.arange(3, dtype=np.float64)},
+    )
+
+
+def body_of(message) -> dict:
+    return msgpack.unpackb(encode(message), raw=False)
+
+
+def frame_of(body: dict) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def assert_same_array(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+# -- round trips --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("obs_shape", "obs_dtype", "continuous"),
+    [((3,), np.float32, False), ((2, 2), np.uint8, False), ((4,), np.float64, True)],
+)
+def test_fragment_round_trip(obs_shape, obs_dtype, continuous):
+    sent = make_fragment(obs_shape=obs_shape, obs_dtype=obs_dtype, continuous=continuous)
+    got = decode(encode(sent))
+    assert isinstance(got, Fragment)
+    assert (got.actor_id, got.slot, got.version, got.seq, got.run_id, got.sent_at) == (
+        7,
+        2,
+        11,
+        42,
+        "run-abc",
+        1234.5,
+    )
+    assert got.length == 6
+    for name in Fragment.ARRAYS:
+        assert_same_array(getattr(got, name), getattr(sent, name))
+
+
+def test_fragment_without_final_obs_round_trips_to_empty():
+    sent = make_fragment()
+    sent.truncated[:] = False
+    sent.final_obs_index = np.zeros(0, np.int32)
+    sent.final_obs = None
+    got = decode(encode(sent), expected=(Fragment,))
+    assert got.final_obs.shape == (0, 3)
+    assert got.final_obs.dtype == np.float32
+    assert got.final_obs_index.shape == (0,)
+
+
+def test_weights_round_trip_keeps_order_names_and_dtypes():
+    sent = make_weights()
+    got = decode(encode(sent))
+    assert isinstance(got, Weights)
+    assert (got.version, got.run_id) == (3, "run-abc")
+    assert [name for name, _ in got.tensors] == [name for name, _ in sent.tensors]
+    for (_, a), (_, b) in zip(got.tensors, sent.tensors, strict=True):
+        assert_same_array(a, b)
+    assert list(got.extras) == ["obs_mean"]
+    assert_same_array(got.extras["obs_mean"], sent.extras["obs_mean"])
+
+
+def test_big_endian_arrays_arrive_little_endian_with_same_values():
+    values = np.arange(5, dtype=">f4")
+    got = decode(encode(Weights(version=1, run_id="r", tensors=[("w", values)])))
+    array = got.tensors[0][1]
+    assert array.dtype == np.dtype("<f4")
+    np.testing.assert_array_equal(array, np.arange(5, dtype=np.float32))
+
+
+def test_control_messages_round_trip():
+    box = spaces.Box(-1.0, 2.0, (3,), np.float32)
+    hello = Hello(
+        actor_id=-1,
+        env_id="CartPole-v1",
+        observation_space=space_spec(box),
+        action_space=space_spec(spaces.Discrete(2)),
+        num_envs=4,
+        host="h",
+        pid=99,
+        rejoin_run_id="old",
+    )
+    welcome = Welcome(
+        actor_id=3,
+        run_id="run-abc",
+        base_version=2,
+        experience_port=6001,
+        weights_port=6002,
+        config={"num_steps": 32, "policy": {"hidden_sizes": [8, 8]}, "gamma": 0.98},
+        weights=make_weights(2),
+    )
+    plain = [
+        hello,
+        Refuse(code="space_mismatch", reason="spaces differ"),
+        Shutdown(reason="budget spent", run_id="run-abc"),
+        Bye(actor_id=3, stats={"steps_sent": 40.0, "episodes_completed": 8}, last_seq=[4, -1]),
+        Heartbeat(actor_id=-1, run_id="run-abc", version=9),
+    ]
+    for message in plain:
+        got = decode(encode(message))
+        assert type(got) is type(message)
+        assert got == message
+    got = decode(encode(welcome))
+    assert isinstance(got, Welcome)
+    assert (got.actor_id, got.run_id, got.base_version) == (3, "run-abc", 2)
+    assert (got.experience_port, got.weights_port) == (6001, 6002)
+    assert got.config == welcome.config
+    assert got.weights.version == 2
+    for (na, a), (nb, b) in zip(got.weights.tensors, welcome.weights.tensors, strict=True):
+        assert na == nb
+        assert_same_array(a, b)
+    assert space_from_spec(decode(encode(hello)).observation_space) == box
+
+
+def test_every_message_type_is_covered():
+    assert set(MESSAGE_TYPES) == {
+        "fragment",
+        "weights",
+        "hello",
+        "welcome",
+        "refuse",
+        "shutdown",
+        "bye",
+        "heartbeat",
+    }
+    assert body_of(Heartbeat(actor_id=1, run_id="r"))["proto"] == PROTOCOL_VERSION
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        spaces.Box(-np.inf, np.inf, (4,), np.float32),
+        spaces.Box(np.array([-1.0, 0.0]), np.array([1.0, 5.0]), dtype=np.float64),
+        spaces.Box(0, 255, (2, 3), np.uint8),
+        spaces.Discrete(2),
+        spaces.Discrete(5, start=-2),
+    ],
+)
+def test_space_spec_round_trip(space):
+    spec = space_spec(space)
+    # The spec survives the wire (it travels inside hello / welcome).
+    spec = msgpack.unpackb(msgpack.packb(spec, use_bin_type=True), raw=False)
+    rebuilt = space_from_spec(spec)
+    assert rebuilt == space
+    assert type(rebuilt) is type(space)
+    if isinstance(space, spaces.Box):
+        assert rebuilt.dtype == space.dtype
+        np.testing.assert_array_equal(rebuilt.low, space.low)
+        np.testing.assert_array_equal(rebuilt.high, space.high)
+
+
+def test_space_spec_distinguishes_spaces():
+    a = space_from_spec(space_spec(spaces.Box(-1.0, 1.0, (4,), np.float32)))
+    b = space_from_spec(space_spec(spaces.Box(-2.0, 1.0, (4,), np.float32)))
+    assert a != b
+    assert space_from_spec(space_spec(spaces.Discrete(2))) != spaces.Discrete(3)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "box",
+        {"kind": "tuple"},
+        {"kind": "discrete", "n": 0},
+        {"kind": "discrete", "n": True},
+        {"kind": "box", "shape": [2], "dtype": "float32", "low": None, "high": None},
+    ],
+)
+def test_space_from_spec_rejects_garbage(spec):
+    with pytest.raises(ProtocolError):
+        space_from_spec(spec)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"kind": "discrete", "n": 2**63},
+        {"kind": "discrete", "n": 2, "start": 2**64 - 1},
+    ],
+)
+def test_space_from_spec_rejects_huge_discrete(spec):
+    with pytest.raises(ProtocolError):
+        space_from_spec(spec)
+
+
+# -- decode rejects -----------------------------------------------------------------------
+
+
+def rejected(frame, reason: str, **kwargs) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        decode(frame, **kwargs)
+    assert info.value.reason == reason, f"reason {info.value.reason!r}: {info.value}"
+    return info.value
+
+
+def test_rejects_non_msgpack_and_non_maps():
+    rejected(b"\xc1\x00\x01", "not_msgpack")  # 0xc1 is never used by msgpack
+    rejected(b"", "not_msgpack")
+    rejected(encode(make_fragment())[:-10], "not_msgpack")
+    rejected(msgpack.packb([1, 2, 3]), "not_a_map")
+    rejected(msgpack.packb("fragment"), "not_a_map")
+
+
+def test_rejects_missing_or_other_protocol_version():
+    body = body_of(Heartbeat(actor_id=1, run_id="r"))
+    del body["proto"]
+    err = rejected(frame_of(body), "version_mismatch")
+    assert isinstance(err, ProtocolVersionMismatch)
+    assert err.theirs is None
+    for other in (2, 0, "1", 1.0, True):
+        body["proto"] = other
+        err = rejected(frame_of(body), "version_mismatch")
+        assert isinstance(err, ProtocolVersionMismatch)
+        assert err.theirs == other
+    body["proto"] = 2
+    message = str(rejected(frame_of(body), "version_mismatch"))
+    assert re.search(r"\b2\b", message) and re.search(rf"\b{PROTOCOL_VERSION}\b", message)
+
+
+def test_rejects_unknown_and_unexpected_types():
+    body = body_of(Heartbeat(actor_id=1, run_id="r"))
+    for kind in ("teleport", None, 3, ["heartbeat"]):
+        body["type"] = kind
+        rejected(frame_of(body), "unknown_type")
+    beat = encode(Heartbeat(actor_id=1, run_id="r"))
+    rejected(beat, "unexpected_type", expected=(Fragment,))
+    assert isinstance(decode(beat, expected=(Hello, Heartbeat)), Heartbeat)
+    rejected(encode(make_weights()), "unexpected_type", expected=(Fragment,))
+
+
+def mutated_fragment(mutate) -> bytes:
+    body = body_of(make_fragment())
+    mutate(body)
+    return frame_of(body)
+
+
+def _set(path, value):
+    def mutate(body):
+        target = body
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return mutate
+
+
+def _replace_array(name, array):
+    def mutate(body):
+        body[name] = encode_array(array)
+
+    return mutate
+
+
+def _bool_byte_2(body):
+    data = bytearray(body["terminated"]["data"])
+    data[0] = 2
+    body["terminated"]["data"] = bytes(data)
+
+
+def _nan_reward(body):
+    rewards = np.frombuffer(body["rewards"]["data"], np.float32).copy()
+    rewards[2] = np.nan
+    body["rewards"]["data"] = rewards.tobytes()
+
+
+def _inf_value(body):
+    values = np.frombuffer(body["values"]["data"], np.float32).copy()
+    values[0] = np.inf
+    body["values"]["data"] = values.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (_set(("obs", "dtype"), "float16"), "bad_dtype"),
+        (_set(("obs", "dtype"), "object"), "bad_dtype"),
+        (_replace_array("rewards", np.ones(6, np.int32)), "bad_dtype"),  # allowed, not here
+        (_set(("obs", "shape"), [6, 4]), "size_mismatch"),
+        (_set(("obs", "data"), b"\x00" * 7), "size_mismatch"),
+        (_set(("obs", "shape"), [-6, -3]), "bad_shape"),
+        (_set(("obs", "shape"), [6, 3.0]), "bad_shape"),
+        (_set(("obs", "shape"), [1] * 9 + [18]), "bad_shape"),
+        (_set(("obs",), [1, 2, 3]), "bad_array"),
+        (_nan_reward, "not_finite"),
+        (_inf_value, "not_finite"),
+        (_replace_array("values", np.zeros(5, np.float32)), "bad_shape"),
+        (_replace_array("actions", np.zeros(7, np.int64)), "bad_shape"),
+        (_replace_array("next_obs", np.zeros(4, np.float32)), "bad_shape"),
+        (_replace_array("rewards", np.zeros(0, np.float32)), "bad_shape"),
+        (_replace_array("rewards", np.zeros((6, 1), np.float32)), "bad_shape"),
+        # Row 3 is terminated too: it must not be listed.
+        (_replace_array("final_obs_index", np.array([3], np.int32)), "bad_field"),
+        (_bool_byte_2, "bad_value"),
+        (_set(("slot",), -1), "bad_field"),
+        (_set(("seq",), "1"), "bad_field"),
+        (_set(("version",), True), "bad_field"),
+        (_set(("sent_at",), float("nan")), "bad_value"),
+    ],
+)
+def test_fragment_field_rejects(mutate, reason):
+    rejected(mutated_fragment(mutate), reason)
+
+
+def test_final_obs_index_must_list_exactly_the_truncated_rows():
+    def index_and_obs(index):
+        def mutate(body):
+            body["final_obs_index"] = encode_array(np.array(index, np.int32))
+            body["final_obs"] = encode_array(np.zeros((len(index), 3), np.float32))
+
+        return mutate
+
+    for index in ([3], [1, 3], [], [0], [1, 1]):
+        rejected(mutated_fragment(index_and_obs(index)), "bad_field")
+    decode(mutated_fragment(index_and_obs([1])))  # the right rows pass
+
+
+def test_rejects_oversized_frames():
+    frame = encode(make_fragment())
+    rejected(frame, "too_large", max_bytes=len(frame) - 1)
+    assert isinstance(decode(frame, max_bytes=len(frame)), Fragment)
+
+
+def test_rejects_bin_claiming_huge_size():
+    # {"data": bin32 of 2**31 - 1 bytes} followed by only 3 bytes.
+    frame = b"\x81\xa4data\xc6\x7f\xff\xff\xff" + b"abc"
+    rejected(frame, "not_msgpack")
+    # Same within a real-looking message.
+    head = frame_of({"proto": 1, "type": "fragment"})
+    rejected(b"\x83" + head[1:] + b"\xa3obs\xc6\xff\xff\xff\xf0" + b"x" * 10, "not_msgpack")
+
+
+def test_weights_rejects_duplicate_names_and_bad_tensors():
+    body = body_of(make_weights())
+    body["tensors"][1][0] = body["tensors"][0][0]
+    err = rejected(frame_of(body), "bad_field")
+    assert "trunk.0.weight" in str(err)
+    body = body_of(make_weights())
+    body["tensors"] = []
+    rejected(frame_of(body), "bad_field")
+    weights = make_weights()
+    weights.tensors[0][1][0, 0] = np.nan
+    rejected(encode(weights), "not_finite")
+
+
+# -- arbitrary input never raises anything but ProtocolError ------------------------------
+
+VALID_BODIES = [
+    body_of(make_fragment()),
+    body_of(make_weights()),
+    body_of(Heartbeat(actor_id=1, run_id="r")),
+    body_of(Bye(actor_id=1, stats={"a": 1.0}, last_seq=[1])),
+    body_of(Hello(actor_id=-1, env_id="e", observation_space={}, action_space={}, num_envs=1)),
+    body_of(
+        Welcome(
+            actor_id=1,
+            run_id="r",
+            base_version=0,
+            experience_port=1,
+            weights_port=2,
+            config={},
+            weights=make_weights(),
+        )
+    ),
+]
+FIELD_NAMES = sorted({key for body in VALID_BODIES for key in body} | {"dtype", "shape", "data"})
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.binary(max_size=32),
+    st.sampled_from(sorted(MESSAGE_TYPES)),
+)
+arrays = st.fixed_dictionaries(
+    {
+        "dtype": st.one_of(st.sampled_from(["bool", "int32", "float32", "float16"]), scalars),
+        "shape": st.one_of(st.lists(st.integers(-2, 2**40), max_size=4), scalars),
+        "data": st.one_of(st.binary(max_size=64), scalars),
+    }
+)
+values = st.recursive(
+    st.one_of(scalars, arrays),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(FIELD_NAMES), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+def decode_only_protocol_errors(frame: bytes) -> None:
+    with contextlib.suppress(ProtocolError):
+        decode(frame)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=256))
+def test_arbitrary_bytes_only_raise_protocol_error(data):
+    decode_only_protocol_errors(data)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(VALID_BODIES),
+    st.dictionaries(st.sampled_from(FIELD_NAMES), values, max_size=3),
+    st.lists(st.sampled_from(FIELD_NAMES), max_size=2),
+)
+def test_mutated_messages_only_raise_protocol_error(body, changes, removals):
+    body = {**body, **changes}
+    for key in removals:
+        body.pop(key, None)
+    if "proto" not in changes:
+        body["proto"] = PROTOCOL_VERSION
+    decode_only_protocol_errors(frame_of(body))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.text(max_size=6), values, max_size=4), st.sampled_from(sorted(MESSAGE_TYPES))
+)
+def test_arbitrary_maps_only_raise_protocol_error(body, kind):
+    body = {**body, "proto": PROTOCOL_VERSION, "type": kind}
+    decode_only_protocol_errors(frame_of(body))

@@ -1,0 +1,224 @@
+"""Tests for zmq_rl.targets.rollout_to_batch: GAE / V-trace targets on assembled rollouts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from zmq_rl.advantages import gae, vtrace
+from zmq_rl.config import PolicyConfig
+from zmq_rl.policy import build_policy
+from zmq_rl.rollout import Rollout
+from zmq_rl.targets import TargetSettings, rollout_to_batch
+
+torch.set_num_threads(1)
+
+OBS_SPACE = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+ACT_SPACE = spaces.Discrete(3)
+GAMMA, LAM = 0.9, 0.8
+
+
+def make_policy(seed: int, ortho_init: bool = True):
+    torch.manual_seed(seed)
+    cfg = PolicyConfig(hidden_sizes=(8,), ortho_init=ortho_init)
+    return build_policy(OBS_SPACE, ACT_SPACE, cfg)
+
+
+def make_rollout(
+    T: int = 5, B: int = 2, seed: int = 0, truncated=(), terminated=(), log_probs=None
+) -> Rollout:
+    """A rollout with truncations at the (t, b) in ``truncated`` (each with a distinct
+    final observation) and terminations at ``terminated``."""
+    rng = np.random.default_rng(seed)
+    trunc = np.zeros((T, B), bool)
+    term = np.zeros((T, B), bool)
+    for t, b in truncated:
+        trunc[t, b] = True
+    for t, b in terminated:
+        term[t, b] = True
+    final = [(t, b) for t, b in truncated if not term[t, b]]
+    return Rollout(
+        slots=[(b, 0) for b in range(B)],
+        obs=rng.standard_normal((T, B, 2)).astype(np.float32),
+        actions=rng.integers(0, 3, (T, B)).astype(np.int64),
+        rewards=rng.standard_normal((T, B)).astype(np.float32),
+        terminated=term,
+        truncated=trunc,
+        values=rng.standard_normal((T, B)).astype(np.float32),
+        log_probs=(log_probs if log_probs is not None else -rng.random((T, B)).astype(np.float32)),
+        versions=np.zeros((T, B), np.int64),
+        bootstrap_obs=rng.standard_normal((B, 2)).astype(np.float32),
+        final_t=np.array([t for t, _ in final], np.int64),
+        final_b=np.array([b for _, b in final], np.int64),
+        final_obs=(
+            rng.standard_normal((len(final), 2)).astype(np.float32) * 3
+            if final
+            else np.zeros((0, 2), np.float32)
+        ),
+    )
+
+
+def V(policy, obs: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return policy.value(torch.from_numpy(np.asarray(obs, np.float32))).double().numpy()
+
+
+def hand_gae(rewards, values, bootstrap, done, gamma, lam):
+    """Schulman et al. eq. 16 as a plain double loop; ``done`` stops bootstrapping."""
+    T, B = rewards.shape
+    adv = np.zeros((T, B))
+    for b in range(B):
+        last = 0.0
+        for t in reversed(range(T)):
+            next_value = bootstrap[b] if t == T - 1 else values[t + 1, b]
+            nonterminal = 0.0 if done[t, b] else 1.0
+            delta = rewards[t, b] + gamma * nonterminal * next_value - values[t, b]
+            last = delta + gamma * lam * nonterminal * last
+            adv[t, b] = last
+    return adv, adv + values
+
+
+def flat(array: np.ndarray) -> np.ndarray:
+    """Time-major flattening: index t * B + b."""
+    return array.reshape(array.shape[0] * array.shape[1], *array.shape[2:])
+
+
+def test_gae_batch_matches_hand_computed_gae():
+    policy = make_policy(0)
+    rollout = make_rollout(truncated=[(1, 0), (3, 1)], terminated=[(2, 1), (4, 0)])
+    batch, diagnostics = rollout_to_batch(rollout, policy, TargetSettings(GAMMA, LAM))
+    assert diagnostics == {}
+    rewards = rollout.rewards.astype(np.float64)
+    finals = V(policy, rollout.final_obs)
+    for k, (t, b) in enumerate(zip(rollout.final_t, rollout.final_b, strict=True)):
+        rewards[t, b] += GAMMA * finals[k]
+    done = rollout.terminated | rollout.truncated
+    bootstrap = V(policy, rollout.bootstrap_obs)
+    values = rollout.values.astype(np.float64)
+    adv, ret = hand_gae(rewards, values, bootstrap, done, GAMMA, LAM)
+    np.testing.assert_allclose(batch.advantages.numpy(), flat(adv), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(batch.returns.numpy(), flat(ret), rtol=1e-5, atol=1e-5)
+    # Same numbers from the library's estimator on the same arrays.
+    ref = gae(rewards, values, bootstrap, GAMMA * (1.0 - done), LAM)
+    np.testing.assert_allclose(batch.advantages.numpy(), flat(ref.advantages), atol=1e-6)
+    # The rest of the batch is the rollout flattened time-major, unchanged.
+    np.testing.assert_array_equal(batch.obs.numpy(), flat(rollout.obs))
+    np.testing.assert_array_equal(batch.actions.numpy(), flat(rollout.actions))
+    np.testing.assert_array_equal(batch.old_log_probs.numpy(), flat(rollout.log_probs))
+    np.testing.assert_array_equal(batch.old_values.numpy(), flat(rollout.values))
+    assert batch.obs.dtype == batch.advantages.dtype == batch.returns.dtype == torch.float32
+    batch.validate()
+
+
+def test_truncated_row_bootstraps_final_obs_and_nothing_crosses_the_boundary():
+    policy = make_policy(1)
+    rollout = make_rollout(T=3, B=1, truncated=[(1, 0)])
+    lam = 0.7
+    batch, _ = rollout_to_batch(rollout, policy, TargetSettings(GAMMA, lam))
+    adv = batch.advantages.numpy().astype(np.float64)
+    r, v = rollout.rewards[:, 0].astype(np.float64), rollout.values[:, 0].astype(np.float64)
+    v_final = V(policy, rollout.final_obs)[0]
+    v_boot = V(policy, rollout.bootstrap_obs)[0]
+    # Row 2 starts a new episode: bootstraps from the rollout's next observation.
+    a2 = r[2] + GAMMA * v_boot - v[2]
+    # Row 1 was cut by a time limit: r + gamma V(final obs), not V(obs of row 2),
+    # and the advantage of row 2 (another episode) does not flow back.
+    a1 = r[1] + GAMMA * v_final - v[1]
+    a0 = r[0] + GAMMA * v[1] - v[0] + GAMMA * lam * a1
+    np.testing.assert_allclose(adv, [a0, a1, a2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(batch.returns.numpy(), adv + v, rtol=1e-5, atol=1e-5)
+    assert abs(v_final - V(policy, rollout.obs[2])[0]) > 1e-3  # the check discriminates
+
+
+def test_terminated_row_gets_no_bootstrap():
+    policy = make_policy(2)
+    rollout = make_rollout(T=3, B=1, terminated=[(1, 0)])
+    batch, _ = rollout_to_batch(rollout, policy, TargetSettings(GAMMA, 1.0))
+    r, v = rollout.rewards[:, 0].astype(np.float64), rollout.values[:, 0].astype(np.float64)
+    a2 = r[2] + GAMMA * V(policy, rollout.bootstrap_obs)[0] - v[2]
+    a1 = r[1] - v[1]
+    a0 = r[0] + GAMMA * v[1] - v[0] + GAMMA * a1
+    np.testing.assert_allclose(batch.advantages.numpy(), [a0, a1, a2], rtol=1e-5, atol=1e-5)
+
+
+def test_terminated_and_truncated_row_is_treated_as_terminal():
+    policy = make_policy(3)
+    rollout = make_rollout(T=2, B=1, truncated=[(0, 0)], terminated=[(0, 0)])
+    assert len(rollout.final_t) == 0
+    batch, _ = rollout_to_batch(rollout, policy, TargetSettings(GAMMA, LAM))
+    expected = rollout.rewards[0, 0] - rollout.values[0, 0]
+    assert batch.advantages[0].item() == pytest.approx(float(expected), abs=1e-6)
+
+
+def policy_log_probs_and_values(policy, rollout):
+    T, B = rollout.rewards.shape
+    with torch.no_grad():
+        lp, _, values = policy.evaluate_actions(
+            torch.from_numpy(flat(rollout.obs)), torch.from_numpy(flat(rollout.actions))
+        )
+    return lp.numpy().reshape(T, B), values.double().numpy().reshape(T, B)
+
+
+def test_vtrace_on_policy_equals_gae_lambda_one_with_current_values():
+    policy = make_policy(4)
+    probe = make_rollout(T=6, B=2, seed=5, truncated=[(2, 0)], terminated=[(4, 1)])
+    behaviour_lp, current_values = policy_log_probs_and_values(policy, probe)
+    rollout = make_rollout(
+        T=6, B=2, seed=5, truncated=[(2, 0)], terminated=[(4, 1)], log_probs=behaviour_lp
+    )
+    settings = TargetSettings(GAMMA, gae_lambda=0.3, use_vtrace=True)
+    batch, diagnostics = rollout_to_batch(rollout, policy, settings)
+    rewards = rollout.rewards.astype(np.float64)
+    rewards[rollout.final_t, rollout.final_b] += GAMMA * V(policy, rollout.final_obs)
+    done = rollout.terminated | rollout.truncated
+    adv, ret = hand_gae(rewards, current_values, V(policy, rollout.bootstrap_obs), done, GAMMA, 1.0)
+    np.testing.assert_allclose(batch.advantages.numpy(), flat(adv), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(batch.returns.numpy(), flat(ret), rtol=1e-4, atol=1e-5)
+    assert diagnostics["charts/importance_ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    # The behaviour values in the rollout are not what V-trace uses ...
+    assert np.abs(rollout.values - current_values).max() > 0.1
+    # ... while the PPO batch still carries them as old_values.
+    np.testing.assert_array_equal(batch.old_values.numpy(), flat(rollout.values))
+
+
+def test_vtrace_with_another_behaviour_policy_corrects_with_clipped_ratios():
+    # Default (not orthogonal, 0.01-gain) init: policies far from uniform and apart.
+    current = make_policy(6, ortho_init=False)
+    behaviour = make_policy(7, ortho_init=False)
+    probe = make_rollout(T=6, B=2, seed=8)
+    behaviour_lp, _ = policy_log_probs_and_values(behaviour, probe)
+    target_lp, current_values = policy_log_probs_and_values(current, probe)
+    assert np.abs(behaviour_lp - target_lp).max() > 0.05
+    rollout = make_rollout(T=6, B=2, seed=8, log_probs=behaviour_lp)
+    settings = TargetSettings(GAMMA, LAM, use_vtrace=True, rho_bar=1.0, c_bar=0.9)
+    batch, diagnostics = rollout_to_batch(rollout, current, settings)
+    rhos = np.exp(target_lp.astype(np.float64) - behaviour_lp)
+    assert diagnostics["charts/importance_ratio_mean"] == pytest.approx(rhos.mean(), rel=1e-4)
+    assert diagnostics["charts/importance_ratio_mean"] != pytest.approx(1.0, abs=1e-3)
+    assert diagnostics["charts/importance_ratio_clipped"] == pytest.approx((rhos > 1.0).mean())
+    done = rollout.terminated | rollout.truncated
+    ref = vtrace(
+        target_lp.astype(np.float64) - behaviour_lp,
+        GAMMA * (1.0 - done),
+        rollout.rewards.astype(np.float64),
+        current_values,
+        V(current, rollout.bootstrap_obs),
+        rho_bar=1.0,
+        c_bar=0.9,
+    )
+    np.testing.assert_allclose(batch.advantages.numpy(), flat(ref.pg_advantages), atol=1e-5)
+    np.testing.assert_allclose(batch.returns.numpy(), flat(ref.vs), atol=1e-5)
+    # The correction is not a no-op: on-policy targets would differ.
+    on_policy, _ = hand_gae(
+        rollout.rewards.astype(np.float64),
+        current_values,
+        V(current, rollout.bootstrap_obs),
+        done,
+        GAMMA,
+        1.0,
+    )
+    assert np.abs(batch.advantages.numpy() - flat(on_policy)).max() > 1e-3
+    # The PPO ratio starts at 1: old_log_probs are the current policy's, not the actor's.
+    np.testing.assert_allclose(batch.old_log_probs.numpy(), flat(target_lp), atol=1e-6)
