@@ -82,8 +82,8 @@ class NumpyPolicy:
     """
 
     def __init__(self, policy_config: dict[str, Any]) -> None:
-        self.activation = np.tanh if policy_config["activation"] == "tanh" else (
-            lambda x: np.maximum(x, 0.0)
+        self.activation = (
+            np.tanh if policy_config["activation"] == "tanh" else (lambda x: np.maximum(x, 0.0))
         )
         self.shared = bool(policy_config["shared_trunk"])
         self.w: dict[str, np.ndarray] = {}
@@ -93,7 +93,8 @@ class NumpyPolicy:
 
     def _trunk(self, prefix: str, x: np.ndarray) -> np.ndarray:
         layers = sorted(
-            int(name.split(".")[1]) for name in self.w
+            int(name.split(".")[1])
+            for name in self.w
             if name.startswith(prefix + ".") and name.endswith(".weight")
         )
         for i in layers:
@@ -123,14 +124,25 @@ def run(learner: str, num_rooms: int, seed: int, register_timeout: float) -> dic
     control.linger = 500
     control.connect(f"tcp://{host}:{port}")
     box = {
-        "kind": "box", "shape": [OBS_DIM], "dtype": "float32",
+        "kind": "box",
+        "shape": [OBS_DIM],
+        "dtype": "float32",
         "low": pack_array(np.full(OBS_DIM, -OBS_LIMIT, np.float32)),
         "high": pack_array(np.full(OBS_DIM, OBS_LIMIT, np.float32)),
     }
     # 1. hello -> welcome
-    send(control, "hello", actor_id=-1, env_id=ENV_ID, observation_space=box,
-         action_space={"kind": "discrete", "n": len(POWER_LEVELS_KW), "start": 0},
-         num_envs=num_rooms, host=socket.gethostname(), pid=os.getpid(), rejoin_run_id="")
+    send(
+        control,
+        "hello",
+        actor_id=-1,
+        env_id=ENV_ID,
+        observation_space=box,
+        action_space={"kind": "discrete", "n": len(POWER_LEVELS_KW), "start": 0},
+        num_envs=num_rooms,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        rejoin_run_id="",
+    )
     deadline = time.monotonic() + register_timeout
     while True:
         if not control.poll(max(1, int((deadline - time.monotonic()) * 1000))):
@@ -162,8 +174,12 @@ def run(learner: str, num_rooms: int, seed: int, register_timeout: float) -> dic
 
     rows: list[list[tuple]] = [[] for _ in range(num_rooms)]  # per slot, unsent steps
     seq = [0] * num_rooms
-    stats = {"steps_sent": 0, "fragments_sent": 0, "episodes_completed": 0,
-             "policy_updates_received": 0}
+    stats = {
+        "steps_sent": 0,
+        "fragments_sent": 0,
+        "episodes_completed": 0,
+        "policy_updates_received": 0,
+    }
     steps = 0  # per slot, since the welcome
     last_heartbeat = 0.0
     obs = building.observe()
@@ -174,18 +190,28 @@ def run(learner: str, num_rooms: int, seed: int, register_timeout: float) -> dic
                 continue
             o, a, r, trunc, v, lp, final, first_version = zip(*slot_rows, strict=True)
             index = [t for t, last in enumerate(final) if last is not None]
-            send(push, "fragment", actor_id=actor_id, slot=slot, version=first_version[0],
-                 seq=seq[slot], run_id=run_id, sent_at=time.time(),
-                 obs=pack_array(np.stack(o)), actions=pack_array(np.array(a, np.int64)),
-                 rewards=pack_array(np.array(r, np.float32)),
-                 terminated=pack_array(np.zeros(len(r), bool)),  # rooms never terminate
-                 truncated=pack_array(np.array(trunc, bool)),
-                 values=pack_array(np.array(v, np.float32)),
-                 log_probs=pack_array(np.array(lp, np.float32)),
-                 next_obs=pack_array(obs[slot]),
-                 final_obs_index=pack_array(np.array(index, np.int32)),
-                 final_obs=pack_array(np.array([final[t] for t in index], np.float32).reshape(
-                     len(index), OBS_DIM)))
+            send(
+                push,
+                "fragment",
+                actor_id=actor_id,
+                slot=slot,
+                version=first_version[0],
+                seq=seq[slot],
+                run_id=run_id,
+                sent_at=time.time(),
+                obs=pack_array(np.stack(o)),
+                actions=pack_array(np.array(a, np.int64)),
+                rewards=pack_array(np.array(r, np.float32)),
+                terminated=pack_array(np.zeros(len(r), bool)),  # rooms never terminate
+                truncated=pack_array(np.array(trunc, bool)),
+                values=pack_array(np.array(v, np.float32)),
+                log_probs=pack_array(np.array(lp, np.float32)),
+                next_obs=pack_array(obs[slot]),
+                final_obs_index=pack_array(np.array(index, np.int32)),
+                final_obs=pack_array(
+                    np.array([final[t] for t in index], np.float32).reshape(len(index), OBS_DIM)
+                ),
+            )
             seq[slot] += 1
             stats["steps_sent"] += len(r)
             stats["fragments_sent"] += 1
@@ -230,15 +256,30 @@ def run(learner: str, num_rooms: int, seed: int, register_timeout: float) -> dic
                 final = room.observe()
                 room.reset()
                 stats["episodes_completed"] += 1
-            rows[j].append((obs[j], actions[j], rewards[j], final is not None, values[j],
-                            log_probs[j], final, version))
+            rows[j].append(
+                (
+                    obs[j],
+                    actions[j],
+                    rewards[j],
+                    final is not None,
+                    values[j],
+                    log_probs[j],
+                    final,
+                    version,
+                )
+            )
         obs = building.observe()
         if len(rows[0]) == fragment_length:
             send_fragments()
     # 4. flush, bye, close
     send_fragments()
-    send(control, "bye", actor_id=actor_id, stats={k: float(v) for k, v in stats.items()},
-         last_seq=[s - 1 for s in seq])
+    send(
+        control,
+        "bye",
+        actor_id=actor_id,
+        stats={k: float(v) for k, v in stats.items()},
+        last_seq=[s - 1 for s in seq],
+    )
     for sock in (sub, push, control):
         sock.close()
     ctx.term()

@@ -110,8 +110,17 @@ def run(
                         final_obs[j] = room.observe()
                         room.reset()
                 next_obs = building.observe()  # the reset observation where an hour ended
-                client.step(obs, actions, rewards, terminated, truncated, value.numpy(),
-                            log_prob.numpy(), next_obs, final_obs)
+                client.step(
+                    obs,
+                    actions,
+                    rewards,
+                    terminated,
+                    truncated,
+                    value.numpy(),
+                    log_prob.numpy(),
+                    next_obs,
+                    final_obs,
+                )
                 obs = next_obs
         client.flush()  # a partial fragment (if stopped by max_minutes) still goes out
         room_minutes = building.clock * num_rooms
@@ -129,15 +138,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--learner", default="127.0.0.1:5555", help="learner HOST[:PORT]")
     parser.add_argument("--rooms", type=int, default=4, help="rooms (env slots) to simulate")
-    parser.add_argument("--seed", type=int, default=-1,
-                        help="simulation and sampling seed; -1 = the run's seed + 1 + actor id")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=-1,
+        help="simulation and sampling seed; -1 = the run's seed + 1 + actor id",
+    )
     parser.add_argument("--actor-id", type=int, default=-1, help="requested actor id")
-    parser.add_argument("--max-minutes", type=int, default=0,
-                        help="stop after this many simulated minutes; 0 = when the learner says")
-    parser.add_argument("--register-timeout", type=float, default=30.0,
-                        help="seconds to wait for the learner's welcome")
-    parser.add_argument("--learner-timeout", type=float, default=60.0,
-                        help="give up after hearing nothing from the learner for this long")
+    parser.add_argument(
+        "--max-minutes",
+        type=int,
+        default=0,
+        help="stop after this many simulated minutes; 0 = when the learner says",
+    )
+    parser.add_argument(
+        "--register-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the learner's welcome",
+    )
+    parser.add_argument(
+        "--learner-timeout",
+        type=float,
+        default=60.0,
+        help="give up after hearing nothing from the learner for this long",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -146,8 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     torch.set_num_threads(1)
     try:
-        stats = run(args.learner, args.rooms, args.seed, args.actor_id, args.max_minutes,
-                    args.register_timeout, args.learner_timeout)
+        stats = run(
+            args.learner,
+            args.rooms,
+            args.seed,
+            args.actor_id,
+            args.max_minutes,
+            args.register_timeout,
+            args.learner_timeout,
+        )
     except (LearnerUnreachable, LearnerRefused, LearnerLost) as exc:
         print(f"thermostat_sim: {exc}", file=sys.stderr)
         return 1

@@ -34,8 +34,15 @@ ROOMS = 4
 
 def thermostat_config(port: int, total_env_steps: int) -> LearnerConfig:
     return LearnerConfig(
-        env_id=ENV_ID, num_actors=1, envs_per_actor=ROOMS, num_steps=32, fragment_length=32,
-        total_env_steps=total_env_steps, eval_episodes=10, port=port, starvation_timeout=60.0,
+        env_id=ENV_ID,
+        num_actors=1,
+        envs_per_actor=ROOMS,
+        num_steps=32,
+        fragment_length=32,
+        total_env_steps=total_env_steps,
+        eval_episodes=10,
+        port=port,
+        starvation_timeout=60.0,
     )
 
 
@@ -53,9 +60,11 @@ def run_with_example(cfg: LearnerConfig, module: str) -> tuple[LearnerReport, st
     thread = threading.Thread(target=train, name="learner", daemon=True)
     thread.start()
     example = subprocess.Popen(
-        [sys.executable, "-m", module, "--learner", f"127.0.0.1:{cfg.port}",
-         "--rooms", str(ROOMS)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", module, "--learner", f"127.0.0.1:{cfg.port}", "--rooms", str(ROOMS)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S

@@ -47,7 +47,10 @@ class TmuxServer:
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["tmux", "-L", self.name, *args], capture_output=True, text=True, timeout=10,
+            ["tmux", "-L", self.name, *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
             env=self.env,
         )
 
@@ -96,8 +99,11 @@ def tmux_server():
 def launch(server: TmuxServer, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     """Run the launcher on the private server with ``env`` (plus the server's TMUX_TMPDIR)."""
     return subprocess.run(
-        [str(SCRIPT), "-L", server.name, *args], cwd=ROOT,
-        env={**env, "TMUX_TMPDIR": server.env["TMUX_TMPDIR"]}, capture_output=True, text=True,
+        [str(SCRIPT), "-L", server.name, *args],
+        cwd=ROOT,
+        env={**env, "TMUX_TMPDIR": server.env["TMUX_TMPDIR"]},
+        capture_output=True,
+        text=True,
         timeout=30,
     )
 
@@ -105,8 +111,19 @@ def launch(server: TmuxServer, env: dict[str, str], *args: str) -> subprocess.Co
 def test_help_lists_every_option():
     out = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, timeout=10)
     assert out.returncode == 0
-    for option in ("-s NAME", "-n N", "-H FILE", "-a ADDR", "-p PORT", "-A FLAGS", "-L SOCKET",
-                   "-d", "ZMQ_RL_LEARNER_CMD", "ZMQ_RL_ACTOR_CMD", "kill-session"):
+    for option in (
+        "-s NAME",
+        "-n N",
+        "-H FILE",
+        "-a ADDR",
+        "-p PORT",
+        "-A FLAGS",
+        "-L SOCKET",
+        "-d",
+        "ZMQ_RL_LEARNER_CMD",
+        "ZMQ_RL_ACTOR_CMD",
+        "kill-session",
+    ):
         assert option in out.stdout
 
 
@@ -122,10 +139,30 @@ def test_tiny_run_in_a_detached_session(tmp_path, learner_port, tmux_server):
     }
     session = "run"
     started = launch(
-        tmux_server, env, "-s", session, "-d", "-n", "2", "-p", str(learner_port), "--",
-        "--env-id", STUB_ENV_ID, "--num-steps", "8", "--envs-per-actor", "2",
-        "--fragment-length", "8", "--total-env-steps", "256", "--eval-episodes", "2",
-        "--run-dir", str(run_dir),
+        tmux_server,
+        env,
+        "-s",
+        session,
+        "-d",
+        "-n",
+        "2",
+        "-p",
+        str(learner_port),
+        "--",
+        "--env-id",
+        STUB_ENV_ID,
+        "--num-steps",
+        "8",
+        "--envs-per-actor",
+        "2",
+        "--fragment-length",
+        "8",
+        "--total-env-steps",
+        "256",
+        "--eval-episodes",
+        "2",
+        "--run-dir",
+        str(run_dir),
     )
     assert started.returncode == 0, started.stderr
     assert f"kill-session -t {session}" in started.stdout
@@ -178,8 +215,22 @@ def test_hosts_file_gives_one_ssh_pane_per_host(tmp_path, tmux_server):
         "ZMQ_RL_SSH": f"{fake_ssh} -t",
     }
     started = launch(
-        tmux_server, env, "-s", "hosts", "-d", "-H", str(hosts), "-a", "10.1.2.3", "-p", "7000",
-        "-A", "--seed 5", "--", "--env-id", "CartPole-v1",
+        tmux_server,
+        env,
+        "-s",
+        "hosts",
+        "-d",
+        "-H",
+        str(hosts),
+        "-a",
+        "10.1.2.3",
+        "-p",
+        "7000",
+        "-A",
+        "--seed 5",
+        "--",
+        "--env-id",
+        "CartPole-v1",
     )
     assert started.returncode == 0, started.stderr
     assert Counter(w for w, _ in tmux_server.panes("hosts")) == {"learner": 1, "actors": 2}

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .client import ActorClient
-from .config import ActorConfig, PolicyConfig
+from .config import ActorConfig
 from .policy import WeightsMismatch, build_policy, import_weights, policy_config_from
 from .protocol import space_from_spec, spaces_equal
 from .transport import CurveClientKeys, load_public_certificate, load_secret_certificate
@@ -98,8 +98,10 @@ class GymActor:
         envs = [gym.make(env_id) for _ in range(num_envs)]
         obs_space = space_from_spec(config["observation_space"])
         act_space = space_from_spec(config["action_space"])
-        if not (spaces_equal(envs[0].observation_space, obs_space)
-                and spaces_equal(envs[0].action_space, act_space)):
+        if not (
+            spaces_equal(envs[0].observation_space, obs_space)
+            and spaces_equal(envs[0].action_space, act_space)
+        ):
             raise SpaceMismatch(
                 f"env {env_id} has spaces {envs[0].observation_space} / "
                 f"{envs[0].action_space}, the learner's are {obs_space} / {act_space}"
@@ -112,11 +114,12 @@ class GymActor:
         discrete = isinstance(act_space, gym.spaces.Discrete)
         low = None if discrete else act_space.low
         high = None if discrete else act_space.high
-        obs = np.stack([
-            env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, num_envs), strict=True)
-        ]).astype(obs_space.dtype)
-        log.info("actor %d collecting on %d x %s (seed %d)", client.actor_id, num_envs, env_id,
-                 seed)
+        obs = np.stack(
+            [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, num_envs), strict=True)]
+        ).astype(obs_space.dtype)
+        log.info(
+            "actor %d collecting on %d x %s (seed %d)", client.actor_id, num_envs, env_id, seed
+        )
         rewards = np.zeros(num_envs, np.float32)
         terminated = np.zeros(num_envs, bool)
         truncated = np.zeros(num_envs, bool)
@@ -138,16 +141,26 @@ class GymActor:
                 env_actions = actions if discrete else np.clip(actions, low, high)
                 final_obs = {}
                 for j, env in enumerate(envs):
-                    o, r, term, trunc, _ = env.step(env_actions[j].item() if discrete
-                                                    else env_actions[j])
+                    o, r, term, trunc, _ = env.step(
+                        env_actions[j].item() if discrete else env_actions[j]
+                    )
                     rewards[j], terminated[j], truncated[j] = r, term, trunc
                     if term or trunc:
                         if trunc and not term:
                             final_obs[j] = o
                         o, _ = env.reset()
                     next_obs[j] = o
-                client.step(obs, actions, rewards, terminated, truncated, value_t.numpy(),
-                            log_prob_t.numpy(), next_obs, final_obs)
+                client.step(
+                    obs,
+                    actions,
+                    rewards,
+                    terminated,
+                    truncated,
+                    value_t.numpy(),
+                    log_prob_t.numpy(),
+                    next_obs,
+                    final_obs,
+                )
                 obs, next_obs = next_obs, obs
         for env in envs:
             env.close()

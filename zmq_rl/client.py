@@ -23,6 +23,7 @@ No RL here: the client moves arrays and counts steps; it never looks inside them
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from .config import ActorThrottle
 from .protocol import (
@@ -51,8 +53,6 @@ from .protocol import (
     space_from_spec,
     space_spec,
 )
-from zmq.utils.monitor import recv_monitor_message
-
 from .transport import (
     ACTOR_PUSH_LINGER_MS,
     EXPERIENCE_HWM,
@@ -92,8 +92,9 @@ class LearnerLost(TimeoutError):
 class ActorClient:
     """Register with a learner, send experience, receive weights and control.
 
-    ``num_envs`` slots step in lockstep (0: as many as the learner's welcome says) through :meth:`step`; :meth:`send_fragment`
-    sends any T >= 1 steps of one slot directly. Counters for the ``bye`` message
+    ``num_envs`` slots step in lockstep through :meth:`step` (0: as many as the
+    learner's welcome says); :meth:`send_fragment` sends any T >= 1 steps of one
+    slot directly. Counters for the ``bye`` message
     are kept in :attr:`stats`.
     """
 
@@ -278,14 +279,18 @@ class ActorClient:
         self._weights.connect(tcp_endpoint(self.host, welcome.weights_port))
         log.info(
             "registered as actor %d of run %s (version %d, base version %d)",
-            self.actor_id, self.run_id, self.version, welcome.base_version,
+            self.actor_id,
+            self.run_id,
+            self.version,
+            welcome.base_version,
         )
 
     def close(self, extra_stats: Mapping[str, float] | None = None) -> None:
         """Say bye with the counters (plus ``extra_stats``) and close every socket."""
         if self._control is not None and self.actor_id >= 0:
             stats = {
-                k: float(v) for k, v in {**self.stats, **(extra_stats or {})}.items()
+                k: float(v)
+                for k, v in {**self.stats, **(extra_stats or {})}.items()
                 if isinstance(v, (int, float)) and math.isfinite(v)
             }
             bye = Bye(actor_id=self.actor_id, stats=stats, last_seq=[int(s) - 1 for s in self._seq])
@@ -408,13 +413,9 @@ class ActorClient:
         if self._control is None or now - self._last_heartbeat < self.heartbeat_interval:
             return
         self._last_heartbeat = now
-        try:
-            self._control.send(
-                encode(Heartbeat(actor_id=self.actor_id, run_id=self.run_id, version=self.version)),
-                zmq.NOBLOCK,
-            )
-        except zmq.Again:
-            pass
+        beat = Heartbeat(actor_id=self.actor_id, run_id=self.run_id, version=self.version)
+        with contextlib.suppress(zmq.Again):  # a full queue already tells the learner enough
+            self._control.send(encode(beat), zmq.NOBLOCK)
 
     def _reject(self, where: str, exc: ProtocolError) -> None:
         self.rejects[f"{where}:{exc.reason}"] += 1
@@ -514,11 +515,30 @@ class ActorClient:
         truncated = np.asarray(truncated, bool)
         self.stats["episodes_completed"] += int((terminated | truncated).sum())
         self._slot_steps[slot] += len(terminated)
-        self._send(slot, obs, actions, rewards, terminated, truncated, values, log_probs,
-                   next_obs, final_obs or {})
+        self._send(
+            slot,
+            obs,
+            actions,
+            rewards,
+            terminated,
+            truncated,
+            values,
+            log_probs,
+            next_obs,
+            final_obs or {},
+        )
 
     def _send(
-        self, slot, obs, actions, rewards, terminated, truncated, values, log_probs, next_obs,
+        self,
+        slot,
+        obs,
+        actions,
+        rewards,
+        terminated,
+        truncated,
+        values,
+        log_probs,
+        next_obs,
         final: Mapping[int, np.ndarray],
     ) -> None:
         if self._experience is None:
@@ -543,7 +563,8 @@ class ActorClient:
             final_obs_index=np.asarray(rows, np.int32),
             final_obs=(
                 np.stack([np.asarray(final[r], obs.dtype) for r in rows])
-                if rows else np.zeros((0, *obs.shape[1:]), obs.dtype)
+                if rows
+                else np.zeros((0, *obs.shape[1:]), obs.dtype)
             ),
             sent_at=time.time(),
         )
@@ -553,8 +574,14 @@ class ActorClient:
         self.stats["steps_sent"] += fragment.length
         self.stats["fragments_sent"] += 1
 
-    def _check_outgoing(self, slot: int, obs: np.ndarray, terminated: np.ndarray,
-                        truncated: np.ndarray, final_rows: list[int]) -> None:
+    def _check_outgoing(
+        self,
+        slot: int,
+        obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        final_rows: list[int],
+    ) -> None:
         """Catch here, with a clear error, what the learner would reject silently."""
         space = self.observation_space
         if space is not None and (obs.shape[1:] != space.shape or obs.dtype != space.dtype):
@@ -584,11 +611,15 @@ class ActorClient:
                 pass
             self._poll_control()
             if self.shutdown_requested or self.needs_reregister:
-                self.rejects["unsent:" + ("shutdown" if self.shutdown_requested else "restart")] += 1
+                self.rejects[
+                    "unsent:" + ("shutdown" if self.shutdown_requested else "restart")
+                ] += 1
                 return False
             silent = time.monotonic() - self.last_heard
             if silent > self.learner_timeout:
-                raise LearnerLost(f"experience undeliverable and the learner silent for {silent:.0f}s")
+                raise LearnerLost(
+                    f"experience undeliverable and the learner silent for {silent:.0f}s"
+                )
             self._maybe_heartbeat()
             sock.poll(100, zmq.POLLOUT)
 

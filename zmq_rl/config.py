@@ -158,8 +158,9 @@ class PolicyConfig:
     ortho_init: bool = _f(True, "orthogonal initialisation (gains sqrt(2), 0.01, 1)")
     log_std_init: float = _f(0.0, "initial log standard deviation of Gaussian actions")
     normalize_obs: bool = _f(
-        False, "normalise observations by running mean/var (kept by the learner, shipped "
-        "inside the weights so actors apply exactly the same transform)"
+        False,
+        "normalise observations by running mean/var (kept by the learner, shipped "
+        "inside the weights so actors apply exactly the same transform)",
     )
     factory: str = _f(
         "", "custom policy 'package.module:callable' (see docs/embedding.md); empty = built-in MLP"
@@ -170,20 +171,25 @@ class PolicyConfig:
         _require(
             isinstance(self.hidden_sizes, tuple)
             and len(self.hidden_sizes) >= 1
-            and all(isinstance(h, int) and not isinstance(h, bool) and h >= 1
-                    for h in self.hidden_sizes),
+            and all(
+                isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in self.hidden_sizes
+            ),
             "hidden_sizes",
             self.hidden_sizes,
             "must be a non-empty list of integers >= 1",
         )
         _require(
-            self.activation in ("tanh", "relu"), "activation", self.activation,
+            self.activation in ("tanh", "relu"),
+            "activation",
+            self.activation,
             "must be 'tanh' or 'relu'",
         )
         _finite(self, "log_std_init")
         _require(
             not self.factory or (":" in self.factory and all(self.factory.split(":", 1))),
-            "factory", self.factory, "must be 'package.module:callable'",
+            "factory",
+            self.factory,
+            "must be 'package.module:callable'",
         )
         return self
 
@@ -228,8 +234,9 @@ class LearnerConfig:
     total_env_steps: int = _f(100_000, "env-step budget; the run ends when it is consumed")
     broadcast_every: int = _f(1, "publish new weights after every N updates")
     max_lead_steps: int = _f(
-        0, "steps per slot an actor may run ahead of proven consumption; "
-        "0 = 2 * broadcast_every * num_steps"
+        0,
+        "steps per slot an actor may run ahead of proven consumption; "
+        "0 = 2 * broadcast_every * num_steps",
     )
     gamma: float = _f(0.98, "discount factor")
     gae_lambda: float = _f(0.8, "GAE lambda (validated even when V-trace is on)")
@@ -251,9 +258,7 @@ class LearnerConfig:
     )
     eval_every: int = _f(0, "evaluate the policy every N updates; 0 = only at the end")
     eval_episodes: int = _f(20, "deterministic episodes per evaluation")
-    target_return: float = _f(
-        math.inf, "stop early once an evaluation's mean return reaches this"
-    )
+    target_return: float = _f(math.inf, "stop early once an evaluation's mean return reaches this")
     run_dir: str = _f("", "directory for metrics, report and checkpoints; empty = none")
     max_message_bytes: int = _f(
         16 * 1024 * 1024,
@@ -264,7 +269,9 @@ class LearnerConfig:
     actor_timeout: float = _f(
         10.0, "seconds of silence after which an actor is declared dead and its slots leave"
     )
-    checkpoint_every: int = _f(25, "write a checkpoint every N updates (and at the end); 0 = end only")
+    checkpoint_every: int = _f(
+        25, "write a checkpoint every N updates (and at the end); 0 = end only"
+    )
     curve_secret_key: str = _f(
         "", "CURVE: the learner's secret certificate file (zmq-rl keys); empty = plain tcp"
     )
@@ -298,11 +305,15 @@ class LearnerConfig:
         _non_negative_int(self, "eval_every")
         _positive_int(self, "torch_threads")
         _require(
-            isinstance(self.env_id, str) and bool(self.env_id), "env_id", self.env_id,
+            isinstance(self.env_id, str) and bool(self.env_id),
+            "env_id",
+            self.env_id,
             "must be a non-empty gymnasium id",
         )
         _require(
-            type(self.port) is int and 1 <= self.port <= 65533, "port", self.port,
+            type(self.port) is int and 1 <= self.port <= 65533,
+            "port",
+            self.port,
             "must be in 1..65533 (the learner binds port, port + 1 and port + 2)",
         )
         _positive(self, "starvation_timeout", "actor_timeout")
@@ -315,11 +326,15 @@ class LearnerConfig:
         _non_negative_int(self, "checkpoint_every")
         _require(
             type(self.target_return) in (int, float) and not math.isnan(self.target_return),
-            "target_return", self.target_return, "must be a number (inf = never stop early)",
+            "target_return",
+            self.target_return,
+            "must be a number (inf = never stop early)",
         )
         _require(
             isinstance(self.max_message_bytes, int) and self.max_message_bytes >= 1024,
-            "max_message_bytes", self.max_message_bytes, "must be an integer >= 1024",
+            "max_message_bytes",
+            self.max_message_bytes,
+            "must be an integer >= 1024",
         )
         return self
 
@@ -375,21 +390,27 @@ class ActorConfig:
         60.0, "exit with an error after hearing nothing from the learner for this long"
     )
     curve_secret_key: str = _f("", "CURVE: this actor's secret certificate file; empty = plain tcp")
-    curve_server_key: str = _f("", "CURVE: the learner's public certificate file (required with a key)")
+    curve_server_key: str = _f(
+        "", "CURVE: the learner's public certificate file (required with a key)"
+    )
     torch_threads: int = _f(1, "torch intra-op threads for inference")
 
     def validate(self) -> ActorConfig:
         """Check every field; return self so calls chain."""
         _require(
             isinstance(self.learner, str) and bool(self.learner.strip()),
-            "learner", self.learner, "must be HOST[:PORT]",
+            "learner",
+            self.learner,
+            "must be HOST[:PORT]",
         )
         _non_negative_int(self, "num_envs")
         for name in ("seed", "actor_id"):
             value = getattr(self, name)
             _require(
                 isinstance(value, int) and not isinstance(value, bool) and value >= -1,
-                name, value, "must be an integer >= -1",
+                name,
+                value,
+                "must be an integer >= -1",
             )
         _positive(self, "register_timeout", "learner_timeout")
         _require(

@@ -35,8 +35,9 @@ def evaluate_policy(
             actions = actions.numpy()
             still = []
             for k, i in enumerate(active):
-                action = actions[k].item() if discrete else np.clip(actions[k], space.low,
-                                                                     space.high)
+                action = (
+                    actions[k].item() if discrete else np.clip(actions[k], space.low, space.high)
+                )
                 obs[i], reward, terminated, truncated, _ = envs[i].step(action)
                 returns[i] += float(reward)
                 if not (terminated or truncated):

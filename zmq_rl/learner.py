@@ -23,20 +23,19 @@ import os
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 import zmq
 
 from .config import LearnerConfig, PolicyConfig, PPOConfig
 from .evaluation import evaluate_policy
-from .policy import build_policy, export_weights
 from .normalization import RewardScaler
+from .policy import build_policy, export_weights
 from .ppo import PPOTrainer
 from .protocol import (
     Bye,
@@ -178,8 +177,11 @@ class Learner:
         self.policy = build_policy(self.observation_space, self.action_space, self.policy_cfg)
         self.trainer = PPOTrainer(self.policy, self.ppo_cfg, seed=cfg.seed)
         self.targets = TargetSettings(
-            gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, use_vtrace=cfg.use_vtrace,
-            rho_bar=cfg.vtrace_rho_bar, c_bar=cfg.vtrace_c_bar,
+            gamma=cfg.gamma,
+            gae_lambda=cfg.gae_lambda,
+            use_vtrace=cfg.use_vtrace,
+            rho_bar=cfg.vtrace_rho_bar,
+            c_bar=cfg.vtrace_c_bar,
         )
         self.reward_scaler = RewardScaler(cfg.gamma) if cfg.normalize_reward else None
         self.run_id = uuid.uuid4().hex[:12]
@@ -239,7 +241,9 @@ class Learner:
         self.poller.register(self.experience, zmq.POLLIN)
         log.info(
             "learner %s listening on %s (control), %d (experience), %d (weights)",
-            self.run_id, tcp_endpoint(cfg.host, cfg.port), cfg.experience_port(),
+            self.run_id,
+            tcp_endpoint(cfg.host, cfg.port),
+            cfg.experience_port(),
             cfg.weights_port(),
         )
 
@@ -276,7 +280,10 @@ class Learner:
                 metrics = self._one_update()
                 solved = self._maybe_evaluate(start, metrics)
                 self._log_progress(start, metrics)
-                if cfg.checkpoint_every and self.report.updates_completed % cfg.checkpoint_every == 0:
+                if (
+                    cfg.checkpoint_every
+                    and self.report.updates_completed % cfg.checkpoint_every == 0
+                ):
                     self.checkpoint()
                 if solved:
                     stop_reason = f"evaluation reached target_return {cfg.target_return:g}"
@@ -382,8 +389,10 @@ class Learner:
             for a in silent
         )
         if not described:
-            dead = ", ".join(f"actor {d['actor_id']} ({d['host']} pid {d['pid']})"
-                             for d in self.report.dead_actors[-8:])
+            dead = ", ".join(
+                f"actor {d['actor_id']} ({d['host']} pid {d['pid']})"
+                for d in self.report.dead_actors[-8:]
+            )
             described = "no live actor" + (f" (declared dead: {dead})" if dead else "")
         return (
             f"learner starved: no rollout completed within "
@@ -430,8 +439,9 @@ class Learner:
         key = f"rejected/{where}/{reason}"
         self.counters[key] += 1
         if self.counters[key] in (1, 10, 100, 1000, 10000, 100000):
-            log.warning("rejected %s message #%d (%s): %s", where, self.counters[key], reason,
-                        detail)
+            log.warning(
+                "rejected %s message #%d (%s): %s", where, self.counters[key], reason, detail
+            )
 
     def _on_experience(self, frame: memoryview) -> None:
         try:
@@ -447,18 +457,24 @@ class Learner:
         rec = self.actors[fragment.actor_id]
         expected = rec.next_seq[fragment.slot]
         if expected is not None and fragment.seq < expected:
-            self._reject("experience", "old_seq",
-                         f"actor {rec.actor_id} slot {fragment.slot} seq {fragment.seq} "
-                         f"< expected {expected}")
+            self._reject(
+                "experience",
+                "old_seq",
+                f"actor {rec.actor_id} slot {fragment.slot} seq {fragment.seq} "
+                f"< expected {expected}",
+            )
             return
         if expected is not None and fragment.seq > expected:
             self.counters["experience/seq_gaps"] += fragment.seq - expected
         queued = self.queues.rows((rec.actor_id, fragment.slot))
         if queued + fragment.length > self._slot_cap:
-            self._reject("experience", "over_lead",
-                         f"actor {rec.actor_id} slot {fragment.slot} would queue "
-                         f"{queued + fragment.length} rows > {self._slot_cap}: it ignores the "
-                         "staleness valve")
+            self._reject(
+                "experience",
+                "over_lead",
+                f"actor {rec.actor_id} slot {fragment.slot} would queue "
+                f"{queued + fragment.length} rows > {self._slot_cap}: it ignores the "
+                "staleness valve",
+            )
             return
         rec.next_seq[fragment.slot] = fragment.seq + 1
         rec.last_seen = time.monotonic()
@@ -521,8 +537,12 @@ class Learner:
         if actor_id is None or actor_id != message.actor_id:
             self._reject("control", "unknown_actor", f"{message.TYPE} from unregistered peer")
             self._send_control(
-                routing_id, Refuse("reregister", f"actor {message.actor_id} is not registered "
-                                   f"in run {self.run_id}; say hello again")
+                routing_id,
+                Refuse(
+                    "reregister",
+                    f"actor {message.actor_id} is not registered "
+                    f"in run {self.run_id}; say hello again",
+                ),
             )
             return
         rec = self.actors[actor_id]
@@ -560,30 +580,45 @@ class Learner:
         base = self.version if joins_now else self.version + 1
         num_envs = hello.num_envs or self.cfg.envs_per_actor
         rec = ActorRecord(
-            actor_id=actor_id, routing_id=routing_id, num_envs=num_envs,
-            host=hello.host, pid=hello.pid, base_version=base, member=joins_now,
-            last_seen=now, registered_at=now,
+            actor_id=actor_id,
+            routing_id=routing_id,
+            num_envs=num_envs,
+            host=hello.host,
+            pid=hello.pid,
+            base_version=base,
+            member=joins_now,
+            last_seen=now,
+            registered_at=now,
             next_seq=list(hello.next_seq) if len(hello.next_seq) == num_envs else [None] * num_envs,
         )
         self.actors[actor_id] = rec
         self.by_routing[routing_id] = actor_id
         self.counters["registered"] += 1
-        log.info("actor %d registered from %s pid %d with %d env(s); base version %d",
-                 actor_id, hello.host, hello.pid, num_envs, base)
+        log.info(
+            "actor %d registered from %s pid %d with %d env(s); base version %d",
+            actor_id,
+            hello.host,
+            hello.pid,
+            num_envs,
+            base,
+        )
         self._send_control(routing_id, self._welcome(rec))
 
     def _check_hello(self, routing_id: bytes, hello: Hello) -> tuple[str, str] | None:
         if hello.env_id and hello.env_id != self.cfg.env_id:
-            log.info("actor runs env %s, learner %s: comparing spaces", hello.env_id,
-                     self.cfg.env_id)
+            log.info(
+                "actor runs env %s, learner %s: comparing spaces", hello.env_id, self.cfg.env_id
+            )
         if hello.observation_space or hello.action_space:
             try:
                 theirs_obs = space_from_spec(hello.observation_space, "hello.observation_space")
                 theirs_act = space_from_spec(hello.action_space, "hello.action_space")
             except Exception as exc:  # noqa: BLE001 - a peer's input must never stop the run
                 return "bad_hello", f"unusable space in hello: {exc}"
-            if not (spaces_equal(theirs_obs, self.observation_space)
-                    and spaces_equal(theirs_act, self.action_space)):
+            if not (
+                spaces_equal(theirs_obs, self.observation_space)
+                and spaces_equal(theirs_act, self.action_space)
+            ):
                 return "space_mismatch", (
                     f"env spaces differ: actor ({hello.env_id}) has observation {theirs_obs} "
                     f"and action {theirs_act}; learner ({self.cfg.env_id}) has observation "
@@ -614,9 +649,13 @@ class Learner:
             "heartbeat_interval": HEARTBEAT_INTERVAL_S,
         }
         return Welcome(
-            actor_id=rec.actor_id, run_id=self.run_id, base_version=rec.base_version,
-            experience_port=cfg.experience_port(), weights_port=cfg.weights_port(),
-            config=config, weights=self._current_weights,
+            actor_id=rec.actor_id,
+            run_id=self.run_id,
+            base_version=rec.base_version,
+            experience_port=cfg.experience_port(),
+            weights_port=cfg.weights_port(),
+            config=config,
+            weights=self._current_weights,
         )
 
     def _send_control(self, routing_id: bytes, message: Any) -> bool:
@@ -648,13 +687,22 @@ class Learner:
             if not rec.said_bye and silent > self.cfg.actor_timeout:
                 log.warning(
                     "actor %d (%s pid %d) silent for %.1fs > actor_timeout=%gs: declared dead",
-                    rec.actor_id, rec.host, rec.pid, silent, self.cfg.actor_timeout,
+                    rec.actor_id,
+                    rec.host,
+                    rec.pid,
+                    silent,
+                    self.cfg.actor_timeout,
                 )
-                self.report.dead_actors.append({
-                    "actor_id": rec.actor_id, "host": rec.host, "pid": rec.pid,
-                    "silent_seconds": round(silent, 3), "at_update": self.report.updates_completed,
-                    "at_version": self.version,
-                })
+                self.report.dead_actors.append(
+                    {
+                        "actor_id": rec.actor_id,
+                        "host": rec.host,
+                        "pid": rec.pid,
+                        "silent_seconds": round(silent, 3),
+                        "at_update": self.report.updates_completed,
+                        "at_version": self.version,
+                    }
+                )
                 self.counters["actors/declared_dead"] += 1
                 self._drop_actor(rec.actor_id, "actor_dead")
 
@@ -706,8 +754,13 @@ class Learner:
             "std_return": std,
         }
         self.report.evaluations.append(result)
-        log.info("evaluation after %d steps: %.1f ± %.1f over %d episodes",
-                 result["env_steps"], mean, std, self.cfg.eval_episodes)
+        log.info(
+            "evaluation after %d steps: %.1f ± %.1f over %d episodes",
+            result["env_steps"],
+            mean,
+            std,
+            self.cfg.eval_episodes,
+        )
         return result
 
     def _log_progress(self, start: float, metrics: dict[str, float]) -> None:
@@ -732,10 +785,15 @@ class Learner:
         log.info(
             "update %d/%d  steps %d  %.0f steps/s  return %.1f  actors %d  lag %.2f  "
             "loss %.3f  entropy %.3f",
-            report.updates_completed, self.cfg.num_updates(), report.env_steps_consumed,
+            report.updates_completed,
+            self.cfg.num_updates(),
+            report.env_steps_consumed,
             row["charts/SPS"],
-            row["charts/mean_return"], row["charts/actors"], metrics["charts/policy_lag_mean"],
-            metrics.get("losses/policy_loss", math.nan), metrics.get("losses/entropy", math.nan),
+            row["charts/mean_return"],
+            row["charts/actors"],
+            metrics["charts/policy_lag_mean"],
+            metrics.get("losses/policy_loss", math.nan),
+            metrics.get("losses/entropy", math.nan),
         )
 
     def _shutdown_actors(self, reason: str) -> None:
@@ -861,9 +919,13 @@ class Learner:
         if learner.reward_scaler is not None and scaler_state:
             learner.reward_scaler.load(scaler_state)
         learner._publish_weights(publish=False)
-        log.info("resumed %s at update %d, version %d, %d env steps consumed", path,
-                 learner.report.updates_completed, learner.version,
-                 learner.report.env_steps_consumed)
+        log.info(
+            "resumed %s at update %d, version %d, %d env steps consumed",
+            path,
+            learner.report.updates_completed,
+            learner.version,
+            learner.report.env_steps_consumed,
+        )
         return learner
 
 

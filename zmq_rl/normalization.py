@@ -12,8 +12,12 @@ import numpy as np
 
 
 def merge_moments(
-    mean: np.ndarray, var: np.ndarray, count: float,
-    batch_mean: np.ndarray, batch_var: np.ndarray, batch_count: float,
+    mean: np.ndarray,
+    var: np.ndarray,
+    count: float,
+    batch_mean: np.ndarray,
+    batch_var: np.ndarray,
+    batch_count: float,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Combine two (mean, population variance, count) summaries into one.
 
@@ -48,7 +52,9 @@ class RewardScaler:
         self.count = 0.0
         self.returns: dict[Hashable, float] = {}
 
-    def scale(self, rewards: np.ndarray, dones: np.ndarray, slots: Sequence[Hashable]) -> np.ndarray:
+    def scale(
+        self, rewards: np.ndarray, dones: np.ndarray, slots: Sequence[Hashable]
+    ) -> np.ndarray:
         """Update the statistics with ``rewards [T, B]`` and return them scaled."""
         T, B = rewards.shape
         discounted = np.empty((T, B), np.float64)
@@ -68,14 +74,20 @@ class RewardScaler:
 
     def state(self) -> dict:
         """JSON-able state (for checkpoints)."""
-        return {"var": float(self.var), "mean": float(self.mean), "count": self.count,
-                "returns": [[list(k) if isinstance(k, tuple) else k, v]
-                            for k, v in self.returns.items()]}
+        return {
+            "var": float(self.var),
+            "mean": float(self.mean),
+            "count": self.count,
+            "returns": [
+                [list(k) if isinstance(k, tuple) else k, v] for k, v in self.returns.items()
+            ],
+        }
 
     def load(self, state: dict) -> None:
         """Restore :meth:`state` output."""
         self.mean = np.asarray(state["mean"])
         self.var = np.asarray(state["var"])
         self.count = float(state["count"])
-        self.returns = {tuple(k) if isinstance(k, list) else k: float(v)
-                        for k, v in state["returns"]}
+        self.returns = {
+            tuple(k) if isinstance(k, list) else k: float(v) for k, v in state["returns"]
+        }

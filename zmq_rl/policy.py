@@ -140,8 +140,12 @@ class ActorCritic(nn.Module):
             return
         batch = np.asarray(obs, np.float64).reshape(-1, self.obs_dim)
         mean, var, count = merge_moments(
-            self.obs_mean.cpu().numpy(), self.obs_var.cpu().numpy(), float(self.obs_count),
-            batch.mean(axis=0), batch.var(axis=0), batch.shape[0],
+            self.obs_mean.cpu().numpy(),
+            self.obs_var.cpu().numpy(),
+            float(self.obs_count),
+            batch.mean(axis=0),
+            batch.var(axis=0),
+            batch.shape[0],
         )
         self.obs_mean.copy_(torch.from_numpy(mean))
         self.obs_var.copy_(torch.from_numpy(var))
@@ -249,8 +253,9 @@ class ActorCritic(nn.Module):
         """Log-probability, entropy and value of given actions, ``[B]`` each, with grad.
 
         The learner's forward pass for the PPO loss; it evaluates the same densities
-        :meth:`act` samples from (their log-probs agree to float rounding). ``actions`` is ``[B]`` (Discrete; any integer
-        or integral float dtype) or ``[B, act_dim]`` (Box; unclipped samples).
+        :meth:`act` samples from (their log-probs agree to float rounding).
+        ``actions`` is ``[B]`` (Discrete; any integer or integral float dtype) or
+        ``[B, act_dim]`` (Box; unclipped samples).
         """
         params, value = self(obs)
         if self.discrete:
@@ -323,7 +328,8 @@ def policy_from_welcome(welcome) -> nn.Module:  # welcome: zmq_rl.protocol.Welco
 
     config = welcome.config
     policy = build_policy(
-        space_from_spec(config["observation_space"]), space_from_spec(config["action_space"]),
+        space_from_spec(config["observation_space"]),
+        space_from_spec(config["action_space"]),
         policy_config_from(config),
     )
     import_weights(policy, welcome.weights.tensors)

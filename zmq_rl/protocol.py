@@ -93,8 +93,10 @@ def decode_array(value: Any, where: str) -> np.ndarray:
         raise ProtocolError("bad_shape", f"{where}: shape {shape!r} is not a list of ints >= 0")
     if not isinstance(data, bytes):
         raise ProtocolError("bad_array", f"{where}: data must be bytes")
-    np_dtype = np.dtype(dtype).newbyteorder("<") if dtype not in ("bool", "int8", "uint8") else (
-        np.dtype(dtype)
+    np_dtype = (
+        np.dtype(dtype).newbyteorder("<")
+        if dtype not in ("bool", "int8", "uint8")
+        else (np.dtype(dtype))
     )
     expected = math.prod(shape) * np_dtype.itemsize
     if expected != len(data):
@@ -138,8 +140,11 @@ def space_from_spec(spec: Any, where: str = "space") -> Any:
     try:
         if kind == "discrete":
             n, start = spec.get("n"), spec.get("start", 0)
-            if type(n) is not int or not 1 <= n <= 2**31 or type(start) is not int or not (
-                -(2**31) <= start <= 2**31
+            if (
+                type(n) is not int
+                or not 1 <= n <= 2**31
+                or type(start) is not int
+                or not (-(2**31) <= start <= 2**31)
             ):
                 raise ProtocolError("bad_field", f"{where}: discrete n={n!r} start={start!r}")
             return spaces.Discrete(n, start=start)
@@ -273,8 +278,16 @@ class Fragment(Message):
     sent_at: float = 0.0
 
     ARRAYS: ClassVar[tuple[str, ...]] = (
-        "obs", "actions", "rewards", "terminated", "truncated", "values", "log_probs",
-        "next_obs", "final_obs_index", "final_obs",
+        "obs",
+        "actions",
+        "rewards",
+        "terminated",
+        "truncated",
+        "values",
+        "log_probs",
+        "next_obs",
+        "final_obs_index",
+        "final_obs",
     )
 
     @property

@@ -71,8 +71,13 @@ def rollout_to_batch(
         values = current_values.numpy().reshape(T, B)
         log_rhos = target_lp - behaviour_log_probs
         out = vtrace(
-            log_rhos, discounts, rewards, values, bootstrap,
-            rho_bar=settings.rho_bar, c_bar=settings.c_bar,
+            log_rhos,
+            discounts,
+            rewards,
+            values,
+            bootstrap,
+            rho_bar=settings.rho_bar,
+            c_bar=settings.c_bar,
         )
         advantages, returns = out.pg_advantages, out.vs
         old_log_probs = target_lp

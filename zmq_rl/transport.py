@@ -52,7 +52,9 @@ def parse_learner_address(address: str, default_port: int = DEFAULT_PORT) -> tup
     try:
         port = int(port_text) if port_text else default_port
     except ValueError:
-        raise ValueError(f"learner address {address!r}: port {port_text!r} is not a number")
+        raise ValueError(
+            f"learner address {address!r}: port {port_text!r} is not a number"
+        ) from None
     if not 1 <= port <= 65535:
         raise ValueError(f"learner address {address!r}: port {port} out of range")
     return host, port

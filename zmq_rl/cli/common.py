@@ -31,7 +31,6 @@ __all__ = [
     "CliFailure",
     "check_env",
     "default_run_dir",
-    "describe_exception",
     "ensure_env_importable",
     "error",
     "format_duration",
@@ -67,6 +66,19 @@ class _StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value: TextIO) -> None:
         pass
+
+
+@contextmanager
+def _own_log_handlers() -> Iterator[None]:
+    """Remove the handlers :func:`setup_logging` added once the command is done (so an
+    in-process call, as in the tests, leaves the root logger as it found it)."""
+    try:
+        yield
+    finally:
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            if isinstance(handler, _StderrHandler):
+                root.removeHandler(handler)
 
 
 def setup_logging(level: str) -> None:
@@ -125,7 +137,7 @@ def guard(body: Callable[[], int], on_interrupt: Callable[[], None] | None = Non
     130. Anything else is a bug and keeps its traceback.
     """
     try:
-        with sigterm_as_interrupt():
+        with sigterm_as_interrupt(), _own_log_handlers():
             return body()
     except (ConfigError, ConfigFileError) as exc:
         error(str(exc))
@@ -174,11 +186,6 @@ def default_run_dir(env_id: str, root: str = "runs") -> str:
         n += 1
         candidate = base.with_name(f"{base.name}-{n}")
     return str(candidate)
-
-
-def describe_exception(exc: BaseException) -> str:
-    """``ExcType: message`` for one-line error reports."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def format_duration(seconds: float) -> str:

@@ -119,7 +119,10 @@ def record_episodes(
     except Exception as exc:  # no rgb_array rendering in this env
         raise CliFailure(f"cannot render {loaded.env_id}: {exc}") from None
     env = gym.wrappers.RecordVideo(
-        env, str(video_dir), episode_trigger=lambda _: True, name_prefix="eval",
+        env,
+        str(video_dir),
+        episode_trigger=lambda _: True,
+        name_prefix="eval",
         disable_logger=True,
     )
     discrete = isinstance(env.action_space, gym.spaces.Discrete)
@@ -131,8 +134,10 @@ def record_episodes(
             while not done:
                 batch = torch.as_tensor(np.asarray(obs)[None], dtype=torch.float32)
                 action, _, _ = loaded.policy.act(batch, deterministic=True)
-                a = action[0].item() if discrete else np.clip(
-                    action[0].numpy(), env.action_space.low, env.action_space.high
+                a = (
+                    action[0].item()
+                    if discrete
+                    else np.clip(action[0].numpy(), env.action_space.low, env.action_space.high)
                 )
                 obs, reward, terminated, truncated, _ = env.step(a)
                 total += float(reward)

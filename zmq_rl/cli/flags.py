@@ -38,6 +38,7 @@ from typing import Any
 from zmq_rl.config import ConfigError
 
 __all__ = [
+    "LOG_LEVELS",
     "ConfigFileError",
     "HelpFormatter",
     "Section",
@@ -137,6 +138,14 @@ def _kind(annotation: Any) -> str:
     raise TypeError(f"config field type {annotation!r} has no command-line form")
 
 
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise TypeError(f"config field {f.name!r} has no default, so it cannot be a flag")
+
+
 def _field_kinds(cls: type) -> dict[str, str]:
     hints = typing.get_type_hints(cls)
     return {f.name: _kind(hints[f.name]) for f in dataclasses.fields(cls)}
@@ -225,7 +234,7 @@ def add_config_flags(
                 default: Any = None
                 help_text += f" (default: {default_help[f.name]})"
             else:
-                default = defaults.get(f.name, f.default)
+                default = defaults.get(f.name, _field_default(f))
                 if kind == "int_tuple" and isinstance(default, tuple):
                     help_text += f" (default: {','.join(str(v) for v in default)})"
                 elif default == "":
@@ -329,9 +338,7 @@ def load_toml(path: Path, sections: Sequence[Section]) -> dict[str, Any]:
         else:
             section = owner.get(key)
             if section is None:
-                raise ConfigFileError(
-                    f"{path}: unknown key {key!r}{_suggest(key, owner)}"
-                )
+                raise ConfigFileError(f"{path}: unknown key {key!r}{_suggest(key, owner)}")
             put(section, key, value, "the top level")
     return values
 
@@ -359,9 +366,7 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} to TOML")
 
 
-def dump_toml(
-    configs: Mapping[str, Any], header: str = "", commented: Iterable[str] = ()
-) -> str:
+def dump_toml(configs: Mapping[str, Any], header: str = "", commented: Iterable[str] = ()) -> str:
     """TOML text with one table per config dataclass instance (``{"learner": cfg}``).
 
     Fields named in ``commented`` are written as comments (shown, not loaded).

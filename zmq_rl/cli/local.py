@@ -48,7 +48,8 @@ class LocalActors:
     """A context manager that runs ``count`` actor processes for ``learner``.
 
     ``log_dir``: each actor's stdout and stderr go to ``log_dir/actor-<i>.log``
-    (None: to this process's stderr). ``extra_args`` are passed to every actor.
+    (None: its log to this process's stderr, its final stats line nowhere).
+    ``extra_args`` are passed to every actor.
     After ``__exit__``, :attr:`exit_codes` holds each actor's exit code.
     """
 
@@ -79,11 +80,17 @@ class LocalActors:
         host = connect_host(cfg.host)
         address = f"[{host}]:{cfg.port}" if ":" in host else f"{host}:{cfg.port}"
         return [
-            sys.executable, "-m", "zmq_rl.cli.actor",
-            "--learner", address,
-            "--actor-id", str(actor_id),
-            "--log-level", self.log_level,
-            "--parent-pid", str(os.getpid()),
+            sys.executable,
+            "-m",
+            "zmq_rl.cli.actor",
+            "--learner",
+            address,
+            "--actor-id",
+            str(actor_id),
+            "--log-level",
+            self.log_level,
+            "--parent-pid",
+            str(os.getpid()),
             *self.extra_args,
         ]
 
@@ -100,14 +107,16 @@ class LocalActors:
                 path = self.log_path(i)
                 log = open(path, "wb") if path else None  # noqa: SIM115 (closed in __exit__)
                 self.logs.append(log)
-                self.procs.append(subprocess.Popen(
-                    self.command(i),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log if log else None,
-                    stderr=subprocess.STDOUT if log else None,
-                    env=env,
-                    start_new_session=True,
-                ))
+                self.procs.append(
+                    subprocess.Popen(
+                        self.command(i),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log if log else subprocess.DEVNULL,
+                        stderr=subprocess.STDOUT if log else None,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
         except BaseException:
             self._stop_all(natural=False)
             raise
@@ -144,11 +153,13 @@ class LocalActors:
         if self._monitor is not None:
             self._monitor.join()
         natural = exc_type is None and bool(self.learner.report.stop_reason)
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # finish stopping the actors
+        # Finish stopping the actors whatever arrives meanwhile.
+        previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._stop_all(natural)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if self.failure and exc_type in (None, KeyboardInterrupt):
             raise CliFailure(self.failure)
 

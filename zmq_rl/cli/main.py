@@ -22,13 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import (
-    EXIT_INTERRUPTED,
-    guard,
-    setup_logging,
-)
-from .flags import HelpFormatter, Section, parse_with_config
-from .learner import LEARNER_SECTIONS
+from .common import EXIT_INTERRUPTED, guard, setup_logging
+from .flags import LOG_LEVELS, HelpFormatter, Section, parse_with_config
+from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args
 
 __all__ = ["arg", "build_parser", "main", "subcommand"]
 
@@ -104,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for sub in SUBCOMMANDS.values():
         sp = subparsers.add_parser(
-            sub.name, help=sub.help, description=sub.description,
+            sub.name,
+            help=sub.help,
+            description=sub.description,
             formatter_class=HelpFormatter,
         )
         for spec in sub.args:
@@ -131,14 +129,13 @@ RUN_DEFAULTS = {"num_actors": 2, "eval_every": 5, "target_return": 475.0}
 
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
-    from .learner import add_learner_flags
-
     add_learner_flags(parser, defaults=RUN_DEFAULTS)
     parser.add_argument(
         "--actor-log-level",
-        choices=("debug", "info", "warning", "error"),
-        default="info",
-        help="log level of the actor processes (their logs go to RUN_DIR/logs/)",
+        choices=LOG_LEVELS,
+        default=None,
+        help="log level of the actor processes (default: info into RUN_DIR/logs/actor-N.log; "
+        "without a run dir they log to stderr at --log-level)",
     )
     parser.add_argument(
         "--plot",
@@ -161,7 +158,6 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
 )
 def run_command(args: argparse.Namespace) -> int:
     """``zmq-rl run``."""
-    from .learner import configs_from_args
     from .local import LocalActors
     from .plot import CURVE_NAME, plot_runs
     from .training import make_console, print_summary, train
@@ -172,12 +168,18 @@ def run_command(args: argparse.Namespace) -> int:
     log_dir = Path(cfg.run_dir) / "logs" if cfg.run_dir else None
 
     def around_run(learner: Any) -> LocalActors:
-        return LocalActors(
-            learner, cfg.num_actors, log_dir=log_dir, log_level=args.actor_log_level
-        )
+        level = args.actor_log_level or ("info" if log_dir else args.log_level)
+        return LocalActors(learner, cfg.num_actors, log_dir=log_dir, log_level=level)
 
-    outcome = train(cfg, ppo, policy, console, tensorboard=args.tensorboard,
-                    around_run=around_run, command="zmq-rl run")
+    outcome = train(
+        cfg,
+        ppo,
+        policy,
+        console,
+        tensorboard=args.tensorboard,
+        around_run=around_run,
+        command="zmq-rl run",
+    )
     extra = {}
     if cfg.run_dir and args.plot and (Path(cfg.run_dir) / "metrics.jsonl").is_file():
         curve = plot_runs([cfg.run_dir], Path(cfg.run_dir) / CURVE_NAME)
@@ -196,14 +198,27 @@ def run_command(args: argparse.Namespace) -> int:
     "measure a saved policy: mean ± std return over fresh episodes",
     arg("target", metavar="RUN_DIR_OR_POLICY", help="a run directory or its policy.pt"),
     arg("--episodes", type=int, default=20, help="deterministic episodes to play"),
-    arg("--seed", type=int, default=10_000,
-        help="seed of the episodes (a run with --seed S evaluates with S + 10000)"),
+    arg(
+        "--seed",
+        type=int,
+        default=10_000,
+        help="seed of the episodes (a run with --seed S evaluates with S + 10000)",
+    ),
     arg("--env", default="", help="env id to play (default: the one the policy was trained on)"),
-    arg("--video", metavar="DIR", type=Path, default=None,
+    arg(
+        "--video",
+        metavar="DIR",
+        type=Path,
+        default=None,
         help="record every episode to DIR as MP4 (needs moviepy, and pygame for "
-        "classic-control envs: pip install 'zmq_rl[video]')"),
-    arg("--log-level", choices=("debug", "info", "warning", "error"), default="warning",
-        help="log messages of this level and above (to stderr)"),
+        "classic-control envs: pip install 'zmq_rl[video]')",
+    ),
+    arg(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="warning",
+        help="log messages of this level and above (to stderr)",
+    ),
 )
 def eval_command(args: argparse.Namespace) -> int:
     """Play a saved policy deterministically and print the mean ± std return."""
@@ -219,8 +234,10 @@ def eval_command(args: argparse.Namespace) -> int:
         mean, std = record_episodes(loaded, args.episodes, args.seed, args.video)
     else:
         mean, std = evaluate(loaded, args.episodes, args.seed)
-    print(f"{loaded.env_id}: mean return {mean:.2f} ± {std:.2f} over {args.episodes} "
-          f"episodes (policy version {loaded.version}, {loaded.path})")
+    print(
+        f"{loaded.env_id}: mean return {mean:.2f} ± {std:.2f} over {args.episodes} "
+        f"episodes (policy version {loaded.version}, {loaded.path})"
+    )
     if args.video is not None:
         print(f"videos: {args.video}")
     return 0
@@ -233,9 +250,14 @@ def eval_command(args: argparse.Namespace) -> int:
     "plot",
     "draw learning curves (return vs env steps) of one or more runs",
     arg("runs", metavar="RUN_DIR", nargs="+", type=Path, help="run directories"),
-    arg("--out", metavar="PNG", type=Path, default=None,
+    arg(
+        "--out",
+        metavar="PNG",
+        type=Path,
+        default=None,
         help="output image (default: RUN_DIR/learning_curve.png for one run, "
-        "./learning_curve.png for several)"),
+        "./learning_curve.png for several)",
+    ),
 )
 def plot_command(args: argparse.Namespace) -> int:
     """Draw training return (mean of the last 100 episodes) and evaluation returns

@@ -105,12 +105,25 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
     for curve, color in zip(curves, colors, strict=True):
         prefix = f"{curve.label}: " if several else ""
         if curve.train_steps:
-            ax.plot(curve.train_steps, curve.train_return, color=color, lw=1.5,
-                    label=f"{prefix}training (mean return, last 100 episodes)")
+            ax.plot(
+                curve.train_steps,
+                curve.train_return,
+                color=color,
+                lw=1.5,
+                label=f"{prefix}training (mean return, last 100 episodes)",
+            )
         if curve.eval_steps:
-            ax.errorbar(curve.eval_steps, curve.eval_mean, yerr=curve.eval_std, color=color,
-                        fmt="o", ms=4, capsize=3, alpha=0.9,
-                        label=f"{prefix}evaluation (mean ± std)")
+            ax.errorbar(
+                curve.eval_steps,
+                curve.eval_mean,
+                yerr=curve.eval_std,
+                color=color,
+                fmt="o",
+                ms=4,
+                capsize=3,
+                alpha=0.9,
+                label=f"{prefix}evaluation (mean ± std)",
+            )
     targets = {c.target_return for c in curves if math.isfinite(c.target_return)}
     for target in sorted(targets):
         ax.axhline(target, color="0.5", ls="--", lw=1, label=f"target return {target:g}")

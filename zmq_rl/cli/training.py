@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import signal
 import sys
 import time
@@ -62,9 +61,7 @@ def write_config(
         f"zmq_rl run config, written {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
         f"Repeat the run with: {command} --config {path}"
     )
-    text = dump_toml(
-        {"learner": cfg, "ppo": ppo, "policy": policy}, header, commented=("run_dir",)
-    )
+    text = dump_toml({"learner": cfg, "ppo": ppo, "policy": policy}, header, commented=("run_dir",))
     path.write_text(text)
     return path
 
@@ -152,8 +149,9 @@ def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
             raise KeyboardInterrupt(signal.Signals(signum).name)
         outcome.interrupted = True
         name = signal.Signals(signum).name
-        sys.stderr.write(f"\n{name}: stopping after the current update "
-                         "(press Ctrl-C again to abort at once)\n")
+        sys.stderr.write(
+            f"\n{name}: stopping after the current update (press Ctrl-C again to abort at once)\n"
+        )
         learner.request_stop(f"interrupted ({name})")
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -184,15 +182,22 @@ def print_summary(
         lines.append(("env steps", f"{report.env_steps_consumed:,} of {cfg.total_env_steps:,}"))
         sps = report.env_steps_consumed / max(report.wall_seconds, 1e-9)
         lines.append(("wall time", f"{format_duration(report.wall_seconds)} ({sps:,.0f} steps/s)"))
-        lines.append(("episodes", f"{report.episodes_completed:,}, mean return of the last 100: "
-                                  f"{report.mean_recent_episode_reward(100):.1f}"))
+        lines.append(
+            (
+                "episodes",
+                f"{report.episodes_completed:,}, mean return of the last 100: "
+                f"{report.mean_recent_episode_reward(100):.1f}",
+            )
+        )
         if report.evaluations:
             last = report.evaluations[-1]
-            lines.append((
-                "last eval",
-                f"{last['mean_return']:.1f} ± {last['std_return']:.1f} over "
-                f"{cfg.eval_episodes} episodes (after {int(last['env_steps']):,} steps)",
-            ))
+            lines.append(
+                (
+                    "last eval",
+                    f"{last['mean_return']:.1f} ± {last['std_return']:.1f} over "
+                    f"{cfg.eval_episodes} episodes (after {int(last['env_steps']):,} steps)",
+                )
+            )
         lines.append(("policy version", str(report.last_policy_version)))
     if cfg.run_dir:
         lines.append(("run dir", cfg.run_dir))
@@ -201,13 +206,3 @@ def print_summary(
     console.print("[bold]summary[/bold]")
     for key, value in lines:
         console.print(f"  {key:<{width}}  {value}", markup=False)
-
-
-def last_eval_text(report: Any) -> str:
-    """``mean ± std`` of the last evaluation, or ``-``."""
-    if report is None or not report.evaluations:
-        return "-"
-    last = report.evaluations[-1]
-    if not math.isfinite(last["mean_return"]):
-        return "-"
-    return f"{last['mean_return']:.1f} ± {last['std_return']:.1f}"
