@@ -893,15 +893,8 @@ class Learner:
         run id tells the actors that the learner restarted, so they re-register."""
         path = newest_checkpoint(run_dir)
         state = torch.load(path, weights_only=True)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{path}: unknown checkpoint format {state.get('format')!r}")
-        raw = json.loads(state["learner_config"])
-        raw.update(learner_overrides, run_dir=str(run_dir))
-        cfg = LearnerConfig(**raw)
-        ppo = PPOConfig(**json.loads(state["ppo_config"]))
-        policy_raw = json.loads(state["policy_config"])
-        policy_raw["hidden_sizes"] = tuple(policy_raw["hidden_sizes"])
-        learner = cls(cfg, ppo, PolicyConfig(**policy_raw), context=context, on_update=on_update)
+        cfg, ppo, policy_cfg = checkpoint_configs(state, path, run_dir, **learner_overrides)
+        learner = cls(cfg, ppo, policy_cfg, context=context, on_update=on_update)
         learner.trainer.load_state_dict(state["trainer"])
         learner.version = int(state["version"])
         report = json.loads(state["report"])
@@ -927,6 +920,33 @@ class Learner:
             learner.report.env_steps_consumed,
         )
         return learner
+
+
+def checkpoint_configs(
+    state: dict[str, Any], path: Path, run_dir: str | Path, **learner_overrides: Any
+) -> tuple[LearnerConfig, PPOConfig, PolicyConfig]:
+    """The configs a checkpoint was written with (``learner_overrides`` applied,
+    ``run_dir`` set to where it is now), validated."""
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: unknown checkpoint format {state.get('format')!r}")
+    raw = json.loads(state["learner_config"])
+    raw.update(learner_overrides, run_dir=str(run_dir))
+    policy_raw = json.loads(state["policy_config"])
+    policy_raw["hidden_sizes"] = tuple(policy_raw["hidden_sizes"])
+    return (
+        LearnerConfig(**raw).validate(),
+        PPOConfig(**json.loads(state["ppo_config"])).validate(),
+        PolicyConfig(**policy_raw).validate(),
+    )
+
+
+def load_resume_configs(
+    run_dir: str | Path, **learner_overrides: Any
+) -> tuple[LearnerConfig, PPOConfig, PolicyConfig]:
+    """The configs :meth:`Learner.resume` would use for ``run_dir``."""
+    path = newest_checkpoint(run_dir)
+    return checkpoint_configs(torch.load(path, weights_only=True), path, run_dir,
+                              **learner_overrides)
 
 
 def newest_checkpoint(run_dir: str | Path) -> Path:

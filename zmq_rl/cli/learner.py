@@ -14,7 +14,7 @@ from typing import Any
 
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 
-from .common import EXIT_INTERRUPTED, guard, setup_logging
+from .common import EXIT_INTERRUPTED, CliFailure, guard, setup_logging
 from .flags import (
     HelpFormatter,
     Section,
@@ -104,17 +104,60 @@ def configs_from_args(args: argparse.Namespace) -> tuple[LearnerConfig, PPOConfi
     return cfg, configs["ppo"], configs["policy"]
 
 
+RESUME_OVERRIDES = ("host", "port", "total_env_steps", "starvation_timeout", "actor_timeout")
+"""Settings ``--resume`` takes from the command line; the rest come from the checkpoint."""
+
+
+def build_resume_parser(prog: str = "zmq-learner") -> argparse.ArgumentParser:
+    """The parser of ``zmq-learner --resume RUN_DIR [overrides]``."""
+    parser = argparse.ArgumentParser(prog=f"{prog} --resume", formatter_class=HelpFormatter)
+    parser.add_argument("--resume", metavar="RUN_DIR", required=True)
+    for name in RESUME_OVERRIDES:
+        kind = LearnerConfig.__dataclass_fields__[name].type
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type={"int": int, "float": float}.get(str(kind), str),
+            default=None,
+        )
+    add_logging_flag(parser)
+    parser.add_argument("--tensorboard", action=argparse.BooleanOptionalAction, default=None)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``zmq-learner``; returns the exit code."""
     parser = build_parser()
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=None,
+        help="continue the run in RUN_DIR from its newest checkpoint (configs, policy, "
+        "optimiser, counters; version numbering continues). Only "
+        + ", ".join("--" + n.replace("_", "-") for n in RESUME_OVERRIDES)
+        + ", --log-level and --tensorboard may be given with it",
+    )
+    argv = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> int:
         from .training import make_console, print_summary, train
 
-        args, cfg, ppo, policy = resolve(argv, parser)
+        if any(a == "--resume" or a.startswith("--resume=") for a in argv):
+            args = build_resume_parser().parse_args(argv)
+            from zmq_rl.learner import load_resume_configs
+
+            overrides = {n: getattr(args, n) for n in RESUME_OVERRIDES}
+            overrides = {k: v for k, v in overrides.items() if v is not None}
+            try:
+                cfg, ppo, policy = load_resume_configs(args.resume, **overrides)
+            except (OSError, ValueError) as exc:
+                raise CliFailure(f"cannot resume {args.resume}: {exc}") from None
+            resume = (args.resume, overrides)
+        else:
+            args, cfg, ppo, policy = resolve(argv, parser)
+            resume = None
         setup_logging(args.log_level)
         console = make_console()
-        outcome = train(cfg, ppo, policy, console, tensorboard=args.tensorboard)
+        outcome = train(cfg, ppo, policy, console, tensorboard=args.tensorboard, resume=resume)
         print_summary(console, outcome)
         return EXIT_INTERRUPTED if outcome.interrupted else 0
 

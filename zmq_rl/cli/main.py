@@ -1,4 +1,4 @@
-"""``zmq-rl``: one command for the whole workflow (``run``, ``eval``, ``plot``).
+"""``zmq-rl``: one command for the whole workflow (``run``, ``eval``, ``plot``, ``keys``).
 
 Each subcommand is one function registered with :func:`subcommand`; its flags are
 declared in the decorator (``arg(...)`` specs, or a function that adds them), and
@@ -268,6 +268,37 @@ def plot_command(args: argparse.Namespace) -> int:
     if out is None:
         out = args.runs[0] / CURVE_NAME if len(args.runs) == 1 else Path(CURVE_NAME)
     print(plot_runs(args.runs, out))
+    return 0
+
+
+# -- keys -----------------------------------------------------------------------------
+
+
+@subcommand(
+    "keys",
+    "generate a CURVE key pair (NAME.key public, NAME.key_secret secret) for encrypted, "
+    "authenticated sockets; see docs/security.md",
+    arg("out_dir", metavar="DIR", type=Path, help="folder to write the two files into"),
+    arg("--name", default="learner", help="file name stem, e.g. learner or actor-01"),
+    arg("--force", action="store_true", help="overwrite existing files of that name"),
+)
+def keys_command(args: argparse.Namespace) -> int:
+    """Write ``DIR/NAME.key`` and ``DIR/NAME.key_secret`` with pyzmq's
+    ``zmq.auth.create_certificates``; refuse to overwrite unless ``--force``."""
+    import zmq.auth
+
+    from .common import CliFailure
+
+    public = args.out_dir / f"{args.name}.key"
+    secret = args.out_dir / f"{args.name}.key_secret"
+    if not args.force and (public.exists() or secret.exists()):
+        raise CliFailure(f"{public} or {secret} exists; pass --force to overwrite")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    zmq.auth.create_certificates(str(args.out_dir), args.name)
+    secret.chmod(0o600)
+    print(f"public key: {public}  (give it to the other side: the learner's to actors, "
+          "an actor's into the learner's --curve-authorized-keys folder)")
+    print(f"secret key: {secret}  (keep it on this machine)")
     return 0
 
 

@@ -87,6 +87,7 @@ def train(
     around_run: Callable[[Any], AbstractContextManager[Any]] | None = None,
     live: bool | None = None,
     command: str = "zmq-learner",
+    resume: tuple[str, Mapping[str, Any]] | None = None,
 ) -> TrainingOutcome:
     """Bind a learner, run it to the end of its budget and return the outcome.
 
@@ -97,12 +98,14 @@ def train(
     to stop (:meth:`~zmq_rl.learner.Learner.request_stop`: it shuts the actors down
     and writes its report, checkpoint and policy); a second one aborts at once,
     without a report. Either way the outcome has ``interrupted`` set.
+    ``resume=(run_dir, overrides)`` continues that run's newest checkpoint.
     """
     from zmq_rl.learner import Learner, LearnerStarved
     from zmq_rl.metrics import MetricsWriter
 
     check_env(cfg.env_id)
-    write_config(cfg, ppo, policy, command)
+    if resume is None:
+        write_config(cfg, ppo, policy, command)
     outcome = TrainingOutcome(cfg)
     with contextlib.ExitStack() as stack:
         metrics = None
@@ -122,7 +125,10 @@ def train(
             progress.update(row)
 
         try:
-            learner = Learner(cfg, ppo, policy, on_update=on_update)
+            if resume is not None:
+                learner = Learner.resume(resume[0], on_update=on_update, **resume[1])
+            else:
+                learner = Learner(cfg, ppo, policy, on_update=on_update)
         except OSError as exc:
             raise CliFailure(str(exc)) from None
         stack.callback(learner.close)
