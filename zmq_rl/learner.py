@@ -19,12 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,18 @@ import gymnasium as gym
 import torch
 import zmq
 
+from .checkpoint import (
+    atomic_torch_save,
+    atomic_write_bytes,
+    checkpoint_configs,
+    config_dict,
+    newest_checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 from .config import LearnerConfig, PolicyConfig, PPOConfig
 from .evaluation import evaluate_policy
+from .membership import ActorRecord, Membership, check_fragment, check_hello
 from .normalization import RewardScaler
 from .policy import build_policy, export_weights
 from .ppo import PPOTrainer
@@ -50,10 +59,11 @@ from .protocol import (
     Welcome,
     decode,
     encode,
-    space_from_spec,
     space_spec,
-    spaces_equal,
 )
+from .report import LearnerReport
+
+__all__ = ["Learner", "LearnerReport", "LearnerStarved", "StopRequested"]
 from .rollout import SlotKey, SlotQueues
 from .targets import TargetSettings, rollout_to_batch
 from .transport import (
@@ -74,8 +84,6 @@ POLL_MS = 50
 SHUTDOWN_GRACE_S = 3.0
 """How long the learner waits for every actor's bye after asking them to stop."""
 HEARTBEAT_INTERVAL_S = 1.0
-CHECKPOINT_FORMAT = 1
-CHECKPOINTS_KEPT = 3
 
 
 class LearnerStarved(RuntimeError):
@@ -84,71 +92,6 @@ class LearnerStarved(RuntimeError):
 
 class StopRequested(Exception):
     """Raised inside the loop when :meth:`Learner.request_stop` was called."""
-
-
-@dataclass
-class ActorRecord:
-    """What the learner knows of one registered actor."""
-
-    actor_id: int
-    routing_id: bytes
-    num_envs: int
-    host: str
-    pid: int
-    base_version: int
-    member: bool
-    last_seen: float
-    registered_at: float
-    next_seq: list[int | None] = field(default_factory=list)
-    fragments_received: int = 0
-    steps_received: int = 0
-    steps_consumed: int = 0
-    said_bye: bool = False
-    bye_stats: dict[str, float] = field(default_factory=dict)
-    bye_last_seq: list[int] = field(default_factory=list)
-
-    def slots(self) -> list[SlotKey]:
-        """The ``(actor_id, slot)`` keys of this actor."""
-        return [(self.actor_id, s) for s in range(self.num_envs)]
-
-    def caught_up(self) -> bool:
-        """Whether every fragment the bye says was sent has arrived."""
-        return all(
-            (nxt if nxt is not None else 0) > last
-            for nxt, last in zip(self.next_seq, self.bye_last_seq, strict=False)
-        )
-
-
-@dataclass
-class LearnerReport:
-    """The reference's ``LearnerReport`` fields, plus what a distributed run adds."""
-
-    updates_completed: int = 0
-    env_steps_consumed: int = 0
-    episodes_completed: int = 0
-    broadcasts_sent: int = 0
-    last_policy_version: int = 0
-    episode_rewards: list[float] = field(default_factory=list)
-    final_stats: dict[str, float] | None = None
-    actor_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
-    counters: dict[str, int] = field(default_factory=dict)
-    evaluations: list[dict[str, float]] = field(default_factory=list)
-    run_id: str = ""
-    wall_seconds: float = 0.0
-    stop_reason: str = ""
-    dead_actors: list[dict[str, Any]] = field(default_factory=list)
-    resumed_from: str = ""
-
-    def mean_recent_episode_reward(self, n: int) -> float:
-        """Mean total reward of the last ``n`` completed episodes (0.0 before any)."""
-        if not self.episode_rewards:
-            return 0.0
-        recent = self.episode_rewards[-n:]
-        return float(sum(recent) / len(recent))
-
-    def to_json(self) -> str:
-        """The report as JSON (written as ``report.json`` in the run directory)."""
-        return json.dumps(asdict(self), indent=2, default=float)
 
 
 class Learner:
@@ -188,8 +131,7 @@ class Learner:
         self.version = 0
         self.report = LearnerReport(run_id=self.run_id)
         self.counters: Counter[str] = Counter()
-        self.actors: dict[int, ActorRecord] = {}
-        self.by_routing: dict[bytes, int] = {}
+        self.members = Membership()
         self.queues = SlotQueues()
         # An actor that follows the staleness valve never has more than its lead
         # queued per slot; anything past this (with slack) is a misbehaving peer.
@@ -201,7 +143,6 @@ class Learner:
         self.shutting_down = False
         self._stop_reason = ""
         self._last_heartbeat = 0.0
-        self._weights_frame = b""
         self._ctx = context or zmq.Context.instance()
         self._bind()
         self._publish_weights(publish=False)
@@ -311,7 +252,7 @@ class Learner:
     def _budget_spent(self) -> bool:
         """As the reference: no update that would overrun ``total_env_steps`` starts
         (but at least one update runs)."""
-        rows = self.cfg.num_steps * max(1, len(self._member_slots()))
+        rows = self.cfg.num_steps * max(1, len(self.members.member_slots()))
         return self.report.updates_completed > 0 and (
             self.report.env_steps_consumed + rows > self.cfg.total_env_steps
         )
@@ -320,7 +261,7 @@ class Learner:
         """Fill, take the rollout, compute targets, run PPO, maybe broadcast."""
         cfg = self.cfg
         self._fill()
-        slots = self._member_slots()
+        slots = self.members.member_slots()
         rollout = self.queues.take(slots, cfg.num_steps)
         self._account(rollout)
         if hasattr(self.policy, "update_obs_stats"):
@@ -344,23 +285,20 @@ class Learner:
         self.report.final_stats = metrics
         return metrics
 
-    def _member_slots(self) -> list[SlotKey]:
-        return [key for rec in self.actors.values() if rec.member for key in rec.slots()]
-
     def _wait_for_actors(self, start: float) -> None:
         cfg = self.cfg
         log.info("waiting for %d actor(s) to register", cfg.num_actors)
-        while len(self.actors) < cfg.num_actors:
+        while len(self.members) < cfg.num_actors:
             if self._stop_reason:
                 raise StopRequested(self._stop_reason)
             if time.monotonic() - start > cfg.starvation_timeout:
                 raise LearnerStarved(
-                    f"only {len(self.actors)} of num_actors={cfg.num_actors} actors registered "
+                    f"only {len(self.members)} of num_actors={cfg.num_actors} actors registered "
                     f"within starvation_timeout={cfg.starvation_timeout}s"
                 )
             self._pump(POLL_MS)
         self.started = True
-        log.info("%d actor(s) registered; training starts", len(self.actors))
+        log.info("%d actor(s) registered; training starts", len(self.members))
 
     def _fill(self) -> None:
         """Receive until every member slot holds ``num_steps`` rows."""
@@ -368,7 +306,7 @@ class Learner:
         deadline = time.monotonic() + cfg.starvation_timeout
         self._pump(0)  # control and heartbeats are served even when data is backlogged
         while True:
-            slots = self._member_slots()
+            slots = self.members.member_slots()
             if slots and self.queues.ready(slots, cfg.num_steps):
                 return
             if not slots:
@@ -381,12 +319,13 @@ class Learner:
 
     def _starvation_message(self, slots: list[SlotKey]) -> str:
         short = self.queues.short_slots(slots, self.cfg.num_steps)
-        silent = sorted({actor_id for actor_id, _ in short})
+        silent = [self.members.get(a) for a in sorted({actor_id for actor_id, _ in short})]
         now = time.monotonic()
         described = ", ".join(
-            f"actor {a} ({self.actors[a].host} pid {self.actors[a].pid}, "
-            f"silent for {now - self.actors[a].last_seen:.1f}s)"
-            for a in silent
+            f"actor {rec.actor_id} ({rec.host} pid {rec.pid}, "
+            f"silent for {now - rec.last_seen:.1f}s)"
+            for rec in silent
+            if rec is not None
         )
         if not described:
             dead = ", ".join(
@@ -411,7 +350,7 @@ class Learner:
                     self.report.episodes_completed += 1
                     running = 0.0
             self.running_reward[key] = running
-            self.actors[key[0]].steps_consumed += rollout.num_steps
+            self.members.get(key[0]).steps_consumed += rollout.num_steps
 
     # ------------------------------------------------------------------ receiving
 
@@ -450,11 +389,14 @@ class Learner:
             self._reject("experience", exc.reason, str(exc))
             return
         assert isinstance(fragment, Fragment)
-        problem = self._check_fragment(fragment)
+        problem = check_fragment(
+            fragment, self.members, self.run_id, self.observation_space, self.action_space
+        )
         if problem:
             self._reject("experience", *problem)
             return
-        rec = self.actors[fragment.actor_id]
+        rec = self.members.get(fragment.actor_id)
+        assert rec is not None
         expected = rec.next_seq[fragment.slot]
         if expected is not None and fragment.seq < expected:
             self._reject(
@@ -488,34 +430,6 @@ class Learner:
             return
         self.queues.push(fragment)
 
-    def _check_fragment(self, fragment: Fragment) -> tuple[str, str] | None:
-        """Check a fragment against the run; (reason, detail) when it must go."""
-        if fragment.run_id != self.run_id:
-            return "other_run", f"run_id {fragment.run_id!r} is not {self.run_id!r}"
-        rec = self.actors.get(fragment.actor_id)
-        if rec is None:
-            return "unknown_actor", f"actor_id {fragment.actor_id} is not registered"
-        if fragment.slot >= rec.num_envs:
-            return "bad_slot", f"slot {fragment.slot} >= actor's num_envs {rec.num_envs}"
-        obs_space = self.observation_space
-        if fragment.obs.shape[1:] != obs_space.shape or fragment.obs.dtype != obs_space.dtype:
-            return "bad_obs", (
-                f"obs rows {fragment.obs.shape[1:]} {fragment.obs.dtype}, "
-                f"expected {obs_space.shape} {obs_space.dtype}"
-            )
-        actions = fragment.actions
-        if isinstance(self.action_space, gym.spaces.Discrete):
-            n = int(self.action_space.n)
-            if actions.ndim != 1 or actions.dtype.kind != "i":
-                return "bad_actions", f"discrete actions must be int [T], got {actions.dtype}"
-            if actions.size and (actions.min() < 0 or actions.max() >= n):
-                return "bad_actions", f"discrete actions outside [0, {n})"
-        else:
-            shape = (actions.shape[0], *self.action_space.shape)
-            if actions.shape != shape or actions.dtype.kind != "f":
-                return "bad_actions", f"actions {actions.shape} {actions.dtype}, expected {shape}"
-        return None
-
     def _on_control(self, frames: list[bytes]) -> None:
         if len(frames) != 2:
             self._reject("control", "bad_frames", f"{len(frames)} frames")
@@ -533,8 +447,8 @@ class Learner:
         if isinstance(message, Hello):
             self._on_hello(routing_id, message)
             return
-        actor_id = self.by_routing.get(routing_id)
-        if actor_id is None or actor_id != message.actor_id:
+        rec = self.members.sender(routing_id, message.actor_id)
+        if rec is None:
             self._reject("control", "unknown_actor", f"{message.TYPE} from unregistered peer")
             self._send_control(
                 routing_id,
@@ -545,7 +459,7 @@ class Learner:
                 ),
             )
             return
-        rec = self.actors[actor_id]
+        actor_id = rec.actor_id
         rec.last_seen = time.monotonic()
         if isinstance(message, Bye):
             rec.said_bye = True
@@ -559,78 +473,40 @@ class Learner:
                 self.counters["discarded/fragments/actor_left"] += fragments
 
     def _on_hello(self, routing_id: bytes, hello: Hello) -> None:
-        problem = self._check_hello(routing_id, hello)
+        problem = check_hello(
+            self.members,
+            routing_id,
+            hello,
+            self.cfg.env_id,
+            self.observation_space,
+            self.action_space,
+        )
         if problem:
             code, reason = problem
             self.counters[f"refused/{code}"] += 1
             log.warning("refused actor from %s pid %d: %s", hello.host, hello.pid, reason)
             self._send_control(routing_id, Refuse(code, reason))
             return
-        for old_id in {self.by_routing.get(routing_id), hello.actor_id}:
-            if old_id is not None and old_id in self.actors:
-                self._drop_actor(old_id, "re-registered")
-        actor_id = hello.actor_id
-        if actor_id < 0:
-            actor_id = next(i for i in range(len(self.actors) + 1) if i not in self.actors)
-        now = time.monotonic()
-        # Before training starts, or when no member is left, the actor joins the
-        # rollout being filled: its slots are consumed from this version on. Else it
-        # joins at the next broadcast, so consumption starts from version + 1.
-        joins_now = not self.started or not self._member_slots()
-        base = self.version if joins_now else self.version + 1
-        num_envs = hello.num_envs or self.cfg.envs_per_actor
-        rec = ActorRecord(
-            actor_id=actor_id,
-            routing_id=routing_id,
-            num_envs=num_envs,
-            host=hello.host,
-            pid=hello.pid,
-            base_version=base,
-            member=joins_now,
-            last_seen=now,
-            registered_at=now,
-            next_seq=list(hello.next_seq) if len(hello.next_seq) == num_envs else [None] * num_envs,
+        rec, replaced = self.members.register(
+            routing_id,
+            hello,
+            version=self.version,
+            started=self.started,
+            default_envs=self.cfg.envs_per_actor,
+            now=time.monotonic(),
         )
-        self.actors[actor_id] = rec
-        self.by_routing[routing_id] = actor_id
+        for old in replaced:
+            self._forget(old, "re-registered")
         self.counters["registered"] += 1
         log.info(
             "actor %d registered from %s pid %d with %d env(s); base version %d",
-            actor_id,
+            rec.actor_id,
             hello.host,
             hello.pid,
-            num_envs,
-            base,
+            rec.num_envs,
+            rec.base_version,
         )
         self._send_control(routing_id, self._welcome(rec))
-
-    def _check_hello(self, routing_id: bytes, hello: Hello) -> tuple[str, str] | None:
-        if hello.env_id and hello.env_id != self.cfg.env_id:
-            log.info(
-                "actor runs env %s, learner %s: comparing spaces", hello.env_id, self.cfg.env_id
-            )
-        if hello.observation_space or hello.action_space:
-            try:
-                theirs_obs = space_from_spec(hello.observation_space, "hello.observation_space")
-                theirs_act = space_from_spec(hello.action_space, "hello.action_space")
-            except Exception as exc:  # noqa: BLE001 - a peer's input must never stop the run
-                return "bad_hello", f"unusable space in hello: {exc}"
-            if not (
-                spaces_equal(theirs_obs, self.observation_space)
-                and spaces_equal(theirs_act, self.action_space)
-            ):
-                return "space_mismatch", (
-                    f"env spaces differ: actor ({hello.env_id}) has observation {theirs_obs} "
-                    f"and action {theirs_act}; learner ({self.cfg.env_id}) has observation "
-                    f"{self.observation_space} and action {self.action_space}"
-                )
-        rec = self.actors.get(hello.actor_id)
-        if rec is not None and not rec.said_bye and rec.routing_id != routing_id:
-            return "duplicate_id", (
-                f"actor id {hello.actor_id} is already taken by a live actor on "
-                f"{rec.host} pid {rec.pid}; pass another --actor-id or -1"
-            )
-        return None
 
     def _welcome(self, rec: ActorRecord) -> Welcome:
         cfg = self.cfg
@@ -638,7 +514,7 @@ class Learner:
             "env_id": cfg.env_id,
             "observation_space": space_spec(self.observation_space),
             "action_space": space_spec(self.action_space),
-            "policy": _config_dict(self.policy_cfg),
+            "policy": config_dict(self.policy_cfg),
             "num_steps": cfg.num_steps,
             "broadcast_every": cfg.broadcast_every,
             "steps_per_broadcast": cfg.steps_per_broadcast(),
@@ -672,7 +548,7 @@ class Learner:
             return
         self._last_heartbeat = now
         beat = Heartbeat(actor_id=-1, run_id=self.run_id, version=self.version)
-        for rec in self.actors.values():
+        for rec in self.members:
             if not rec.said_bye:
                 self._send_control(rec.routing_id, beat)
 
@@ -682,44 +558,40 @@ class Learner:
         if self.shutting_down:
             return
         now = time.monotonic()
-        for rec in list(self.actors.values()):
+        for rec in self.members.silent(now, self.cfg.actor_timeout):
             silent = now - rec.last_seen
-            if not rec.said_bye and silent > self.cfg.actor_timeout:
-                log.warning(
-                    "actor %d (%s pid %d) silent for %.1fs > actor_timeout=%gs: declared dead",
-                    rec.actor_id,
-                    rec.host,
-                    rec.pid,
-                    silent,
-                    self.cfg.actor_timeout,
-                )
-                self.report.dead_actors.append(
-                    {
-                        "actor_id": rec.actor_id,
-                        "host": rec.host,
-                        "pid": rec.pid,
-                        "silent_seconds": round(silent, 3),
-                        "at_update": self.report.updates_completed,
-                        "at_version": self.version,
-                    }
-                )
-                self.counters["actors/declared_dead"] += 1
-                self._drop_actor(rec.actor_id, "actor_dead")
+            log.warning(
+                "actor %d (%s pid %d) silent for %.1fs > actor_timeout=%gs: declared dead",
+                rec.actor_id,
+                rec.host,
+                rec.pid,
+                silent,
+                self.cfg.actor_timeout,
+            )
+            self.report.dead_actors.append(
+                {
+                    "actor_id": rec.actor_id,
+                    "host": rec.host,
+                    "pid": rec.pid,
+                    "silent_seconds": round(silent, 3),
+                    "at_update": self.report.updates_completed,
+                    "at_version": self.version,
+                }
+            )
+            self.counters["actors/declared_dead"] += 1
+            self._forget(self.members.remove(rec.actor_id), "actor_dead")
 
-    def _drop_actor(self, actor_id: int, reason: str) -> None:
-        rec = self.actors.pop(actor_id)
-        self.by_routing.pop(rec.routing_id, None)
-        fragments, rows = self.queues.drop_actor(actor_id)
+    def _forget(self, rec: ActorRecord, reason: str) -> None:
+        """Discard (and count) what a removed actor had queued; keep its report line."""
+        fragments, rows = self.queues.drop_actor(rec.actor_id)
         if rows:
             self.counters[f"discarded/steps/{reason}"] += rows
             self.counters[f"discarded/fragments/{reason}"] += fragments
-        self.report.actor_stats[str(actor_id)] = self._actor_summary(rec)
+        self.report.actor_stats[str(rec.actor_id)] = rec.summary()
 
     def _admit_new_actors(self) -> None:
-        for rec in self.actors.values():
-            if not rec.member and not rec.said_bye:
-                rec.member = True
-                log.info("actor %d joins the rollout at version %d", rec.actor_id, self.version)
+        for rec in self.members.admit_pending():
+            log.info("actor %d joins the rollout at version %d", rec.actor_id, self.version)
 
     # ------------------------------------------------------------------ weights
 
@@ -774,7 +646,7 @@ class Learner:
             "charts/SPS": report.env_steps_consumed / max(elapsed, 1e-9),
             "charts/mean_return": report.mean_recent_episode_reward(100),
             "charts/episodes": report.episodes_completed,
-            "charts/actors": sum(1 for r in self.actors.values() if r.member),
+            "charts/actors": sum(1 for r in self.members if r.member),
             **metrics,
         }
         if self._metrics_file is not None:
@@ -800,33 +672,20 @@ class Learner:
         """Tell every actor to stop; collect byes and trailing fragments (bounded)."""
         self.shutting_down = True
         message = Shutdown(reason=reason, run_id=self.run_id)
-        for rec in self.actors.values():
+        for rec in self.members:
             self._send_control(rec.routing_id, message)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while time.monotonic() < deadline:
-            if all(rec.said_bye and rec.caught_up() for rec in self.actors.values()):
+            if all(rec.said_bye and rec.caught_up() for rec in self.members):
                 break
             self._pump(POLL_MS)
-        missing = [a for a, rec in self.actors.items() if not rec.said_bye]
+        missing = [rec.actor_id for rec in self.members if not rec.said_bye]
         if missing:
             log.warning("no bye from actor(s) %s within %.1fs", missing, SHUTDOWN_GRACE_S)
 
-    def _actor_summary(self, rec: ActorRecord) -> dict[str, Any]:
-        return {
-            "actor_id": rec.actor_id,
-            "host": rec.host,
-            "pid": rec.pid,
-            "num_envs": rec.num_envs,
-            "said_bye": rec.said_bye,
-            "fragments_received": rec.fragments_received,
-            "steps_received": rec.steps_received,
-            "steps_consumed": rec.steps_consumed,
-            **{f"actor/{k}": v for k, v in rec.bye_stats.items()},
-        }
-
     def _finish(self) -> None:
-        for actor_id, rec in self.actors.items():
-            self.report.actor_stats[str(actor_id)] = self._actor_summary(rec)
+        for rec in self.members:
+            self.report.actor_stats[str(rec.actor_id)] = rec.summary()
         self.counters["consumed/steps"] = self.report.env_steps_consumed
         queued = self.queues.total_rows()
         if queued:
@@ -835,18 +694,18 @@ class Learner:
         if self.cfg.run_dir:
             run_dir = Path(self.cfg.run_dir)
             self.checkpoint()
-            _atomic_write_bytes(run_dir / "report.json", self.report.to_json().encode())
+            atomic_write_bytes(run_dir / "report.json", self.report.to_json().encode())
             self.save_policy(run_dir / "policy.pt")
 
     def save_policy(self, path: Path) -> None:
         """Save the policy (tensors + the config needed to rebuild it), atomically."""
         state = {
             "policy": self.policy.state_dict(),
-            "policy_config": json.dumps(_config_dict(self.policy_cfg)),
+            "policy_config": json.dumps(config_dict(self.policy_cfg)),
             "env_id": self.cfg.env_id,
             "version": self.version,
         }
-        _atomic_torch_save(state, path)
+        atomic_torch_save(state, path)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -856,26 +715,24 @@ class Learner:
         the newest :data:`CHECKPOINTS_KEPT`. Returns the path (None without run_dir)."""
         if not self.cfg.run_dir:
             return None
-        folder = Path(self.cfg.run_dir) / "checkpoints"
-        folder.mkdir(parents=True, exist_ok=True)
         report = asdict(self.report)
         state = {
-            "format": CHECKPOINT_FORMAT,
             "trainer": self.trainer.state_dict(),
             "version": self.version,
-            "learner_config": json.dumps(_config_dict(self.cfg)),
-            "ppo_config": json.dumps(_config_dict(self.ppo_cfg)),
-            "policy_config": json.dumps(_config_dict(self.policy_cfg)),
+            "learner_config": json.dumps(config_dict(self.cfg)),
+            "ppo_config": json.dumps(config_dict(self.ppo_cfg)),
+            "policy_config": json.dumps(config_dict(self.policy_cfg)),
             "report": json.dumps(report, default=float),
             "counters": json.dumps(dict(self.counters)),
             "running_reward": json.dumps([[a, b, r] for (a, b), r in self.running_reward.items()]),
             "torch_rng": torch.get_rng_state(),
             "reward_scaler": json.dumps(self.reward_scaler.state() if self.reward_scaler else None),
         }
-        path = folder / f"ckpt-{self.report.updates_completed:08d}.pt"
-        _atomic_torch_save(state, path)
-        for old in sorted(folder.glob("ckpt-*.pt"))[:-CHECKPOINTS_KEPT]:
-            old.unlink(missing_ok=True)
+        path = write_checkpoint(
+            Path(self.cfg.run_dir) / "checkpoints",
+            f"ckpt-{self.report.updates_completed:08d}.pt",
+            state,
+        )
         log.info("checkpoint %s (version %d)", path, self.version)
         return path
 
@@ -892,7 +749,7 @@ class Learner:
         policy, optimiser, counters and report; version numbering continues. A new
         run id tells the actors that the learner restarted, so they re-register."""
         path = newest_checkpoint(run_dir)
-        state = torch.load(path, weights_only=True)
+        state = read_checkpoint(path)
         cfg, ppo, policy_cfg = checkpoint_configs(state, path, run_dir, **learner_overrides)
         learner = cls(cfg, ppo, policy_cfg, context=context, on_update=on_update)
         learner.trainer.load_state_dict(state["trainer"])
@@ -920,56 +777,3 @@ class Learner:
             learner.report.env_steps_consumed,
         )
         return learner
-
-
-def checkpoint_configs(
-    state: dict[str, Any], path: Path, run_dir: str | Path, **learner_overrides: Any
-) -> tuple[LearnerConfig, PPOConfig, PolicyConfig]:
-    """The configs a checkpoint was written with (``learner_overrides`` applied,
-    ``run_dir`` set to where it is now), validated."""
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: unknown checkpoint format {state.get('format')!r}")
-    raw = json.loads(state["learner_config"])
-    raw.update(learner_overrides, run_dir=str(run_dir))
-    policy_raw = json.loads(state["policy_config"])
-    policy_raw["hidden_sizes"] = tuple(policy_raw["hidden_sizes"])
-    return (
-        LearnerConfig(**raw).validate(),
-        PPOConfig(**json.loads(state["ppo_config"])).validate(),
-        PolicyConfig(**policy_raw).validate(),
-    )
-
-
-def load_resume_configs(
-    run_dir: str | Path, **learner_overrides: Any
-) -> tuple[LearnerConfig, PPOConfig, PolicyConfig]:
-    """The configs :meth:`Learner.resume` would use for ``run_dir``."""
-    path = newest_checkpoint(run_dir)
-    return checkpoint_configs(torch.load(path, weights_only=True), path, run_dir,
-                              **learner_overrides)
-
-
-def newest_checkpoint(run_dir: str | Path) -> Path:
-    """The newest ``checkpoints/ckpt-*.pt`` of a run directory (FileNotFoundError
-    naming the directory when there is none)."""
-    found = sorted((Path(run_dir) / "checkpoints").glob("ckpt-*.pt"))
-    if not found:
-        raise FileNotFoundError(f"no checkpoint in {Path(run_dir) / 'checkpoints'}")
-    return found[-1]
-
-
-def _config_dict(cfg: Any) -> dict[str, Any]:
-    raw = asdict(cfg)
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in raw.items()}
-
-
-def _atomic_torch_save(state: dict[str, Any], path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

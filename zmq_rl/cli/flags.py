@@ -15,7 +15,8 @@ Types:
 
 ``--config FILE.toml`` loads values from a TOML file, either in sections named
 after the dataclasses (``[learner]``, ``[ppo]``, ``[policy]``, ``[actor]``) or as
-flat keys; flags given on the command line override the file. An unknown key is an
+flat keys; flags given on the command line override the file. ``--config
+preset:NAME`` loads a preset shipped in :mod:`zmq_rl.presets` (``preset:CartPole-v1``). An unknown key is an
 error that names it. :func:`dump_toml` writes a resolved config back in the same
 form, so a run's ``config.toml`` can be passed to ``--config`` to repeat it.
 """
@@ -254,15 +255,39 @@ def add_config_flags(
                     kwargs["choices"] = tuple(choices)
                     kwargs["metavar"] = "{" + ",".join(str(c) for c in choices) + "}"
             group.add_argument(*names, **kwargs)
+    help_text = (
+        "read settings from a TOML file (tables "
+        + ", ".join(f"[{s.name}]" for s in sections)
+        + " or flat keys); flags given here override it"
+    )
+    metavar = "FILE.toml"
+    if any(s.name == "learner" for s in sections):
+        from zmq_rl.presets import available
+
+        metavar = "FILE.toml|preset:NAME"
+
+        help_text += (
+            ". 'preset:NAME' reads a shipped, tuned preset instead: "
+            + ", ".join(available())
+            + " (e.g. --config preset:LunarLander-v3 --seed 1)"
+        )
     parser.add_argument(
         "--config",
-        metavar="FILE.toml",
-        type=Path,
+        metavar=metavar,
+        type=_config_source,
         default=None,
-        help="read settings from a TOML file (tables "
-        + ", ".join(f"[{s.name}]" for s in sections)
-        + " or flat keys); flags given here override it",
+        help=help_text.replace("%", "%%"),
     )
+
+
+def _config_source(text: str) -> Path:
+    """``--config`` value: a file path, or ``preset:NAME`` for a shipped preset."""
+    from zmq_rl.presets import UnknownPreset, resolve_config_source
+
+    try:
+        return resolve_config_source(text)
+    except UnknownPreset as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_logging_flag(parser: argparse.ArgumentParser, default: str = "warning") -> None:

@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if any(a == "--resume" or a.startswith("--resume=") for a in argv):
             args = build_resume_parser().parse_args(argv)
-            from zmq_rl.learner import load_resume_configs
+            from zmq_rl.checkpoint import load_resume_configs
 
             overrides = {n: getattr(args, n) for n in RESUME_OVERRIDES}
             overrides = {k: v for k, v in overrides.items() if v is not None}

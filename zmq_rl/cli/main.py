@@ -296,8 +296,10 @@ def keys_command(args: argparse.Namespace) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     zmq.auth.create_certificates(str(args.out_dir), args.name)
     secret.chmod(0o600)
-    print(f"public key: {public}  (give it to the other side: the learner's to actors, "
-          "an actor's into the learner's --curve-authorized-keys folder)")
+    print(
+        f"public key: {public}  (give it to the other side: the learner's to actors, "
+        "an actor's into the learner's --curve-authorized-keys folder)"
+    )
     print(f"secret key: {secret}  (keep it on this machine)")
     return 0
 

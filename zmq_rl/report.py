@@ -1,0 +1,40 @@
+"""The learner's report: the reference module's ``LearnerReport`` fields plus what a
+distributed run adds (actors' stats, counters, evaluations, dead actors)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class LearnerReport:
+    """The reference's ``LearnerReport`` fields, plus what a distributed run adds."""
+
+    updates_completed: int = 0
+    env_steps_consumed: int = 0
+    episodes_completed: int = 0
+    broadcasts_sent: int = 0
+    last_policy_version: int = 0
+    episode_rewards: list[float] = field(default_factory=list)
+    final_stats: dict[str, float] | None = None
+    actor_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    evaluations: list[dict[str, float]] = field(default_factory=list)
+    run_id: str = ""
+    wall_seconds: float = 0.0
+    stop_reason: str = ""
+    dead_actors: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: str = ""
+
+    def mean_recent_episode_reward(self, n: int) -> float:
+        """Mean total reward of the last ``n`` completed episodes (0.0 before any)."""
+        if not self.episode_rewards:
+            return 0.0
+        recent = self.episode_rewards[-n:]
+        return float(sum(recent) / len(recent))
+
+    def to_json(self) -> str:
+        """The report as JSON (written as ``report.json`` in the run directory)."""
+        return json.dumps(asdict(self), indent=2, default=float)
