@@ -19,8 +19,10 @@ Episode boundaries enter *only* through ``discounts``: the caller passes
 ``discounts[t] = gamma * (1 - terminated[t])`` (see :func:`discounts_from`), so
 a zero discount at step ``t`` stops both bootstrapping from ``V(x_{t+1})`` and
 any propagation of later advantages back across the boundary. Truncation
-(time-limit) handling, if wanted, is the caller's business: keep the discount
-at ``gamma`` and fold the bootstrap into the reward.
+(time-limit) handling is the caller's business. With autoreset rows, where the
+row after a truncated step already belongs to the next episode, the caller sets
+that step's discount to 0 as for any episode end and adds ``gamma * V(final
+observation)`` to its reward (``zmq_rl.targets`` does exactly this).
 
 Computation is done internally in float64; every output is float32.
 """

@@ -39,11 +39,13 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .config import ActorThrottle
 from .protocol import (
+    PROTOCOL_VERSION,
     Bye,
     Fragment,
     Heartbeat,
     Hello,
     ProtocolError,
+    ProtocolVersionMismatch,
     Refuse,
     Shutdown,
     Weights,
@@ -208,6 +210,12 @@ class ActorClient:
                 )
             try:
                 message = decode(self._control.recv(), max_bytes=self.max_message_bytes)
+            except ProtocolVersionMismatch as exc:
+                raise LearnerRefused(
+                    "version_mismatch",
+                    f"the learner answered in protocol {exc.theirs!r}; "
+                    f"this actor speaks {PROTOCOL_VERSION}",
+                ) from None
             except ProtocolError as exc:
                 self._reject("control", exc)
                 continue

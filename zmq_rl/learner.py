@@ -288,13 +288,13 @@ class Learner:
     def _wait_for_actors(self, start: float) -> None:
         cfg = self.cfg
         log.info("waiting for %d actor(s) to register", cfg.num_actors)
-        while len(self.members) < cfg.num_actors:
+        while self.members.live_count() < cfg.num_actors:
             if self._stop_reason:
                 raise StopRequested(self._stop_reason)
             if time.monotonic() - start > cfg.starvation_timeout:
                 raise LearnerStarved(
-                    f"only {len(self.members)} of num_actors={cfg.num_actors} actors registered "
-                    f"within starvation_timeout={cfg.starvation_timeout}s"
+                    f"only {self.members.live_count()} of num_actors={cfg.num_actors} actors "
+                    f"registered within starvation_timeout={cfg.starvation_timeout}s"
                 )
             self._pump(POLL_MS)
         self.started = True
@@ -309,7 +309,12 @@ class Learner:
             slots = self.members.member_slots()
             if slots and self.queues.ready(slots, cfg.num_steps):
                 return
-            if not slots:
+            if not slots and self.members.pending():
+                # No member left: the waiting actors join now. A fresh version
+                # (same weights) starts their accounting from here, so their
+                # valve, which counts from base_version = version + 1, stays exact.
+                self.version += 1
+                self._publish_weights()
                 self._admit_new_actors()
             if self._stop_reason:
                 raise StopRequested(self._stop_reason)
@@ -355,9 +360,13 @@ class Learner:
     # ------------------------------------------------------------------ receiving
 
     def _pump(self, timeout_ms: int) -> None:
-        """Handle every message that arrives within ``timeout_ms``."""
+        """Handle every message that arrives within ``timeout_ms``.
+
+        Silent actors are evicted only after what arrived was read: while the
+        learner was busy (a long update, an evaluation), live actors' heartbeats
+        queued up and must count before anyone is declared dead.
+        """
         self._maybe_heartbeat()
-        self._evict_silent_actors()
         events = dict(self.poller.poll(timeout_ms))
         if self.control in events:
             for _ in range(1000):
@@ -373,6 +382,7 @@ class Learner:
                 except zmq.Again:
                     break
                 self._on_experience(frame.buffer)
+        self._evict_silent_actors()
 
     def _reject(self, where: str, reason: str, detail: str) -> None:
         key = f"rejected/{where}/{reason}"
@@ -390,7 +400,12 @@ class Learner:
             return
         assert isinstance(fragment, Fragment)
         problem = check_fragment(
-            fragment, self.members, self.run_id, self.observation_space, self.action_space
+            fragment,
+            self.members,
+            self.run_id,
+            self.version,
+            self.observation_space,
+            self.action_space,
         )
         if problem:
             self._reject("experience", *problem)
@@ -583,6 +598,8 @@ class Learner:
 
     def _forget(self, rec: ActorRecord, reason: str) -> None:
         """Discard (and count) what a removed actor had queued; keep its report line."""
+        for key in rec.slots():  # its unfinished episodes lost rows: start afresh
+            self.running_reward.pop(key, None)
         fragments, rows = self.queues.drop_actor(rec.actor_id)
         if rows:
             self.counters[f"discarded/steps/{reason}"] += rows

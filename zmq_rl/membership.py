@@ -137,9 +137,17 @@ class Membership:
         self.by_routing.pop(rec.routing_id, None)
         return rec
 
+    def pending(self) -> list[ActorRecord]:
+        """Registered actors waiting to join the rollout."""
+        return [r for r in self.actors.values() if not r.member and not r.said_bye]
+
+    def live_count(self) -> int:
+        """Registered actors that have not said bye."""
+        return sum(1 for r in self.actors.values() if not r.said_bye)
+
     def admit_pending(self) -> list[ActorRecord]:
         """Make every registered non-member (that has not left) a member."""
-        admitted = [r for r in self.actors.values() if not r.member and not r.said_bye]
+        admitted = self.pending()
         for rec in admitted:
             rec.member = True
         return admitted
@@ -174,7 +182,9 @@ def check_hello(
                 f"{observation_space} and action {action_space}"
             )
     rec = membership.get(hello.actor_id)
-    if rec is not None and not rec.said_bye and rec.routing_id != routing_id:
+    same_process = rec is not None and (rec.host, rec.pid) == (hello.host, hello.pid)
+    if rec is not None and not rec.said_bye and rec.routing_id != routing_id and not same_process:
+        # (The same process on a new connection is a reconnect, not a duplicate.)
         return "duplicate_id", (
             f"actor id {hello.actor_id} is already taken by a live actor on "
             f"{rec.host} pid {rec.pid}; pass another --actor-id or -1"
@@ -186,6 +196,7 @@ def check_fragment(
     fragment: Fragment,
     membership: Membership,
     run_id: str,
+    version: int,
     observation_space: Any,
     action_space: Any,
 ) -> tuple[str, str] | None:
@@ -193,6 +204,8 @@ def check_fragment(
     must go, None when it fits."""
     if fragment.run_id != run_id:
         return "other_run", f"run_id {fragment.run_id!r} is not {run_id!r}"
+    if fragment.version > version:
+        return "bad_version", f"version {fragment.version} > the learner's {version}"
     rec = membership.get(fragment.actor_id)
     if rec is None:
         return "unknown_actor", f"actor_id {fragment.actor_id} is not registered"

@@ -306,8 +306,12 @@ def build_policy(
             )
         return ActorCritic(obs_dim, int(action_space.n), True, cfg)
     if isinstance(action_space, gymnasium.spaces.Box):
-        act_dim = int(np.prod(action_space.shape, dtype=np.int64))
-        return ActorCritic(obs_dim, act_dim, False, cfg)
+        if len(action_space.shape) != 1:
+            raise ValueError(
+                f"unsupported action space {action_space!r}: Box actions must be 1-D "
+                "(flatten the action space with a wrapper, or use a custom policy factory)"
+            )
+        return ActorCritic(obs_dim, int(action_space.shape[0]), False, cfg)
     raise ValueError(
         f"unsupported action space {action_space!r}: only Discrete and Box actions are supported"
     )

@@ -29,7 +29,17 @@ import numpy as np
 PROTOCOL_VERSION = 1
 """Bumped whenever a message changes incompatibly."""
 
-ARRAY_DTYPES = ("bool", "int8", "uint8", "int32", "int64", "float32", "float64")
+ARRAY_DTYPES = (
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+)
 """The only dtypes an array may declare (little-endian for multi-byte types)."""
 
 MAX_ARRAY_DIMS = 8
@@ -242,7 +252,7 @@ class Message:
 
 
 FLOAT_DTYPES = ("float32", "float64")
-OBS_DTYPES = ("float32", "float64", "uint8", "int8", "int32", "int64")
+OBS_DTYPES = ("float32", "float64", "float16", "uint8", "int8", "int16", "int32", "int64")
 ACTION_DTYPES = ("int64", "int32", "float32", "float64")
 
 
@@ -351,6 +361,13 @@ class Fragment(Message):
                 f"fragment.final_obs: shape {list(arrays['final_obs'].shape)} != "
                 f"[{index.shape[0]}, {', '.join(map(str, obs_shape))}]",
             )
+        for name in ("next_obs", "final_obs"):
+            if arrays[name].dtype != arrays["obs"].dtype:
+                raise ProtocolError(
+                    "bad_dtype",
+                    f"fragment.{name}: dtype {arrays[name].dtype} != obs dtype "
+                    f"{arrays['obs'].dtype}",
+                )
         needs_final = np.flatnonzero(arrays["truncated"] & ~arrays["terminated"])
         if not np.array_equal(index.astype(np.int64), needs_final):
             raise ProtocolError(

@@ -43,8 +43,8 @@ def rollout_to_batch(
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """Compute advantages and returns for ``rollout`` and flatten it (time-major).
 
-    With V-trace, ``old_log_probs`` of the batch are the current policy's
-    log-probs (the PPO ratio starts at 1 and clips the update's own step), while
+    With V-trace, ``old_log_probs`` and ``old_values`` of the batch are the
+    current policy's (the PPO ratio starts at 1 and clips the update's own step), while
     the lag between the behaviour policy and the current one is corrected by the
     clipped importance weights inside the V-trace targets and advantages.
     Without V-trace, ``old_log_probs`` are the behaviour log-probs, as in PPO.
@@ -81,6 +81,7 @@ def rollout_to_batch(
         )
         advantages, returns = out.pg_advantages, out.vs
         old_log_probs = target_lp
+        old_values = values  # the learner's own pre-update values (value clipping, EV)
         rhos = np.exp(log_rhos)
         diagnostics["charts/importance_ratio_mean"] = float(rhos.mean())
         diagnostics["charts/importance_ratio_clipped"] = float((rhos > settings.rho_bar).mean())
@@ -88,11 +89,12 @@ def rollout_to_batch(
         values = rollout.values.astype(np.float32)
         advantages, returns = gae(rewards, values, bootstrap, discounts, settings.gae_lambda)
         old_log_probs = behaviour_log_probs
+        old_values = values
     batch = RolloutBatch(
         obs=flat_obs,
         actions=flat_actions,
         old_log_probs=torch.from_numpy(np.ascontiguousarray(old_log_probs).reshape(T * B)),
-        old_values=torch.from_numpy(rollout.values.astype(np.float32).reshape(T * B)),
+        old_values=torch.from_numpy(np.ascontiguousarray(old_values, np.float32).reshape(T * B)),
         advantages=torch.from_numpy(np.ascontiguousarray(advantages).reshape(T * B)),
         returns=torch.from_numpy(np.ascontiguousarray(returns).reshape(T * B)),
     )

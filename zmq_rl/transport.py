@@ -5,8 +5,9 @@ explicit linger and high-water mark. The chosen behaviour at the HWM:
 
 * experience (actor PUSH → learner PULL): never dropped. PUSH blocks at its HWM;
   the actor's send waits (polling its control socket) until there is room.
-* weights (learner PUB → actor SUB): may be dropped at the HWM, since only the
-  newest version matters; actors drain the queue and load only the newest.
+* weights (learner PUB → actor SUB): may be dropped at the HWM (libzmq's PUB
+  drops the new message for a subscriber whose queue is full); only the newest
+  version matters, actors drain the queue and load only the newest.
 * control (ROUTER / DEALER): small messages; ROUTER_MANDATORY makes a send to a
   peer that has gone raise instead of vanishing.
 """
@@ -23,7 +24,8 @@ from .config import DEFAULT_PORT
 EXPERIENCE_HWM = 1000
 """Fragments queued per PUSH/PULL pipe before the sender blocks."""
 WEIGHTS_HWM = 4
-"""Weight blobs queued per PUB/SUB pipe before the oldest ones are dropped."""
+"""Weight blobs queued per PUB/SUB pipe; past it PUB drops the new blob for that
+subscriber (a slow actor then catches up with the next broadcast)."""
 CONTROL_HWM = 1000
 """Control messages queued per peer."""
 ACTOR_PUSH_LINGER_MS = 2000

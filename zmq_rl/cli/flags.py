@@ -16,9 +16,9 @@ Types:
 ``--config FILE.toml`` loads values from a TOML file, either in sections named
 after the dataclasses (``[learner]``, ``[ppo]``, ``[policy]``, ``[actor]``) or as
 flat keys; flags given on the command line override the file. ``--config
-preset:NAME`` loads a preset shipped in :mod:`zmq_rl.presets` (``preset:CartPole-v1``). An unknown key is an
-error that names it. :func:`dump_toml` writes a resolved config back in the same
-form, so a run's ``config.toml`` can be passed to ``--config`` to repeat it.
+preset:NAME`` loads a preset shipped in :mod:`zmq_rl.presets` (``preset:CartPole-v1``).
+An unknown key is an error that names it. :func:`dump_toml` writes a resolved config
+back in the same form, so a run's ``config.toml`` can be passed to ``--config`` to repeat it.
 """
 
 from __future__ import annotations

@@ -5,12 +5,21 @@ training return, and ``report.json``'s evaluations (mean ± std, including the
 final one) for the evaluation points, falling back to the ``eval/mean_return``
 column of the metrics when there is no report (an interrupted run). Draws with
 matplotlib's Agg canvas directly: no pyplot, no display needed.
+
+Several runs that share a label (``labels=``; on the command line ``--label`` or
+``--group parent``) are drawn as one curve: the mean over the runs with a min-max
+(or ± std) band, for the training return and for the evaluations, on the env-step
+points every run of the group reached. A run alone under its label is drawn as
+before: its training line and its evaluations with ± std error bars.
+``reference=`` adds horizontal reference lines (a published score, a target).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +27,18 @@ from typing import Any
 
 from .common import CliFailure
 
-__all__ = ["CURVE_NAME", "RunCurve", "plot_runs", "read_run"]
+__all__ = [
+    "BANDS",
+    "CURVE_NAME",
+    "RunCurve",
+    "add_plot_flags",
+    "main",
+    "parse_reference",
+    "plot_from_args",
+    "plot_runs",
+    "read_run",
+    "run_labels",
+]
 
 CURVE_NAME = "learning_curve.png"
 
@@ -93,44 +113,140 @@ def read_run(run_dir: str | Path) -> RunCurve:
     return curve
 
 
-def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
-    """Draw the learning curves of ``run_dirs`` into the PNG ``out``; return its path."""
+def parse_reference(text: str) -> tuple[float, str]:
+    """``"242"`` or ``"242=zoo PPO @ 1M"`` -> (value, label)."""
+    value, _, label = text.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"reference {text!r}: expected VALUE or VALUE=LABEL") from None
+    if not math.isfinite(number):
+        raise ValueError(f"reference {text!r}: the value must be finite")
+    return number, label.strip() or f"reference {number:g}"
+
+
+def _common_grid(series: list[tuple[list[float], list[float]]]) -> list[float]:
+    """The x points of the shortest series, cut to the range every series covers."""
+    usable = [xs for xs, _ in series if xs]
+    if not usable:
+        return []
+    end = min(xs[-1] for xs in usable)
+    start = max(xs[0] for xs in usable)
+    shortest = min(usable, key=len)
+    return [x for x in shortest if start <= x <= end]
+
+
+def _aggregate(
+    series: list[tuple[list[float], list[float]]], band: str
+) -> tuple[Any, Any, Any, Any]:
+    """(x, mean, low, high) over ``series`` interpolated onto their common grid."""
+    import numpy as np
+
+    grid = np.asarray(_common_grid(series), dtype=np.float64)
+    ys = np.stack([np.interp(grid, xs, values) for xs, values in series if xs])
+    mean = ys.mean(axis=0)
+    if band == "std":
+        std = ys.std(axis=0)
+        return grid, mean, mean - std, mean + std
+    return grid, mean, ys.min(axis=0), ys.max(axis=0)
+
+
+def _group(curves: list[RunCurve], labels: Sequence[str] | None) -> dict[str, list[RunCurve]]:
+    """Runs by label, in order of first appearance (each run its own group without labels)."""
+    if labels is None:
+        return {f"{i}:{c.label}": [c] for i, c in enumerate(curves)}
+    if len(labels) != len(curves):
+        raise CliFailure(f"{len(labels)} labels for {len(curves)} runs: give one per run")
+    groups: dict[str, list[RunCurve]] = {}
+    for label, curve in zip(labels, curves, strict=True):
+        groups.setdefault(label, []).append(curve)
+    return groups
+
+
+BANDS = ("minmax", "std")
+
+
+def plot_runs(
+    run_dirs: Sequence[str | Path],
+    out: str | Path,
+    *,
+    labels: Sequence[str] | None = None,
+    band: str = "minmax",
+    reference: float | Sequence[float | tuple[float, str]] | None = None,
+    reference_label: str = "",
+    title: str | None = None,
+) -> Path:
+    """Draw the learning curves of ``run_dirs`` into the PNG ``out``; return its path.
+
+    ``labels`` (one per run) groups runs: those sharing a label become one mean
+    curve with a ``band`` (``"minmax"`` or ``"std"``) for the training return and
+    the evaluations. ``reference`` draws horizontal lines: a value (labelled
+    ``reference_label``), or a list of values or ``(value, label)`` pairs.
+    """
     from matplotlib.figure import Figure
 
+    if band not in BANDS:
+        raise ValueError(f"band must be one of {BANDS}, got {band!r}")
     curves = [read_run(d) for d in run_dirs]
+    groups = _group(curves, labels)
     fig = Figure(figsize=(8, 4.5), dpi=120, layout="constrained")
     ax = fig.add_subplot()
-    colors = [f"C{i % 10}" for i in range(len(curves))]
-    several = len(curves) > 1
-    for curve, color in zip(curves, colors, strict=True):
-        prefix = f"{curve.label}: " if several else ""
-        if curve.train_steps:
+    several = len(groups) > 1
+    band_name = "min-max" if band == "minmax" else "± std"
+    for i, (key, members) in enumerate(groups.items()):
+        color = f"C{i % 10}"
+        name = key if labels is not None else members[0].label
+        prefix = f"{name}: " if several else ""
+        if len(members) == 1:
+            _draw_single(ax, members[0], color, prefix)
+            continue
+        n = len(members)
+        train = [(c.train_steps, c.train_return) for c in members if c.train_steps]
+        if train:
+            x, mean, low, high = _aggregate(train, band)
             ax.plot(
-                curve.train_steps,
-                curve.train_return,
+                x,
+                mean,
                 color=color,
-                lw=1.5,
-                label=f"{prefix}training (mean return, last 100 episodes)",
+                lw=1.2,
+                alpha=0.7,
+                label=f"{prefix}training return (mean of {len(train)} runs)",
             )
-        if curve.eval_steps:
-            ax.errorbar(
-                curve.eval_steps,
-                curve.eval_mean,
-                yerr=curve.eval_std,
+            ax.fill_between(x, low, high, color=color, alpha=0.12, lw=0)
+        evals = [(c.eval_steps, c.eval_mean) for c in members if c.eval_steps]
+        if evals:
+            x, mean, low, high = _aggregate(evals, band)
+            ax.plot(
+                x,
+                mean,
                 color=color,
-                fmt="o",
-                ms=4,
-                capsize=3,
-                alpha=0.9,
-                label=f"{prefix}evaluation (mean ± std)",
+                lw=2,
+                marker="o",
+                ms=3,
+                label=f"{prefix}evaluation (mean of {len(evals)} runs, {band_name})",
             )
+            ax.fill_between(x, low, high, color=color, alpha=0.25, lw=0)
+        if not train and not evals:
+            ax.plot([], [], color=color, label=f"{prefix}{n} runs, no points yet")
+    lines: list[tuple[float, str]] = []
+    if reference is not None:
+        items = [reference] if isinstance(reference, (int, float)) else list(reference)
+        for item in items:
+            if isinstance(item, tuple):
+                lines.append((float(item[0]), item[1]))
+            else:
+                lines.append((float(item), reference_label or f"reference {float(item):g}"))
+    for value, label in lines:
+        ax.axhline(value, color="k", ls=":", lw=1.2, label=label)
     targets = {c.target_return for c in curves if math.isfinite(c.target_return)}
-    for target in sorted(targets):
+    for target in sorted(targets - {v for v, _ in lines}):
         ax.axhline(target, color="0.5", ls="--", lw=1, label=f"target return {target:g}")
     env_ids = sorted({c.env_id for c in curves if c.env_id})
-    title = "learning curve" + (f": {', '.join(env_ids)}" if env_ids else "")
-    if not several:
-        title += f" ({curves[0].label})"
+    if title is None:
+        title = "learning curve" + (f": {', '.join(env_ids)}" if env_ids else "")
+        if not several:
+            first = next(iter(groups.values()))
+            title += f" ({first[0].label})" if len(first) == 1 else f" ({len(first)} runs)"
     ax.set_title(title)
     ax.set_xlabel("env steps")
     ax.set_ylabel("episode return")
@@ -141,3 +257,136 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     return out
+
+
+def _draw_single(ax: Any, curve: RunCurve, color: str, prefix: str) -> None:
+    """One run: its training line and its evaluations with ± std error bars."""
+    if curve.train_steps:
+        ax.plot(
+            curve.train_steps,
+            curve.train_return,
+            color=color,
+            lw=1.5,
+            label=f"{prefix}training (mean return, last 100 episodes)",
+        )
+    if curve.eval_steps:
+        ax.errorbar(
+            curve.eval_steps,
+            curve.eval_mean,
+            yerr=curve.eval_std,
+            color=color,
+            fmt="o",
+            ms=4,
+            capsize=3,
+            alpha=0.9,
+            label=f"{prefix}evaluation (mean ± std)",
+        )
+
+
+def run_labels(
+    run_dirs: Sequence[Path], labels: Sequence[str] | None, group: str
+) -> list[str] | None:
+    """Labels for ``zmq-rl plot``: ``--label`` once (one group of every run) or once per
+    run; ``--group parent`` labels each run by its parent folder's name; else None."""
+    if labels:
+        if group != "none":
+            raise CliFailure("give --label or --group, not both")
+        if len(labels) == 1:
+            return [labels[0]] * len(run_dirs)
+        if len(labels) != len(run_dirs):
+            raise CliFailure(
+                f"{len(labels)} --label values for {len(run_dirs)} runs: give one label "
+                "(all runs in one group) or one per run"
+            )
+        return list(labels)
+    if group == "parent":
+        return [Path(d).resolve().parent.name or str(d) for d in run_dirs]
+    return None
+
+
+# -- command line ---------------------------------------------------------------------
+
+
+def add_plot_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``zmq-rl plot`` (run dirs, --out, --label, --group, --band, --reference)."""
+    parser.add_argument("runs", metavar="RUN_DIR", nargs="+", type=Path, help="run directories")
+    parser.add_argument(
+        "--out",
+        metavar="PNG",
+        type=Path,
+        default=None,
+        help="output image (default: RUN_DIR/learning_curve.png for one run, "
+        "./learning_curve.png for several)",
+    )
+    parser.add_argument(
+        "--label",
+        metavar="NAME",
+        action="append",
+        default=None,
+        help="group runs under a label, drawn as one mean curve with a band: once for "
+        "all runs, or once per run in order (runs sharing a label form a group)",
+    )
+    parser.add_argument(
+        "--group",
+        choices=("none", "parent"),
+        default="none",
+        help="'parent': group runs by their parent folder (runs/lunar/seed0, seed1 -> lunar)",
+    )
+    parser.add_argument(
+        "--band",
+        choices=BANDS,
+        default="minmax",
+        help="the band around a group's mean: min-max over its runs, or ± one std",
+    )
+    parser.add_argument(
+        "--reference",
+        metavar="VALUE[=LABEL]",
+        action="append",
+        default=None,
+        type=_reference_arg,
+        help="draw a horizontal reference line, e.g. --reference '242=zoo PPO @ 1M' (repeatable)",
+    )
+
+
+def _reference_arg(text: str) -> tuple[float, str]:
+    try:
+        return parse_reference(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def plot_from_args(args: argparse.Namespace) -> int:
+    """The body of ``zmq-rl plot``: draw, print the image path, return 0."""
+    out = args.out
+    if out is None:
+        out = args.runs[0] / CURVE_NAME if len(args.runs) == 1 else Path(CURVE_NAME)
+    labels = run_labels(args.runs, getattr(args, "label", None), getattr(args, "group", "none"))
+    print(
+        plot_runs(
+            args.runs,
+            out,
+            labels=labels,
+            band=getattr(args, "band", "minmax"),
+            reference=getattr(args, "reference", None),
+        )
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m zmq_rl.cli.plot``: the same as ``zmq-rl plot``."""
+    from .common import guard
+    from .flags import HelpFormatter
+
+    parser = argparse.ArgumentParser(
+        prog="python -m zmq_rl.cli.plot",
+        description="Draw learning curves (return vs env steps) of one or more runs; runs "
+        "sharing a label are drawn as a mean with a band.",
+        formatter_class=HelpFormatter,
+    )
+    add_plot_flags(parser)
+    return guard(lambda: plot_from_args(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,9 +42,7 @@ def preset_path(name: str) -> Path:
     if name not in names:
         close = difflib.get_close_matches(name, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UnknownPreset(
-            f"unknown preset {name!r}{hint}; shipped presets: {', '.join(names)}"
-        )
+        raise UnknownPreset(f"unknown preset {name!r}{hint}; shipped presets: {', '.join(names)}")
     return _folder() / f"{name}.toml"
 
 

@@ -1,0 +1,184 @@
+"""Preprocessed Atari environments, usable as ``--env zmq_rl.envs:AtariPong-v0``.
+
+Importing this module registers ``Atari<Game>-v0`` for the usual Atari games
+(:data:`GAMES`; :func:`register_game` adds others). gymnasium's ``"module:Id"``
+form imports the module first, so the id works from any process -- the learner,
+every actor, ``zmq-rl eval`` -- with nothing else to set up::
+
+    zmq-rl run --env zmq_rl.envs:AtariPong-v0 --factory zmq_rl.cnn:nature_cnn ...
+
+Each id is the ALE ``ALE/<Game>-v5`` env with ``frameskip=1`` (the skipping is done
+by the wrapper, which max-pools the last two frames) wrapped in gymnasium's
+``AtariPreprocessing`` (84x84 grayscale, ``frame_skip=4``, up to 30 no-op actions
+at reset, ``terminal_on_life_loss=False``, no scaling: observations stay uint8)
+and ``FrameStackObservation(4)``. The observation space is ``Box(0, 255, (4, 84,
+84), uint8)``; actions are the game's minimal action set. The v5 defaults apply
+otherwise: sticky actions with ``repeat_action_probability=0.25`` (Machado et
+al. 2018) and at most 108,000 frames per episode; keyword arguments of
+``gym.make`` override them (``gym.make("zmq_rl.envs:AtariPong-v0",
+repeat_action_probability=0.0)``) and reach :func:`make_atari`.
+
+ale-py (whose wheels carry the ROMs) and OpenCV (for the resize) are optional
+dependencies: ``pip install 'zmq_rl[atari]'``. Without them the ids are still
+registered, and making one raises :class:`AtariUnavailable` saying what to install.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = [
+    "FRAME_STACK",
+    "GAMES",
+    "SCREEN_SIZE",
+    "AtariUnavailable",
+    "env_id",
+    "make_atari",
+    "register_game",
+]
+
+SCREEN_SIZE = 84
+FRAME_STACK = 4
+FRAME_SKIP = 4
+NOOP_MAX = 30
+
+GAMES = (
+    "Alien",
+    "Amidar",
+    "Assault",
+    "Asterix",
+    "Asteroids",
+    "Atlantis",
+    "BankHeist",
+    "BattleZone",
+    "BeamRider",
+    "Berzerk",
+    "Bowling",
+    "Boxing",
+    "Breakout",
+    "Centipede",
+    "ChopperCommand",
+    "CrazyClimber",
+    "Defender",
+    "DemonAttack",
+    "DoubleDunk",
+    "Enduro",
+    "FishingDerby",
+    "Freeway",
+    "Frostbite",
+    "Gopher",
+    "Gravitar",
+    "Hero",
+    "IceHockey",
+    "Jamesbond",
+    "Kangaroo",
+    "Krull",
+    "KungFuMaster",
+    "MontezumaRevenge",
+    "MsPacman",
+    "NameThisGame",
+    "Phoenix",
+    "Pitfall",
+    "Pong",
+    "PrivateEye",
+    "Qbert",
+    "Riverraid",
+    "RoadRunner",
+    "Robotank",
+    "Seaquest",
+    "Skiing",
+    "Solaris",
+    "SpaceInvaders",
+    "StarGunner",
+    "Surround",
+    "Tennis",
+    "TimePilot",
+    "Tutankham",
+    "UpNDown",
+    "Venture",
+    "VideoPinball",
+    "WizardOfWor",
+    "YarsRevenge",
+    "Zaxxon",
+)
+"""The 57 games of the Atari benchmark (Badia et al. 2020), by their ALE v5 names."""
+
+
+class AtariUnavailable(ImportError):
+    """ale-py (the Arcade Learning Environment) is not installed."""
+
+
+def env_id(game: str) -> str:
+    """The id this module registers for ``game`` (``"Pong"`` -> ``"AtariPong-v0"``)."""
+    return f"Atari{game}-v0"
+
+
+def _load_ale() -> None:
+    try:
+        import ale_py
+    except ImportError as exc:
+        raise AtariUnavailable(
+            "Atari environments need ale-py (the Arcade Learning Environment, whose wheels "
+            "include the game ROMs): pip install ale-py, or pip install 'zmq_rl[atari]' "
+            f"({exc})"
+        ) from exc
+    try:
+        import cv2  # noqa: F401  (AtariPreprocessing resizes with OpenCV)
+    except ImportError as exc:
+        raise AtariUnavailable(
+            "Atari preprocessing needs OpenCV: pip install opencv-python-headless, or pip "
+            f"install 'zmq_rl[atari]' ({exc})"
+        ) from exc
+    gym.register_envs(ale_py)
+
+
+def make_atari(
+    game: str,
+    *,
+    frame_skip: int = FRAME_SKIP,
+    noop_max: int = NOOP_MAX,
+    frame_stack: int = FRAME_STACK,
+    screen_size: int = SCREEN_SIZE,
+    terminal_on_life_loss: bool = False,
+    render_mode: str | None = None,
+    **ale_kwargs: Any,
+) -> gym.Env:
+    """``ALE/<game>-v5`` (``frameskip=1``) + ``AtariPreprocessing`` + ``FrameStackObservation``.
+
+    ``ale_kwargs`` go to the ALE env (e.g. ``repeat_action_probability``,
+    ``full_action_space``, ``max_num_frames_per_episode``). Raises
+    :class:`AtariUnavailable` when ale-py is missing.
+    """
+    _load_ale()
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    env = gym.make(f"ALE/{game}-v5", frameskip=1, render_mode=render_mode, **ale_kwargs)
+    env = AtariPreprocessing(
+        env,
+        noop_max=noop_max,
+        frame_skip=frame_skip,
+        screen_size=screen_size,
+        terminal_on_life_loss=terminal_on_life_loss,
+        grayscale_obs=True,
+        grayscale_newaxis=False,
+        scale_obs=False,
+    )
+    env = FrameStackObservation(env, frame_stack)
+    space = env.observation_space
+    assert space.dtype == np.uint8 and space.shape == (frame_stack, screen_size, screen_size)
+    return env
+
+
+def register_game(game: str) -> str:
+    """Register ``Atari<game>-v0`` (if not yet registered); return the id."""
+    name = env_id(game)
+    if name not in gym.registry:
+        gym.register(id=name, entry_point=make_atari, kwargs={"game": game})
+    return name
+
+
+for _game in GAMES:
+    register_game(_game)
