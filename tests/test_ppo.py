@@ -183,6 +183,7 @@ EXPECTED_KEYS = {
     "losses/clip_fraction",
     "losses/explained_variance",
     "losses/epochs_run",
+    "losses/skipped_minibatches",
     "charts/learning_rate",
     "charts/clip_range",
 }
@@ -336,3 +337,17 @@ def test_state_dict_round_trip_through_weights_only_load():
     restored.update(batch)
     for a, b in zip(_params(trainer.policy), _params(restored.policy), strict=True):
         assert torch.equal(a, b)
+
+
+def test_non_finite_minibatches_are_skipped_not_applied():
+    """Returns of 3e38 overflow the value loss to inf: those minibatches are skipped
+    (counted), the others train, and no parameter becomes NaN or inf."""
+    policy = make_policy()
+    batch = make_batch(policy)
+    batch.returns[:2] = 3e38  # two poisoned rows: the minibatches holding them are skipped
+    trainer = PPOTrainer(policy, config(minibatch_size=8, num_epochs=2))
+    before = [p.detach().clone() for p in policy.parameters()]
+    metrics = trainer.update(batch)
+    assert metrics["losses/skipped_minibatches"] > 0
+    assert all(torch.isfinite(p).all() for p in policy.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))

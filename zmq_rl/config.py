@@ -261,9 +261,9 @@ class LearnerConfig:
     target_return: float = _f(math.inf, "stop early once an evaluation's mean return reaches this")
     run_dir: str = _f("", "directory for metrics, report and checkpoints; empty = none")
     max_message_bytes: int = _f(
-        16 * 1024 * 1024,
-        "largest message the learner accepts (ZMQ_MAXMSGSIZE); the largest legitimate one is "
-        "a fragment: fragment_length * (obs + action bytes) + ~1 KB",
+        0,
+        "largest message the learner accepts (ZMQ_MAXMSGSIZE); 0 = derived from the env: "
+        "twice the largest legitimate fragment plus 64 KB",
     )
     torch_threads: int = _f(1, "torch intra-op threads for the update (small nets: 1 is fastest)")
     actor_timeout: float = _f(
@@ -331,10 +331,11 @@ class LearnerConfig:
             "must be a number (inf = never stop early)",
         )
         _require(
-            isinstance(self.max_message_bytes, int) and self.max_message_bytes >= 1024,
+            type(self.max_message_bytes) is int
+            and (self.max_message_bytes == 0 or self.max_message_bytes >= 1024),
             "max_message_bytes",
             self.max_message_bytes,
-            "must be an integer >= 1024",
+            "must be 0 (derived from the env) or an integer >= 1024",
         )
         return self
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 import zmq
 
@@ -62,11 +63,11 @@ from .protocol import (
     space_spec,
 )
 from .report import LearnerReport
-
-__all__ = ["Learner", "LearnerReport", "LearnerStarved", "StopRequested"]
 from .rollout import SlotKey, SlotQueues
 from .targets import TargetSettings, rollout_to_batch
 from .transport import (
+    EXPERIENCE_BUFFER_BYTES,
+    EXPERIENCE_HWM,
     WEIGHTS_HWM,
     CurveServerKeys,
     SocketOptions,
@@ -77,13 +78,26 @@ from .transport import (
     tcp_endpoint,
 )
 
+__all__ = ["Learner", "LearnerReport", "LearnerStarved", "StopRequested"]
+
 log = logging.getLogger(__name__)
 
+DRAIN_S = 0.005
+"""Longest one socket is read in one go (fairness under floods)."""
 POLL_MS = 50
 """Longest a poll blocks, so timers (heartbeats, timeouts) run on time."""
 SHUTDOWN_GRACE_S = 3.0
 """How long the learner waits for every actor's bye after asking them to stop."""
 HEARTBEAT_INTERVAL_S = 1.0
+
+
+def largest_fragment_bytes(observation_space: Any, action_space: Any, fragment_length: int) -> int:
+    """Twice the encoded size of the largest legitimate fragment, plus 64 KB: the
+    default message limit of the learner's receiving sockets."""
+    obs = int(np.prod(observation_space.shape)) * observation_space.dtype.itemsize
+    act = 8 * max(1, int(np.prod(action_space.shape or (1,))))
+    row = 2 * obs + act + 4 + 1 + 1 + 4 + 4  # obs (+ a final obs), action, r, done x2, v, logp
+    return 2 * (fragment_length * row + obs) + 64 * 1024
 
 
 class LearnerStarved(RuntimeError):
@@ -117,6 +131,9 @@ class Learner:
         self.observation_space = probe.observation_space
         self.action_space = probe.action_space
         probe.close()
+        self.max_message_bytes = cfg.max_message_bytes or largest_fragment_bytes(
+            self.observation_space, self.action_space, cfg.fragment_length
+        )
         self.policy = build_policy(self.observation_space, self.action_space, self.policy_cfg)
         self.trainer = PPOTrainer(self.policy, self.ppo_cfg, seed=cfg.seed)
         self.targets = TargetSettings(
@@ -155,9 +172,20 @@ class Learner:
 
     def _bind(self) -> None:
         cfg = self.cfg
-        receive = SocketOptions(max_message_bytes=cfg.max_message_bytes)
+        receive = SocketOptions(max_message_bytes=self.max_message_bytes)
         self.control = make_socket(self._ctx, zmq.ROUTER, receive)
-        self.experience = make_socket(self._ctx, zmq.PULL, receive)
+        # HWMs count frames, not bytes: bound what a stalled learner buffers per
+        # peer to about EXPERIENCE_BUFFER_BYTES (senders block; nothing is dropped).
+        self.experience = make_socket(
+            self._ctx,
+            zmq.PULL,
+            SocketOptions(
+                rcvhwm=max(
+                    4, min(EXPERIENCE_HWM, EXPERIENCE_BUFFER_BYTES // self.max_message_bytes)
+                ),
+                max_message_bytes=self.max_message_bytes,
+            ),
+        )
         self.weights = make_socket(self._ctx, zmq.PUB, SocketOptions(sndhwm=WEIGHTS_HWM))
         self._auth = None
         if cfg.curve_secret_key:
@@ -368,20 +396,24 @@ class Learner:
         """
         self._maybe_heartbeat()
         events = dict(self.poller.poll(timeout_ms))
+        # Each socket is drained for at most DRAIN_S, so a flood on one of them
+        # can neither starve the other nor delay the rollout check.
         if self.control in events:
-            for _ in range(1000):
+            end = time.monotonic() + DRAIN_S
+            while time.monotonic() < end:
                 try:
-                    frames = self.control.recv_multipart(zmq.NOBLOCK)
+                    frames = self.control.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
                 self._on_control(frames)
         if self.experience in events:
-            for _ in range(10000):
+            end = time.monotonic() + DRAIN_S
+            while time.monotonic() < end:
                 try:
                     frame = self.experience.recv(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                self._on_experience(frame.buffer)
+                self._on_experience(frame)
         self._evict_silent_actors()
 
     def _reject(self, where: str, reason: str, detail: str) -> None:
@@ -392,9 +424,18 @@ class Learner:
                 "rejected %s message #%d (%s): %s", where, self.counters[key], reason, detail
             )
 
-    def _on_experience(self, frame: memoryview) -> None:
+    def _sender_key(self, frame: zmq.Frame) -> str:
+        """The CURVE public key (z85) that sent ``frame``; empty without CURVE."""
+        if self._auth is None:
+            return ""
         try:
-            fragment = decode(frame, (Fragment,), self.cfg.max_message_bytes)
+            return frame.get("User-Id") or ""
+        except zmq.ZMQError:
+            return ""
+
+    def _on_experience(self, frame: zmq.Frame) -> None:
+        try:
+            fragment = decode(frame.buffer, (Fragment,), self.max_message_bytes)
         except ProtocolError as exc:
             self._reject("experience", exc.reason, str(exc))
             return
@@ -412,6 +453,13 @@ class Learner:
             return
         rec = self.members.get(fragment.actor_id)
         assert rec is not None
+        if rec.key != self._sender_key(frame):
+            self._reject(
+                "experience",
+                "wrong_sender",
+                f"fragment for actor {rec.actor_id} sent with another CURVE key",
+            )
+            return
         expected = rec.next_seq[fragment.slot]
         if expected is not None and fragment.seq < expected:
             self._reject(
@@ -434,7 +482,7 @@ class Learner:
             )
             return
         rec.next_seq[fragment.slot] = fragment.seq + 1
-        rec.last_seen = time.monotonic()
+        rec.last_seen = rec.last_fragment = time.monotonic()
         rec.fragments_received += 1
         rec.steps_received += fragment.length
         self.counters["received/fragments"] += 1
@@ -445,13 +493,13 @@ class Learner:
             return
         self.queues.push(fragment)
 
-    def _on_control(self, frames: list[bytes]) -> None:
+    def _on_control(self, frames: list[zmq.Frame]) -> None:
         if len(frames) != 2:
             self._reject("control", "bad_frames", f"{len(frames)} frames")
             return
-        routing_id, frame = frames
+        routing_id, frame = frames[0].bytes, frames[1]
         try:
-            message = decode(frame, (Hello, Heartbeat, Bye), self.cfg.max_message_bytes)
+            message = decode(frame.buffer, (Hello, Heartbeat, Bye), self.max_message_bytes)
         except ProtocolVersionMismatch as exc:
             self._reject("control", exc.reason, str(exc))
             self._send_control(routing_id, Refuse("version_mismatch", str(exc)))
@@ -460,7 +508,7 @@ class Learner:
             self._reject("control", exc.reason, str(exc))
             return
         if isinstance(message, Hello):
-            self._on_hello(routing_id, message)
+            self._on_hello(routing_id, message, self._sender_key(frame))
             return
         rec = self.members.sender(routing_id, message.actor_id)
         if rec is None:
@@ -487,7 +535,7 @@ class Learner:
                 self.counters["discarded/steps/actor_left"] += rows
                 self.counters["discarded/fragments/actor_left"] += fragments
 
-    def _on_hello(self, routing_id: bytes, hello: Hello) -> None:
+    def _on_hello(self, routing_id: bytes, hello: Hello, key: str = "") -> None:
         problem = check_hello(
             self.members,
             routing_id,
@@ -510,6 +558,7 @@ class Learner:
             default_envs=self.cfg.envs_per_actor,
             now=time.monotonic(),
         )
+        rec.key = key  # with CURVE, only this key may send this actor's fragments
         for old in replaced:
             self._forget(old, "re-registered")
         self.counters["registered"] += 1
@@ -573,7 +622,9 @@ class Learner:
         if self.shutting_down:
             return
         now = time.monotonic()
-        for rec in self.members.silent(now, self.cfg.actor_timeout):
+        slots = self.members.member_slots()
+        short = {a for a, _ in self.queues.short_slots(slots, self.cfg.num_steps)}
+        for rec in self.members.silent(now, self.cfg.actor_timeout, short):
             silent = now - rec.last_seen
             log.warning(
                 "actor %d (%s pid %d) silent for %.1fs > actor_timeout=%gs: declared dead",

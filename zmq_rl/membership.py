@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from .protocol import Fragment, Hello, space_from_spec, spaces_equal
 from .rollout import SlotKey
@@ -34,6 +35,8 @@ class ActorRecord:
     last_seen: float
     registered_at: float
     next_seq: list[int | None] = field(default_factory=list)
+    last_fragment: float = 0.0
+    key: str = ""  # the CURVE public key it registered with (empty without CURVE)
     fragments_received: int = 0
     steps_received: int = 0
     steps_consumed: int = 0
@@ -124,6 +127,7 @@ class Membership:
             base_version=version if joins_now else version + 1,
             member=joins_now,
             last_seen=now,
+            last_fragment=now,
             registered_at=now,
             next_seq=list(hello.next_seq) if len(hello.next_seq) == num_envs else [None] * num_envs,
         )
@@ -152,9 +156,26 @@ class Membership:
             rec.member = True
         return admitted
 
-    def silent(self, now: float, timeout: float) -> list[ActorRecord]:
-        """Actors that have not said bye and were last heard more than ``timeout`` ago."""
-        return [r for r in self.actors.values() if not r.said_bye and now - r.last_seen > timeout]
+    def silent(
+        self, now: float, timeout: float, short: frozenset[int] | set[int] = frozenset()
+    ) -> list[ActorRecord]:
+        """Actors that have not said bye and were last heard more than ``timeout`` ago,
+        and members in ``short`` (whose slots the rollout still waits on) that sent
+        no fragment for ``timeout``: heartbeats alone do not keep those alive."""
+        return [
+            r
+            for r in self.actors.values()
+            if not r.said_bye
+            and (
+                now - r.last_seen > timeout
+                or (r.member and r.actor_id in short and now - r.last_fragment > timeout)
+            )
+        ]
+
+
+MAX_ABS_VALUE = 1e9
+"""Rewards, values and log-probs beyond this magnitude are rejected: finite but
+absurd numbers would otherwise overflow the loss."""
 
 
 def check_hello(
@@ -218,6 +239,10 @@ def check_fragment(
             f"obs rows {fragment.obs.shape[1:]} {fragment.obs.dtype}, "
             f"expected {observation_space.shape} {observation_space.dtype}"
         )
+    for name in ("rewards", "values", "log_probs"):
+        array = getattr(fragment, name)
+        if array.size and float(np.abs(array).max()) > MAX_ABS_VALUE:
+            return "out_of_range", f"|{name}| exceeds {MAX_ABS_VALUE:g}"
     actions = fragment.actions
     if isinstance(action_space, gym.spaces.Discrete):
         n = int(action_space.n)

@@ -230,7 +230,7 @@ class PPOTrainer:
 
         # Summed on the device; one host sync at the end (plus one per step for target_kl).
         sums = torch.zeros(len(_MEAN_KEYS), dtype=torch.float64, device=device)
-        minibatches = 0
+        minibatches = skipped = 0
         stop = False
         self.policy.train()
         for _epoch in range(cfg.num_epochs):
@@ -259,7 +259,13 @@ class PPOTrainer:
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.total.backward()
-                nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                if not torch.isfinite(norm):
+                    # A poisoned minibatch (huge or non-finite inputs from a bad peer)
+                    # must not turn the weights into NaN: skip it and count it.
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                    continue
                 self.optimizer.step()
 
                 sums += torch.stack([getattr(loss, key).detach() for key in _MEAN_KEYS]).double()
@@ -270,10 +276,11 @@ class PPOTrainer:
             if stop:
                 break
 
-        means = (sums / minibatches).tolist()
+        means = (sums / max(minibatches, 1)).tolist()
         metrics = {f"losses/{key}": float(v) for key, v in zip(_MEAN_KEYS, means, strict=True)}
         metrics["losses/explained_variance"] = explained_variance(batch.old_values, batch.returns)
         metrics["losses/epochs_run"] = float(minibatches / per_epoch)
+        metrics["losses/skipped_minibatches"] = float(skipped)
         metrics["charts/learning_rate"] = float(lr)
         metrics["charts/clip_range"] = float(clip_range)
         return metrics

@@ -23,6 +23,9 @@ from .config import DEFAULT_PORT
 
 EXPERIENCE_HWM = 1000
 """Fragments queued per PUSH/PULL pipe before the sender blocks."""
+EXPERIENCE_BUFFER_BYTES = 64 * 1024 * 1024
+"""What the learner's PULL may buffer per peer, in bytes (RCVHWM is derived from it
+and the largest message allowed)."""
 WEIGHTS_HWM = 4
 """Weight blobs queued per PUB/SUB pipe; past it PUB drops the new blob for that
 subscriber (a slow actor then catches up with the next broadcast)."""
