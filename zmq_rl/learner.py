@@ -655,7 +655,7 @@ class Learner:
         if rows:
             self.counters[f"discarded/steps/{reason}"] += rows
             self.counters[f"discarded/fragments/{reason}"] += fragments
-        self.report.actor_stats[str(rec.actor_id)] = rec.summary()
+        self.report.departed_actors.append({**rec.summary(), "left_because": reason})
 
     def _admit_new_actors(self) -> None:
         for rec in self.members.admit_pending():
@@ -758,6 +758,7 @@ class Learner:
         queued = self.queues.total_rows()
         if queued:
             self.counters["discarded/steps/run_ended"] += queued
+            self.queues = SlotQueues()  # counted; the final checkpoint holds none
         self.report.counters = dict(self.counters)
         if self.cfg.run_dir:
             run_dir = Path(self.cfg.run_dir)
@@ -792,6 +793,7 @@ class Learner:
             "policy_config": json.dumps(config_dict(self.policy_cfg)),
             "report": json.dumps(report, default=float),
             "counters": json.dumps(dict(self.counters)),
+            "queued": json.dumps([self.queues.total_rows(), self.queues.total_fragments()]),
             "running_reward": json.dumps([[a, b, r] for (a, b), r in self.running_reward.items()]),
             "torch_rng": torch.get_rng_state(),
             "reward_scaler": json.dumps(self.reward_scaler.state() if self.reward_scaler else None),
@@ -829,6 +831,12 @@ class Learner:
         learner.report.resumed_from = str(path)
         learner.counters.update(json.loads(state["counters"]))
         learner.counters["learner/resumes"] += 1
+        # Rows that were received but still queued when the checkpoint was written
+        # died with the old learner: count them, so received = consumed + discarded.
+        rows, fragments = json.loads(state.get("queued", "[0, 0]"))
+        if rows:
+            learner.counters["discarded/steps/learner_restart"] += rows
+            learner.counters["discarded/fragments/learner_restart"] += fragments
         learner.running_reward = {
             (int(a), int(b)): float(r) for a, b, r in json.loads(state["running_reward"])
         }

@@ -26,6 +26,9 @@ class LearnerReport:
     wall_seconds: float = 0.0
     stop_reason: str = ""
     dead_actors: list[dict[str, Any]] = field(default_factory=list)
+    departed_actors: list[dict[str, Any]] = field(default_factory=list)
+    """Report lines of registrations that ended before the run did (declared dead,
+    replaced by a re-registration); ``actor_stats`` holds the final ones."""
     resumed_from: str = ""
 
     def mean_recent_episode_reward(self, n: int) -> float:

@@ -128,6 +128,10 @@ class SlotQueues:
         """Rows queued over all slots."""
         return sum(q.rows for q in self._queues.values())
 
+    def total_fragments(self) -> int:
+        """Fragments (whole or partly consumed) queued over all slots."""
+        return sum(len(q.fragments) for q in self._queues.values())
+
     def take(self, slots: list[SlotKey], num_steps: int) -> Rollout:
         """Pop ``num_steps`` rows of every slot into a :class:`Rollout`."""
         columns = []

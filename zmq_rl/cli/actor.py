@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import gymnasium as gym
 
         from zmq_rl.actor import GymActor, SpaceMismatch
-        from zmq_rl.client import LearnerRefused, LearnerUnreachable
+        from zmq_rl.client import LearnerLost, LearnerRefused, LearnerUnreachable
 
         args, cfg = resolve(argv, parser)
         setup_logging(args.log_level)
@@ -114,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{exc}: is the learner running, is --learner right, and does the learner "
                 "bind an address this host can reach (zmq-learner --host 0.0.0.0)?"
             ) from None
+        except LearnerLost as exc:
+            raise CliFailure(f"{exc}; giving up (see --learner-timeout)") from None
         except SpaceMismatch as exc:
             raise CliFailure(str(exc)) from None
         except gym.error.Error as exc:  # the learner's env id does not exist here
