@@ -54,6 +54,7 @@ from zmq_rl import actor as actor_module
 from zmq_rl.actor import GymActor
 from zmq_rl.client import ActorClient, LearnerRefused
 from zmq_rl.config import ActorConfig, LearnerConfig, PolicyConfig, PPOConfig
+from zmq_rl.evaluation import evaluate_policy
 from zmq_rl.learner import Learner
 from zmq_rl.policy import build_policy, export_weights
 from zmq_rl.protocol import (
@@ -554,7 +555,7 @@ class ControlFuzzer:
 
 # ----------------------------------------------------------------------------- learner fuzz
 
-FUZZ_STEPS = 60_000
+FUZZ_STEPS = 30_000
 FUZZ_EXPERIENCE = 6_000
 FUZZ_CONTROL = 4_000
 FUZZ_BATCH = 200
@@ -577,7 +578,7 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port):
     """
     cfg = LearnerConfig(
         env_id="CartPole-v1", port=learner_port, num_actors=2, envs_per_actor=4, num_steps=32,
-        total_env_steps=FUZZ_STEPS, fragment_length=16, eval_episodes=10, seed=0,
+        total_env_steps=100 * FUZZ_STEPS, fragment_length=16, eval_episodes=10, seed=0,
         starvation_timeout=TIMEOUT, checkpoint_every=0,
     )
     learner = Learner(cfg, PPOConfig(num_epochs=10), PolicyConfig(), context=ctx)
@@ -632,9 +633,13 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port):
                 replies[reply.code] += 1
         fuzz_seconds = time.monotonic() - start
         updates_during_fuzz = learner.report.updates_completed - started_at
-        assert run.alive(), "the run ended before the fuzzing did: raise FUZZ_STEPS"
-
+        assert run.alive(), "the run ended before the fuzzing did"
+        # Train on to FUZZ_STEPS (however fast the fuzzing went), then stop the run.
+        wait_until(lambda: learner.report.env_steps_consumed >= FUZZ_STEPS, 120,
+                   f"{FUZZ_STEPS} steps of training")
+        learner.request_stop("fuzzing over")
         report = run.join(120)
+        final_return, _ = evaluate_policy(learner.policy, "CartPole-v1", 10, seed=10_000)
         stats = [a.join() for a in actors]
         while dealer.poll(0):
             replies[decode(dealer.recv()).code] += 1
@@ -652,7 +657,7 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port):
     print("fuzz classes ROUTER:", dict(tried["control"]))
     print("learner rejected:", json.dumps(rejected))
     print("learner replies to the fuzzing DEALER:", dict(replies))
-    print(f"final evaluation: {report.evaluations[-1]['mean_return']:.1f} after "
+    print(f"final evaluation: {final_return:.1f} after "
           f"{report.env_steps_consumed} steps; received/fragments "
           f"{counters['received/fragments']}")
 
@@ -678,15 +683,15 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port):
     assert replies["reregister"] == counters["rejected/control/unknown_actor"]
     assert counters.get("registered") == 2 and not counters.get("control/undeliverable")
     # The run itself is untouched.
-    assert report.stop_reason == "budget spent"
-    assert report.env_steps_consumed == cfg.num_updates() * 32 * 8
+    assert report.stop_reason == "fuzzing over"
+    assert report.env_steps_consumed >= FUZZ_STEPS
     assert sorted(report.actor_stats) == ["0", "1"]
     for summary in report.actor_stats.values():
         assert summary["said_bye"]
         assert summary["steps_received"] == summary["actor/steps_sent"] > 0
         assert summary["fragments_received"] == summary["actor/fragments_sent"]
     assert counters["received/fragments"] == sum(s["fragments_sent"] for s in stats)
-    assert report.evaluations[-1]["mean_return"] > MIN_RETURN
+    assert final_return > MIN_RETURN
 
 
 # ----------------------------------------------------------------------------- actor fuzz
