@@ -73,51 +73,64 @@ class ProtocolVersionMismatch(ProtocolError):
 # --------------------------------------------------------------------------- arrays
 
 
+_ONE_BYTE = ("bool", "int8", "uint8")
+_WIRE: dict[str, np.dtype] = {
+    name: (np.dtype(name) if name in _ONE_BYTE else np.dtype(name).newbyteorder("<"))
+    for name in ARRAY_DTYPES
+}
+"""Wire dtype string -> the numpy dtype its bytes are read as (built once)."""
+_NAME: dict[np.dtype, str] = {}
+for _name in ARRAY_DTYPES:
+    for _order in ("<", ">", "="):
+        _NAME.setdefault(np.dtype(_name).newbyteorder(_order), _name)
+_ARRAY_KEYS = frozenset(("dtype", "shape", "data"))
+
+
 def encode_array(array: np.ndarray) -> dict[str, Any]:
-    """Encode a numpy array as ``{"dtype", "shape", "data"}`` (raw C-order bytes)."""
-    array = np.asarray(array)
-    name = array.dtype.name
-    if name not in ARRAY_DTYPES:
-        raise TypeError(f"dtype {name} cannot travel; allowed: {', '.join(ARRAY_DTYPES)}")
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return {
-        "dtype": name,
-        "shape": list(array.shape),
-        "data": np.ascontiguousarray(array).tobytes(),
-    }
+    """Encode a numpy array as ``{"dtype", "shape", "data"}`` (raw C-order bytes).
+
+    Dtype names come from a dict keyed by ``np.dtype`` (``ndarray.dtype.name`` is a
+    slow Python-level property in numpy 2, and this runs ten times per fragment).
+    """
+    if type(array) is not np.ndarray:
+        array = np.asarray(array)
+    dtype = array.dtype
+    name = _NAME.get(dtype)
+    if name is None:
+        raise TypeError(f"dtype {dtype.name} cannot travel; allowed: {', '.join(ARRAY_DTYPES)}")
+    if dtype.byteorder == ">":
+        array = array.astype(dtype.newbyteorder("<"))
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return {"dtype": name, "shape": list(array.shape), "data": array.tobytes()}
 
 
 def decode_array(value: Any, where: str) -> np.ndarray:
     """Decode and validate an encoded array; the result is a read-only view."""
-    if not isinstance(value, dict) or set(value) != {"dtype", "shape", "data"}:
+    if not isinstance(value, dict) or len(value) != 3 or not _ARRAY_KEYS.issuperset(value):
         raise ProtocolError("bad_array", f"{where}: expected an array map {{dtype, shape, data}}")
     dtype, shape, data = value["dtype"], value["shape"], value["data"]
-    if dtype not in ARRAY_DTYPES:
+    np_dtype = _WIRE.get(dtype) if type(dtype) is str else None
+    if np_dtype is None:
         raise ProtocolError("bad_dtype", f"{where}: dtype {dtype!r} is not one of {ARRAY_DTYPES}")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_ARRAY_DIMS
-        or not all(type(d) is int and d >= 0 for d in shape)
-    ):
+    if not isinstance(shape, list) or len(shape) > MAX_ARRAY_DIMS:
         raise ProtocolError("bad_shape", f"{where}: shape {shape!r} is not a list of ints >= 0")
+    count = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise ProtocolError("bad_shape", f"{where}: shape {shape!r} is not a list of ints >= 0")
+        count *= d
     if not isinstance(data, bytes):
         raise ProtocolError("bad_array", f"{where}: data must be bytes")
-    np_dtype = (
-        np.dtype(dtype).newbyteorder("<")
-        if dtype not in ("bool", "int8", "uint8")
-        else (np.dtype(dtype))
-    )
-    expected = math.prod(shape) * np_dtype.itemsize
+    expected = count * np_dtype.itemsize
     if expected != len(data):
         raise ProtocolError(
             "size_mismatch",
             f"{where}: shape {shape} of {dtype} needs {expected} bytes, got {len(data)}",
         )
-    array = np.frombuffer(data, dtype=np_dtype).reshape(shape)
-    if dtype == "bool" and array.size and not np.isin(array.view(np.uint8), (0, 1)).all():
+    if dtype == "bool" and data.translate(None, b"\x00\x01"):
         raise ProtocolError("bad_value", f"{where}: bool array holds bytes other than 0 and 1")
-    return array
+    return np.frombuffer(data, dtype=np_dtype).reshape(shape)
 
 
 # --------------------------------------------------------------------------- spaces
@@ -221,15 +234,16 @@ def _numbers(value: Any, where: str) -> dict[str, float]:
 
 def _array(value: Any, where: str, dtypes: tuple[str, ...], ndim: int | None = None) -> np.ndarray:
     array = decode_array(value, where)
-    if array.dtype.name not in dtypes:
-        raise ProtocolError("bad_dtype", f"{where}: dtype {array.dtype.name}, expected {dtypes}")
+    name = value["dtype"]  # validated by decode_array
+    if name not in dtypes:
+        raise ProtocolError("bad_dtype", f"{where}: dtype {name}, expected {dtypes}")
     if ndim is not None and array.ndim != ndim:
         raise ProtocolError("bad_shape", f"{where}: expected {ndim} dims, got {list(array.shape)}")
     return array
 
 
 def _require_finite(array: np.ndarray, where: str) -> None:
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
+    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
         raise ProtocolError("not_finite", f"{where}: holds NaN or inf")
 
 
@@ -368,7 +382,12 @@ class Fragment(Message):
                     f"fragment.{name}: dtype {arrays[name].dtype} != obs dtype "
                     f"{arrays['obs'].dtype}",
                 )
-        needs_final = np.flatnonzero(arrays["truncated"] & ~arrays["terminated"])
+        # Bool bytes are validated 0/1, so "no truncated row" is a byte search.
+        needs_final = (
+            np.flatnonzero(arrays["truncated"] & ~arrays["terminated"])
+            if index.shape[0] or b"\x01" in body["truncated"]["data"]
+            else index
+        )
         if not np.array_equal(index.astype(np.int64), needs_final):
             raise ProtocolError(
                 "bad_field",
