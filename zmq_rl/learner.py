@@ -82,6 +82,9 @@ __all__ = ["Learner", "LearnerReport", "LearnerStarved", "StopRequested"]
 
 log = logging.getLogger(__name__)
 
+EPISODE_REWARDS_KEPT = 10_000
+"""The report keeps the returns of (at least) the most recent this many episodes, so a
+long run's memory stays flat; ``episodes_completed`` counts them all."""
 DRAIN_S = 0.005
 """Longest one socket is read in one go (fairness under floods)."""
 POLL_MS = 50
@@ -380,6 +383,8 @@ class Learner:
                 running += float(rollout.rewards[t, b])
                 if done[t, b]:
                     self.report.episode_rewards.append(running)
+                    if len(self.report.episode_rewards) > 2 * EPISODE_REWARDS_KEPT:
+                        del self.report.episode_rewards[:-EPISODE_REWARDS_KEPT]
                     self.report.episodes_completed += 1
                     running = 0.0
             self.running_reward[key] = running

@@ -18,6 +18,8 @@ class LearnerReport:
     broadcasts_sent: int = 0
     last_policy_version: int = 0
     episode_rewards: list[float] = field(default_factory=list)
+    """Returns of completed episodes in consumption order (the most recent 10,000
+    or more on long runs; ``episodes_completed`` counts every one)."""
     final_stats: dict[str, float] | None = None
     actor_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)

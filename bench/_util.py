@@ -1,0 +1,237 @@
+"""Shared helpers of the benchmark scripts (not part of the package).
+
+Every script prints its figures and writes one JSON file: by default
+``bench/results/<name>.json`` (``<name>.smoke.json`` with ``--smoke``, so a smoke
+run never overwrites a full one), or ``--out PATH``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+BENCH_VENV_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
+
+if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+
+def add_common_flags(parser: Any) -> None:
+    """``--smoke`` and ``--out``."""
+    parser.add_argument("--smoke", action="store_true", help="a few seconds; checks it runs")
+    parser.add_argument("--out", default="", help="JSON output (default bench/results/NAME.json)")
+
+
+def result_path(name: str, args: Any) -> Path:
+    if args.out:
+        return Path(args.out)
+    return RESULTS / (f"{name}.smoke.json" if args.smoke else f"{name}.json")
+
+
+def write_result(name: str, args: Any, data: dict[str, Any]) -> Path:
+    """Write ``data`` plus the machine description and the command line."""
+    path = result_path(name, args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": name,
+        "smoke": bool(args.smoke),
+        "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "machine": machine_info(),
+        **data,
+    }
+    path.write_text(json.dumps(_finite(payload), indent=2, default=_json_default) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN / infinity replaced by None (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, cores, memory, load and the versions that matter."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+    }
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as fh:
+            info["mem_gib"] = round(int(fh.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    from importlib import metadata
+
+    versions = {}
+    for dist in ("torch", "numpy", "pyzmq", "msgpack", "gymnasium", "zmq_rl"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[dist] = metadata.version(dist)
+    try:
+        import zmq
+
+        versions["libzmq"] = zmq.zmq_version()
+    except ImportError:
+        pass
+    info["versions"] = versions
+    return info
+
+
+def free_port_block(size: int = 3, start: int = 20000, stop: int = 60000) -> int:
+    """The first port of ``size`` consecutive free TCP ports on 127.0.0.1."""
+    import random
+
+    for _ in range(500):
+        base = random.randrange(start, stop - size)
+        socks = []
+        try:
+            for port in range(base, base + size):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no block of free ports found")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile ``q`` in [0, 100] (nan for no values)."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50.0)
+
+
+def bench_python(*modules: str) -> str | None:
+    """An interpreter that imports every one of ``modules``: ``$ZMQ_RL_BENCH_PYTHON``,
+    this one, or ``.venv-bench/bin/python`` (the optional comparison venv); None if
+    none does."""
+    candidates = [os.environ.get("ZMQ_RL_BENCH_PYTHON", ""), sys.executable,
+                  str(BENCH_VENV_PYTHON)]
+    probe = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in " \
+        f"{list(modules)!r}))"
+    for python in candidates:
+        if not python or not (os.path.isfile(python) or shutil.which(python)):
+            continue
+        try:
+            ok = subprocess.run([python, "-c", probe], timeout=60,
+                                capture_output=True).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        if ok:
+            return python
+    return None
+
+
+def package_versions(python: str, dists: Sequence[str]) -> dict[str, str]:
+    """Installed versions of ``dists`` as seen by ``python``."""
+    code = (
+        "import json, importlib.metadata as m\n"
+        "out = {}\n"
+        f"for d in {list(dists)!r}:\n"
+        "    try: out[d] = m.version(d)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(out))"
+    )
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return {}
+
+
+def fmt_rate(x: float) -> str:
+    if not math.isfinite(x):
+        return "n/a"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A plain fixed-width table on stdout."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for n, row in enumerate(cells):
+        print("  ".join(c.rjust(w) if n and i else c.ljust(w)
+                        for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+class RssSampler:
+    """Samples a process's RSS from a thread: ``samples`` holds (time.monotonic(), bytes)."""
+
+    def __init__(self, pid: int, interval: float = 1.0) -> None:
+        import threading
+
+        import psutil
+
+        self.proc = psutil.Process(pid)
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.monotonic(), self.proc.memory_info().rss))
+            except Exception:  # noqa: BLE001 - the process may be gone
+                return
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,256 @@
+"""Every benchmark script runs with ``--smoke`` and writes its JSON (so they cannot rot).
+
+The smoke runs start together, as subprocesses, the first time any test here
+needs one (they mostly wait on process start-up and timers, so together they take
+about as long as the slowest alone); each test then waits for its own, bounded.
+The Stable-Baselines3 / Sample Factory parts are optional: they run when
+``stable_baselines3`` is importable here or in ``.venv-bench`` and are checked only
+then (Sample Factory is skipped by ``--smoke`` itself: its start-up alone is too
+slow). Figures measured in a smoke run mean nothing; only shapes and invariants
+(no lost fragment, every frame received) are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+SCRIPTS = ("transport", "throughput", "time_to_solve", "fan_in", "broadcast", "actor_loop",
+           "launch")
+TIMEOUT_S = 150.0
+
+sys.path.insert(0, str(BENCH))
+
+
+class SmokeRuns:
+    """All smoke runs, started together on first use."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, Path] = {}
+        self.started = 0.0
+
+    def start(self) -> None:
+        if self.procs:
+            return
+        self.started = time.monotonic()
+        for name in SCRIPTS:
+            log = self.out_dir / f"{name}.log"
+            self.logs[name] = log
+            with open(log, "wb") as fh:
+                self.procs[name] = subprocess.Popen(
+                    [sys.executable, str(BENCH / f"{name}.py"), "--smoke", "--out",
+                     str(self.out_dir / f"{name}.json")],
+                    stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                )
+
+    def result(self, name: str) -> dict[str, Any]:
+        self.start()
+        proc = self.procs[name]
+        remaining = max(1.0, TIMEOUT_S - (time.monotonic() - self.started))
+        try:
+            code = proc.wait(remaining)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"{name}.py --smoke did not finish in {TIMEOUT_S:.0f}s:\n{self.tail(name)}")
+        assert code == 0, f"{name}.py --smoke exited {code}:\n{self.tail(name)}"
+        path = self.out_dir / f"{name}.json"
+        assert path.is_file(), f"{name}.py --smoke wrote no JSON:\n{self.tail(name)}"
+        data = json.loads(path.read_text())
+        for key in ("benchmark", "smoke", "command", "date", "machine"):
+            assert key in data, key
+        assert data["benchmark"] == name and data["smoke"] is True
+        return data
+
+    def tail(self, name: str) -> str:
+        return self.logs[name].read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory):
+    runs = SmokeRuns(tmp_path_factory.mktemp("bench-smoke"))
+    yield runs
+    runs.stop()
+
+
+@pytest.fixture(scope="module")
+def sb3_available() -> bool:
+    import _util
+
+    return _util.bench_python("stable_baselines3") is not None
+
+
+def test_transport_smoke(smoke: SmokeRuns) -> None:
+    data = smoke.result("transport")
+    (row,) = data["summary"]
+    assert row["T"] == 64
+    for key in ("raw_transitions_per_s", "project_transitions_per_s", "project_vs_raw",
+                "project+fastproto_vs_raw"):
+        assert row[key] > 0, key
+    for run in data["runs"]:
+        assert run["completed"] and run["received"] > 0
+    stages = data["stages_us"]["64"]
+    assert {"current", "fastproto"} <= set(stages)
+    assert stages["current"]["decode_us"] > 0
+    assert stages["packed"]["decode_us"] > 0
+    assert row["project+packed_vs_raw"] > 0
+    assert "met" in data["target"]
+
+
+def test_throughput_smoke(smoke: SmokeRuns, sb3_available: bool) -> None:
+    data = smoke.result("throughput")
+    (cell,) = data["grid"]
+    assert cell["actors"] == 1 and cell["envs_per_actor"] == 8
+    assert cell["steps_per_s"] > 0 and cell["updates"] > 0
+    assert data["summary"]["project_best_steps_per_s"] > 0
+    assert data["config"]["throughput"]["num_epochs"] == 1
+    sb3 = data["rounds"][0].get("sb3")
+    if sb3_available:
+        assert sb3 and sb3["ok"] and sb3["steps_per_s"] > 0, sb3
+    else:
+        assert sb3 is None
+
+
+def test_sf_log_parser() -> None:
+    """Sample Factory does not run in --smoke; its log parsing is checked here."""
+    import throughput
+
+    log = (
+        "\x1b[36m[2026-12-02 13:43:02,617][22756] Fps is (10 sec: nan, 60 sec: nan, 300 sec: "
+        "nan). Total num frames: 40960. Throughput: 0: nan.\x1b[0m\n"
+        "\x1b[36m[2026-12-02 13:43:07,617][22756] Fps is (10 sec: 10854.6, 60 sec: 10854.6, "
+        "300 sec: 10854.6). Total num frames: 95232. Throughput: 0: 13024.3.\x1b[0m\n"
+        "\x1b[36m[2026-12-02 13:43:12,617][22756] Fps is (10 sec: 10956.8). Total num frames: "
+        "150528. Throughput\x1b[0m\n"
+        "\x1b[37m\x1b[1m[2026-12-02 13:43:27,128][22756] Collected {0: 300544}, FPS: 9061.1\n"
+    )
+    reports = throughput.SF_REPORT.findall(log)
+    assert [int(n) for _, n in reports] == [40960, 95232, 150528]
+    assert throughput.SF_FINAL.search(log).groups() == ("300544", "9061.1")
+
+
+def test_time_to_solve_smoke(smoke: SmokeRuns, sb3_available: bool) -> None:
+    data = smoke.result("time_to_solve")
+    (run,) = data["zmq_rl"]
+    assert run["first_update_s"] and run["first_update_s"] > 0, run
+    assert run["evaluations"] >= 1 or run["solved"], run
+    assert data["summary"]["target_return"] == 100.0
+    if sb3_available:
+        (sb3,) = data["sb3"]
+        assert sb3["learn_start_s"] and sb3["learn_start_s"] > 0, sb3
+    else:
+        assert data["sb3"] == []
+
+
+def test_fan_in_smoke(smoke: SmokeRuns) -> None:
+    data = smoke.result("fan_in")
+    losses = data["losses"]
+    assert losses["actors_reporting"] == losses["actors_started"] == data["config"]["actors"]
+    assert losses["fragments_sent"] > 0
+    assert losses["lost_fragments"] == 0 and losses["seq_gaps"] == 0, losses
+    assert not losses["bad_counters"] and not losses["actor_errors"], losses
+    assert data["throughput"]["fragments_per_s"] > 0
+    for key in ("received", "consumed"):
+        assert data["latency"][key]["count"] > 0
+        assert data["latency"][key]["p50_ms"] <= data["latency"][key]["p99_ms"]
+    assert data["rss"]["samples_since_first_update"]
+    assert data["rss"]["baseline_mib"] > 0
+
+
+def test_broadcast_smoke(smoke: SmokeRuns) -> None:
+    data = smoke.result("broadcast")
+    modes = {(r["mode"], tuple(r["hidden_sizes"])) for r in data["results"]}
+    assert ("idle", (64, 64)) in modes and ("busy", (64, 64)) in modes
+    assert any(m == "idle" and h != (64, 64) for m, h in modes)  # the big-model path
+    for result in data["results"]:
+        assert result["latency"]["count"] > 0, result
+        assert result["latency"]["p50_ms"] > 0
+    assert data["target"]["judged_on"] == "idle mode, default MLP"
+
+
+def test_actor_loop_smoke(smoke: SmokeRuns) -> None:
+    data = smoke.result("actor_loop")
+    (result,) = data["results"]
+    assert result["envs"] == 8
+    assert len(result["env_step_us"]) == 3 and all(v > 0 for v in result["env_step_us"].values())
+    assert result["policy_act_us"] > 0 and result["client_step_us"] > 0
+
+
+def test_launch_smoke(smoke: SmokeRuns) -> None:
+    data = smoke.result("launch")
+    assert {r["mode"] for r in data["runs"]} == {"after", "before"}
+    for run in data["runs"]:
+        assert 0 < run["learner_built"] <= run["first_update"], run
+
+
+def test_fastproto_matches_protocol() -> None:
+    """The prototype codec round-trips like the real one and rejects the same frames."""
+    import fastproto
+    import numpy as np
+    import transport
+
+    from zmq_rl import protocol
+
+    arrays = transport._arrays(16, 1)
+    arrays["truncated"] = arrays["truncated"].copy()
+    arrays["terminated"] = np.zeros(16, bool)
+    arrays["truncated"][5] = True
+    arrays["final_obs_index"] = np.array([5], np.int32)
+    arrays["final_obs"] = np.ones((1, 4), np.float32)
+    fragment = transport._fragment(arrays, 3, 9)
+    frame = protocol.encode(fragment)
+    bad = dict(arrays, values=np.full(16, np.nan, np.float32))
+    bad_frame = protocol.encode(transport._fragment(bad, 3, 9))
+    reference = protocol.decode(frame)
+    with pytest.raises(protocol.ProtocolError) as ref_exc:
+        protocol.decode(bad_frame)
+    fastproto.install()
+    try:
+        assert protocol.encode(fragment) == frame
+        fast = protocol.decode(frame)
+        with pytest.raises(protocol.ProtocolError) as fast_exc:
+            protocol.decode(bad_frame)
+    finally:
+        fastproto.uninstall()
+    assert fast_exc.value.reason == ref_exc.value.reason == "not_finite"
+    packed = fastproto.decode_packed(fastproto.encode_packed(fragment))
+    for name in protocol.Fragment.ARRAYS:
+        want = getattr(reference, name)
+        assert np.array_equal(getattr(fast, name), want), name
+        assert np.array_equal(np.asarray(getattr(packed, name)), want), name
+    with pytest.raises(protocol.ProtocolError):
+        fastproto.decode_packed(fastproto.encode_packed(transport._fragment(bad, 3, 9)))
+
+
+def test_pyspy_summary_parses_raw(tmp_path: Path) -> None:
+    import pyspy_summary
+
+    raw = tmp_path / "x.raw"
+    raw.write_text(
+        'process 1:"python bench/throughput.py";process 2:"python -c from multiprocessing.spawn '
+        'import spawn_main; spawn_main(1)";run (zmq_rl/actor.py:10);step (gym/core.py:5) 30\n'
+        'process 1:"python bench/throughput.py";_pump (zmq_rl/learner.py:3);'
+        'Poller.poll (zmq/sugar/poll.py:9) 10\n'
+    )
+    stacks = pyspy_summary.parse(str(raw))
+    assert set(stacks) == {"spawned child [pid 2]", "throughput.py [pid 1]"}
+    learner = pyspy_summary.summarise(stacks["throughput.py [pid 1]"], 5)
+    assert learner["waiting_pct"] == 100.0
+    child = pyspy_summary.summarise(stacks["spawned child [pid 2]"], 5)
+    assert child["self_in_project"][0] == ("run (actor.py)", 100.0)
