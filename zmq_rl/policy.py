@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from zmq_rl.config import PolicyConfig
+from zmq_rl.config import ConfigError, PolicyConfig
 from zmq_rl.normalization import merge_moments
 
 __all__ = [
@@ -345,23 +345,30 @@ POLICY_METHODS = ("act", "evaluate_actions", "value")
 """What a custom policy must provide (see :class:`ActorCritic` for the signatures)."""
 
 
+class FactoryError(ConfigError):
+    """A ``--factory`` that cannot serve as a policy (a config error of field ``factory``)."""
+
+    def __init__(self, spec: str, reason: str) -> None:
+        super().__init__("factory", spec, reason)
+
+
 def load_factory(spec: str):  # -> Callable[..., nn.Module]
-    """Import ``"package.module:callable"``; ValueError naming the spec on failure."""
+    """Import ``"package.module:callable"``; :class:`FactoryError` on failure."""
     import importlib
 
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"policy factory {spec!r}: cannot import {module_name!r}: {exc}") from exc
+        raise FactoryError(spec, f"cannot import {module_name!r}: {exc}") from exc
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
-        raise ValueError(f"policy factory {spec!r}: {module_name} has no callable {attr!r}")
+        raise FactoryError(spec, f"{module_name} has no callable {attr!r}")
     return factory
 
 
 def check_policy_interface(module: object, spec: str) -> None:
-    """Raise ValueError naming what ``module`` lacks to serve as a policy.
+    """Raise :class:`FactoryError` naming what ``module`` lacks to serve as a policy.
 
     A policy is an ``nn.Module`` with ``act(obs, generator=None, deterministic=False)
     -> (action, log_prob, value)``, ``evaluate_actions(obs, actions) -> (log_prob,
@@ -370,15 +377,14 @@ def check_policy_interface(module: object, spec: str) -> None:
     ``update_obs_stats(obs_batch)``, called by the learner on every rollout.
     """
     if not isinstance(module, nn.Module):
-        raise ValueError(
-            f"policy factory {spec!r} returned {type(module).__name__}, not a torch.nn.Module"
-        )
+        raise FactoryError(spec, f"returned {type(module).__name__}, not a torch.nn.Module")
     missing = [m for m in POLICY_METHODS if not callable(getattr(module, m, None))]
     if missing:
-        raise ValueError(
-            f"policy factory {spec!r} returned {type(module).__name__}, which lacks "
+        raise FactoryError(
+            spec,
+            f"returned {type(module).__name__}, which lacks "
             f"{', '.join(missing)}; a policy needs {', '.join(POLICY_METHODS)} "
-            "(see docs/embedding.md, 'Custom policies')"
+            "(see docs/embedding.md, 'Custom policies')",
         )
 
 
