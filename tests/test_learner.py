@@ -254,7 +254,8 @@ def test_target_log_probs_differ_from_behaviour_after_an_update():
     trainer = PPOTrainer(policy, PPOConfig(learning_rate=1e-2, num_epochs=4, minibatch_size=8))
     trainer.update(fresh)
     stale, diagnostics = rollout_to_batch(rollout, policy, settings)
-    target = stale.old_log_probs.numpy()
+    with torch.no_grad():
+        target = policy.evaluate_actions(stale.obs, stale.actions)[0].numpy()
     behaviour = rollout.log_probs.ravel()
     assert np.abs(target - behaviour).max() > 1e-3, (target, behaviour)
     assert diagnostics["charts/importance_ratio_mean"] != pytest.approx(1.0, abs=1e-4)

@@ -43,11 +43,10 @@ def rollout_to_batch(
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """Compute advantages and returns for ``rollout`` and flatten it (time-major).
 
-    With V-trace, ``old_log_probs`` and ``old_values`` of the batch are the
-    current policy's (the PPO ratio starts at 1 and clips the update's own step), while
-    the lag between the behaviour policy and the current one is corrected by the
-    clipped importance weights inside the V-trace targets and advantages.
-    Without V-trace, ``old_log_probs`` are the behaviour log-probs, as in PPO.
+    ``old_log_probs`` and ``old_values`` are always the behaviour policy's (what the
+    actors stored): with V-trace, PPO's clipped ratio pi/mu bounds the step away
+    from the acting policy, and the clipped importance weights inside the V-trace
+    targets and advantages correct the returns for the lag.
     Returns the batch and a few diagnostics (``charts/...`` keys).
     """
     T, B = rollout.num_steps, rollout.num_slots
@@ -80,8 +79,13 @@ def rollout_to_batch(
             c_bar=settings.c_bar,
         )
         advantages, returns = out.pg_advantages, out.vs
-        old_log_probs = target_lp
-        old_values = values  # the learner's own pre-update values (value clipping, EV)
+        # PPO's trust region stays around the behaviour policy mu (as APPO): the
+        # ratio pi/mu limits how far an update moves from what acted, while the
+        # clipped rhos inside V-trace correct the targets. Measured against taking
+        # the ratio from the current policy: Pendulum-v1 at broadcast_every 4 reaches
+        # -184 instead of -1206 (docs/learning-quality.md).
+        old_log_probs = behaviour_log_probs
+        old_values = rollout.values.astype(np.float32)
         rhos = np.exp(log_rhos)
         diagnostics["charts/importance_ratio_mean"] = float(rhos.mean())
         diagnostics["charts/importance_ratio_clipped"] = float((rhos > settings.rho_bar).mean())
