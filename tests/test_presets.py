@@ -1,0 +1,229 @@
+"""Shipped presets (``--config preset:NAME``) and the multi-run learning-curve plot.
+
+Every preset parses as a ``--config`` file, validates, names its own env, and makes
+that env; ``preset:NAME`` resolves on every learner command line, flags after it
+override it, and an unknown name fails naming the shipped ones. ``zmq-rl plot``'s
+grouping (runs sharing a label -> mean and band) and reference lines are drawn from
+synthetic run directories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import tomllib
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from zmq_rl.cli import learner as learner_cli
+from zmq_rl.cli import main as main_cli
+from zmq_rl.cli import plot as plot_cli
+from zmq_rl.cli.flags import load_toml
+from zmq_rl.cli.learner import LEARNER_SECTIONS
+from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
+from zmq_rl.presets import PRESET_PREFIX, UnknownPreset, available, preset_path
+
+EXPECTED = {
+    "CartPole-v1",
+    "Acrobot-v1",
+    "Pendulum-v1",
+    "LunarLander-v3",
+    "LunarLanderContinuous-v3",
+}
+HAS_BOX2D = importlib.util.find_spec("Box2D") is not None
+
+
+def test_the_five_presets_ship() -> None:
+    assert set(available()) >= EXPECTED
+    for name in available():
+        assert preset_path(name).is_file()
+        assert preset_path(name).suffix == ".toml"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_preset_parses_and_validates(name: str) -> None:
+    path = preset_path(name)
+    raw = tomllib.loads(path.read_text())
+    assert set(raw) == {"learner", "ppo", "policy"}, "only the three learner tables"
+    values = load_toml(path, LEARNER_SECTIONS)  # unknown keys and bad types raise here
+    assert values
+    args, cfg, ppo, policy = learner_cli.resolve(
+        ["--config", f"{PRESET_PREFIX}{name}", "--run-dir", ""]
+    )
+    assert isinstance(cfg, LearnerConfig) and isinstance(ppo, PPOConfig)
+    assert isinstance(policy, PolicyConfig)
+    cfg.validate(), ppo.validate(), policy.validate()
+    assert cfg.env_id == name, "a preset is named after its env"
+    assert cfg.num_actors == 2, "presets map the zoo's n_envs onto 2 actors"
+    # Every value in the file reached the configs (nothing silently dropped).
+    for table, obj in (("learner", cfg), ("ppo", ppo), ("policy", policy)):
+        for key, value in raw[table].items():
+            got = getattr(obj, key)
+            want = tuple(value) if isinstance(value, list) else value
+            if isinstance(want, float) and math.isinf(want):
+                assert math.isinf(got)
+            else:
+                assert got == want, f"{name} [{table}] {key}: {got!r} != {want!r}"
+    assert cfg.num_updates() >= 10, "the budget buys a real number of updates"
+    assert ppo.minibatch_size <= cfg.num_steps * cfg.nominal_slots()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_preset_env_exists(name: str) -> None:
+    if name.startswith("LunarLander") and not HAS_BOX2D:
+        pytest.skip("Box2D is not installed (pip install 'zmq_rl[box2d]')")
+    cfg = learner_cli.resolve(["--config", f"{PRESET_PREFIX}{name}", "--run-dir", ""])[1]
+    env = gym.make(cfg.env_id)
+    try:
+        space = env.observation_space
+        assert isinstance(space, gym.spaces.Box)
+    finally:
+        env.close()
+
+
+def test_flags_after_a_preset_override_it() -> None:
+    _, cfg, ppo, policy = learner_cli.resolve(
+        [
+            "--config",
+            "preset:LunarLander-v3",
+            "--seed",
+            "7",
+            "--gamma",
+            "0.99",
+            "--num-epochs",
+            "2",
+            "--normalize-obs",
+            "--run-dir",
+            "",
+        ]
+    )
+    assert (cfg.seed, cfg.gamma, ppo.num_epochs, policy.normalize_obs) == (7, 0.99, 2, True)
+    assert cfg.num_steps == 1024 and ppo.ent_coef == 0.01  # the rest is the preset's
+
+
+def test_preset_on_zmq_rl_run(monkeypatch) -> None:
+    """``zmq-rl run --config preset:NAME`` reaches the run's configs (checked without
+    training: the run body is replaced by one that records them)."""
+    seen = {}
+
+    def fake_run(args) -> int:
+        seen["configs"] = learner_cli.configs_from_args(args)
+        return 0
+
+    sub = main_cli.SUBCOMMANDS["run"]
+    monkeypatch.setitem(main_cli.SUBCOMMANDS, "run", dataclasses.replace(sub, run=fake_run))
+    assert main_cli.main(["run", "--config", "preset:Pendulum-v1", "--run-dir", ""]) == 0
+    cfg, ppo, policy = seen["configs"]
+    assert cfg.env_id == "Pendulum-v1" and cfg.gamma == 0.9 and policy.normalize_obs
+    assert cfg.normalize_reward and ppo.num_epochs == 10 and math.isinf(cfg.target_return)
+
+
+def test_unknown_preset_names_the_shipped_ones(capsys) -> None:
+    with pytest.raises(UnknownPreset, match="CartPole-v1"):
+        preset_path("CartPole-v0")
+    with pytest.raises(SystemExit) as exit_info:
+        main_cli.main(["run", "--config", "preset:CartPole-v0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'CartPole-v0'" in err and "did you mean 'CartPole-v1'" in err
+    for name in EXPECTED:
+        assert name in err
+
+
+def test_a_plain_file_still_works(tmp_path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text('[learner]\nenv_id = "Acrobot-v1"\ngamma = 0.95\n')
+    _, cfg, _, _ = learner_cli.resolve(["--config", str(path), "--run-dir", ""])
+    assert (cfg.env_id, cfg.gamma) == ("Acrobot-v1", 0.95)
+
+
+def test_run_help_says_how_to_use_presets(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main_cli.main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "preset:NAME" in out and "--config preset:LunarLander-v3" in out
+    for name in EXPECTED:
+        assert name in out
+
+
+def test_setup_cfg_ships_the_presets() -> None:
+    text = (Path(__file__).resolve().parents[1] / "setup.cfg").read_text()
+    assert "zmq_rl.presets = *.toml" in text
+
+
+# -- zmq-rl plot: several runs -----------------------------------------------------------
+
+
+def fake_run(folder: Path, final: float, scale: float = 1.0, env_id: str = "CartPole-v1") -> Path:
+    """A run directory with a metrics.jsonl, a report.json and a config.toml."""
+    folder.mkdir(parents=True)
+    rows = [
+        {"update": u, "env_steps": 100 * u, "charts/mean_return": scale * u} for u in range(1, 11)
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = [
+        {"env_steps": 500 * k, "mean_return": final * k / 2, "std_return": 1.0} for k in (1, 2)
+    ]
+    (folder / "report.json").write_text(json.dumps({"evaluations": evals}))
+    (folder / "config.toml").write_text(f'[learner]\nenv_id = "{env_id}"\ntarget_return = inf\n')
+    return folder
+
+
+def test_plot_groups_runs_by_label_with_band_and_reference(tmp_path, capsys) -> None:
+    runs = [
+        fake_run(tmp_path / "a" / f"seed{i}", final=100 + 10 * i, scale=i + 1) for i in range(3)
+    ]
+    out = tmp_path / "grouped.png"
+    argv = [*map(str, runs), "--label", "gae", "--reference", "242=zoo", "--out", str(out)]
+    assert plot_cli.main(argv) == 0
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert str(out) in capsys.readouterr().out
+
+    # The aggregate itself: mean and min-max over the runs on their common x grid.
+    series = [(plot_cli.read_run(r).eval_steps, plot_cli.read_run(r).eval_mean) for r in runs]
+    x, mean, low, high = plot_cli._aggregate(series, "minmax")
+    assert list(x) == [500.0, 1000.0]
+    assert (
+        list(mean) == [55.0, 110.0] and list(low) == [50.0, 100.0] and list(high) == [60.0, 120.0]
+    )
+    _, mean, low, high = plot_cli._aggregate(series, "std")
+    assert high[1] - mean[1] == pytest.approx(math.sqrt(200.0 / 3.0))
+
+
+def test_plot_group_by_parent_and_per_run_labels(tmp_path) -> None:
+    runs = [
+        fake_run(tmp_path / group / f"s{i}", final=50.0) for group in ("x", "y") for i in range(2)
+    ]
+    assert plot_cli.run_labels(runs, None, "parent") == ["x", "x", "y", "y"]
+    assert plot_cli.run_labels(runs, ["one"], "none") == ["one"] * 4
+    assert plot_cli.run_labels(runs, ["a", "b", "a", "b"], "none") == ["a", "b", "a", "b"]
+    assert plot_cli.run_labels(runs, None, "none") is None
+    assert plot_cli.main([*map(str, runs), "--label", "a", "--label", "b"]) == 1  # 2 labels, 4 runs
+    out = tmp_path / "parents.png"
+    args = [*map(str, runs), "--group", "parent", "--band", "std", "--out", str(out)]
+    assert plot_cli.main(args) == 0
+    assert out.read_bytes().startswith(b"\x89PNG")
+    # Runs of different lengths: the group's curve stops where the shortest does.
+    short = fake_run(tmp_path / "z" / "short", final=1.0)
+    rows = (short / "metrics.jsonl").read_text().splitlines()[:4]
+    (short / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    grid = plot_cli._common_grid(
+        [
+            (plot_cli.read_run(r).train_steps, plot_cli.read_run(r).train_return)
+            for r in (runs[0], short)
+        ]
+    )
+    assert grid == [100.0, 200.0, 300.0, 400.0]
+
+
+def test_plot_single_run_unchanged_and_bad_reference(tmp_path, capsys) -> None:
+    run = fake_run(tmp_path / "only", final=10.0)
+    assert plot_cli.main([str(run)]) == 0
+    assert (run / plot_cli.CURVE_NAME).read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(SystemExit):
+        plot_cli.main([str(run), "--reference", "high"])
+    assert "expected VALUE or VALUE=LABEL" in capsys.readouterr().err
