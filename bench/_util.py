@@ -13,13 +13,14 @@ import math
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from zmq_rl.transport import free_port_block  # noqa: F401  (used as _util.free_port_block)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -111,28 +112,6 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def free_port_block(size: int = 3, start: int = 20000, stop: int = 60000) -> int:
-    """The first port of ``size`` consecutive free TCP ports on 127.0.0.1."""
-    import random
-
-    for _ in range(500):
-        base = random.randrange(start, stop - size)
-        socks = []
-        try:
-            for port in range(base, base + size):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports found")
-
-
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile ``q`` in [0, 100] (nan for no values)."""
     if not values:
@@ -151,16 +130,19 @@ def bench_python(*modules: str) -> str | None:
     """An interpreter that imports every one of ``modules``: ``$ZMQ_RL_BENCH_PYTHON``,
     this one, or ``.venv-bench/bin/python`` (the optional comparison venv); None if
     none does."""
-    candidates = [os.environ.get("ZMQ_RL_BENCH_PYTHON", ""), sys.executable,
-                  str(BENCH_VENV_PYTHON)]
-    probe = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in " \
+    candidates = [os.environ.get("ZMQ_RL_BENCH_PYTHON", ""), sys.executable, str(BENCH_VENV_PYTHON)]
+    probe = (
+        "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in "
         f"{list(modules)!r}))"
+    )
     for python in candidates:
         if not python or not (os.path.isfile(python) or shutil.which(python)):
             continue
         try:
-            ok = subprocess.run([python, "-c", probe], timeout=60,
-                                capture_output=True).returncode == 0
+            ok = (
+                subprocess.run([python, "-c", probe], timeout=60, capture_output=True).returncode
+                == 0
+            )
         except (OSError, subprocess.TimeoutExpired):
             ok = False
         if ok:
@@ -200,8 +182,12 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for n, row in enumerate(cells):
-        print("  ".join(c.rjust(w) if n and i else c.ljust(w)
-                        for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        print(
+            "  ".join(
+                c.rjust(w) if n and i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
         if n == 0:
             print("  ".join("-" * w for w in widths))
 

@@ -25,10 +25,8 @@ import argparse
 import json
 import math
 import os
-import random
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from zmq_rl.transport import free_port_block
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -68,26 +68,6 @@ VARIANT_ORDER = ("gae-bc1", "vtrace-bc4", "gae-bc4")
 def variant_name(vtrace: bool, broadcast_every: int) -> str:
     """``gae-bc1``, ``vtrace-bc4``, ..."""
     return f"{'vtrace' if vtrace else 'gae'}-bc{broadcast_every}"
-
-
-def free_port_block(size: int = 3) -> int:
-    """The first of ``size`` consecutive free TCP ports on 127.0.0.1 (random start, so
-    concurrent benchmarks rarely race for the same block)."""
-    for _ in range(200):
-        base = random.randrange(40000, 60000 - size)
-        socks = []
-        try:
-            for port in range(base, base + size):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports found")
 
 
 def run_command(args: argparse.Namespace, seed: int, run_dir: Path, port: int) -> list[str]:
