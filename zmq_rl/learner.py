@@ -159,6 +159,7 @@ class Learner:
             cfg.effective_max_lead_steps() + cfg.steps_per_broadcast() + cfg.fragment_length
         )
         self.running_reward: dict[SlotKey, float] = {}
+        self._short_since: dict[int, float] = {}  # member -> since when the rollout waits on it
         self.started = False
         self.shutting_down = False
         self._stop_reason = ""
@@ -629,7 +630,12 @@ class Learner:
         now = time.monotonic()
         slots = self.members.member_slots()
         short = {a for a, _ in self.queues.short_slots(slots, self.cfg.num_steps)}
-        for rec in self.members.silent(now, self.cfg.actor_timeout, short):
+        for actor_id in list(self._short_since):
+            if actor_id not in short:
+                del self._short_since[actor_id]
+        for actor_id in short:
+            self._short_since.setdefault(actor_id, now)
+        for rec in self.members.silent(now, self.cfg.actor_timeout, self._short_since):
             silent = now - rec.last_seen
             log.warning(
                 "actor %d (%s pid %d) silent for %.1fs > actor_timeout=%gs: declared dead",

@@ -157,18 +157,26 @@ class Membership:
         return admitted
 
     def silent(
-        self, now: float, timeout: float, short: frozenset[int] | set[int] = frozenset()
+        self, now: float, timeout: float, short_since: dict[int, float] | None = None
     ) -> list[ActorRecord]:
         """Actors that have not said bye and were last heard more than ``timeout`` ago,
-        and members in ``short`` (whose slots the rollout still waits on) that sent
-        no fragment for ``timeout``: heartbeats alone do not keep those alive."""
+        and members whose slots the rollout has waited on (``short_since``: actor id
+        -> when it first fell short) for ``timeout`` without a fragment from them:
+        heartbeats alone do not hold a rollout. (A member paused by its valve while
+        the learner waited on someone else becomes short only when that rollout is
+        taken, and resumes at once.)"""
+        short_since = short_since or {}
         return [
             r
             for r in self.actors.values()
             if not r.said_bye
             and (
                 now - r.last_seen > timeout
-                or (r.member and r.actor_id in short and now - r.last_fragment > timeout)
+                or (
+                    r.member
+                    and r.actor_id in short_since
+                    and now - max(short_since[r.actor_id], r.last_fragment) > timeout
+                )
             )
         ]
 
