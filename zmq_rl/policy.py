@@ -10,7 +10,7 @@ This module holds no socket code. It provides:
   path :meth:`ActorCritic.act` avoids ``torch.distributions`` (whose object
   construction and argument validation cost ~140 us per call) and computes the
   same log-densities in closed form as :meth:`ActorCritic.evaluate_actions`;
-* :func:`export_weights` / :func:`import_weights`, a bit-exact, pickle-free
+* :func:`export_weights` / :func:`import_weights`, a bit-exact, Python-object-free
   (de)serialisation of a module's ``state_dict`` to ``(name, numpy array)`` pairs
   that any transport can frame.
 
@@ -423,8 +423,9 @@ def export_weights(module: nn.Module) -> list[tuple[str, np.ndarray]]:
 
     Every array is a C-contiguous numpy *copy* on the CPU with the tensor's exact
     dtype and bits (float32 stays float32), so it can be framed by any transport
-    without pickle and is not changed by later optimiser steps. Works for modules
-    on any device (tensors are moved with ``.detach().cpu()``).
+    without Python-object serialisation and is not changed by later optimiser
+    steps. Works for modules on any device (tensors are moved with
+    ``.detach().cpu()``).
     """
     out: list[tuple[str, np.ndarray]] = []
     for name, tensor in module.state_dict().items():
