@@ -62,7 +62,7 @@ TARGETS: dict[str, Target] = {
     "LunarLander-v3": Target(200.0, 1_000_000, "zoo 242 @ 1M", 242.0),
     "LunarLanderContinuous-v3": Target(200.0, 1_000_000, "zoo 271 @ 1M", 271.0),
 }
-VARIANT_ORDER = ("gae-bc1", "vtrace-bc4", "gae-bc4")
+VARIANT_ORDER = ("gae-bc1", "vtrace-bc4", "gae-bc4", "vtrace-bc4-before")
 
 
 def variant_name(vtrace: bool, broadcast_every: int) -> str:

@@ -5,7 +5,8 @@ folder outside the package (``my_policies.py``), as a user's would be. A good
 factory trains a short real run end to end (learner + actor processes) and its
 saved policy evaluates; bad ones fail with a message naming what is wrong: the
 module that does not import, the callable that is missing, the result that is not
-an ``nn.Module``, or the policy methods it lacks.
+an ``nn.Module``, or the policy methods it lacks (a :class:`ConfigError` of field
+``factory``, so the command line reports it in one line with exit code 2).
 """
 
 from __future__ import annotations
@@ -144,8 +145,9 @@ def test_factory_builds_the_users_policy(user_dir) -> None:
     ids=["no-act", "no-methods", "not-a-module", "no-attr", "not-callable", "no-module", "broken"],
 )
 def test_bad_factories_fail_naming_what_is_wrong(user_dir, spec, expected) -> None:
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ConfigError) as info:  # a config error of field "factory": exit 2
         build(spec)
+    assert info.value.field == "factory" and info.value.value == spec
     message = str(info.value)
     for part in expected:
         assert part in message, message
@@ -208,15 +210,13 @@ def test_short_run_with_a_custom_policy_completes_and_evaluates(user_dir, tmp_pa
 
 
 def test_bad_factory_on_the_command_line(user_dir, capsys) -> None:
-    """``zmq-rl run --factory`` with a bad factory fails before any socket is bound."""
+    """``zmq-rl run --factory`` with a bad factory is a config error (exit 2, one line
+    naming the factory and what it lacks), before any socket is bound."""
     argv = ["run", "--env", STUB_ENV_ID, "--factory", "my_policies:bare_module", "--run-dir", ""]
-    try:
-        code = main_cli.main(argv)
-    except ValueError as exc:  # today: a traceback (exit 1) from the console script
-        assert "lacks act, evaluate_actions, value" in str(exc)
-        pytest.xfail(
-            "a bad --factory ends in a traceback: zmq_rl.policy.load_factory and "
-            "check_policy_interface raise ValueError, not ConfigError (see the report)"
-        )
-    assert code == 2
-    assert "lacks act, evaluate_actions, value" in capsys.readouterr().err
+    assert main_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "my_policies:bare_module" in err and "lacks act, evaluate_actions, value" in err
+    assert "Traceback" not in err
+    argv[4] = "module_that_does_not_exist_xyz:make"
+    assert main_cli.main(argv) == 2
+    assert "cannot import 'module_that_does_not_exist_xyz'" in capsys.readouterr().err

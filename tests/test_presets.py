@@ -102,7 +102,7 @@ def test_flags_after_a_preset_override_it() -> None:
         ]
     )
     assert (cfg.seed, cfg.gamma, ppo.num_epochs, policy.normalize_obs) == (7, 0.99, 2, True)
-    assert cfg.num_steps == 1024 and ppo.ent_coef == 0.01  # the rest is the preset's
+    assert cfg.num_steps == 256 and ppo.ent_coef == 0.01  # the rest is the preset's
 
 
 def test_preset_on_zmq_rl_run(monkeypatch) -> None:
