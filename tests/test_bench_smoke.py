@@ -23,8 +23,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-SCRIPTS = ("transport", "throughput", "time_to_solve", "fan_in", "broadcast", "actor_loop",
-           "launch")
+SCRIPTS = (
+    "transport",
+    "throughput",
+    "time_to_solve",
+    "fan_in",
+    "broadcast",
+    "actor_loop",
+    "launch",
+)
 TIMEOUT_S = 150.0
 
 sys.path.insert(0, str(BENCH))
@@ -48,9 +55,17 @@ class SmokeRuns:
             self.logs[name] = log
             with open(log, "wb") as fh:
                 self.procs[name] = subprocess.Popen(
-                    [sys.executable, str(BENCH / f"{name}.py"), "--smoke", "--out",
-                     str(self.out_dir / f"{name}.json")],
-                    stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                    [
+                        sys.executable,
+                        str(BENCH / f"{name}.py"),
+                        "--smoke",
+                        "--out",
+                        str(self.out_dir / f"{name}.json"),
+                    ],
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                    start_new_session=True,
                 )
 
     def result(self, name: str) -> dict[str, Any]:
@@ -100,8 +115,12 @@ def test_transport_smoke(smoke: SmokeRuns) -> None:
     data = smoke.result("transport")
     (row,) = data["summary"]
     assert row["T"] == 64
-    for key in ("raw_transitions_per_s", "project_transitions_per_s", "project_vs_raw",
-                "project+fastproto_vs_raw"):
+    for key in (
+        "raw_transitions_per_s",
+        "project_transitions_per_s",
+        "project_vs_raw",
+        "project+fastproto_vs_raw",
+    ):
         assert row[key] > 0, key
     for run in data["runs"]:
         assert run["completed"] and run["received"] > 0
@@ -246,7 +265,7 @@ def test_pyspy_summary_parses_raw(tmp_path: Path) -> None:
         'process 1:"python bench/throughput.py";process 2:"python -c from multiprocessing.spawn '
         'import spawn_main; spawn_main(1)";run (zmq_rl/actor.py:10);step (gym/core.py:5) 30\n'
         'process 1:"python bench/throughput.py";_pump (zmq_rl/learner.py:3);'
-        'Poller.poll (zmq/sugar/poll.py:9) 10\n'
+        "Poller.poll (zmq/sugar/poll.py:9) 10\n"
     )
     stacks = pyspy_summary.parse(str(raw))
     assert set(stacks) == {"spawned child [pid 2]", "throughput.py [pid 1]"}

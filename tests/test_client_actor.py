@@ -9,7 +9,6 @@ Ports the reference's ``actor_thread_sends_ordered_experiences_and_loads_broadca
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 import zmq
 
 from tests.conftest import STUB_ENV_ID
+from tests.helpers import Background
 from tests.stub_env import StubEnv
 from zmq_rl.actor import GymActor, SpaceMismatch
 from zmq_rl.client import ActorClient, LearnerRefused, LearnerUnreachable
@@ -128,35 +128,6 @@ class FakeLearner:
         for _ in range(n):
             assert self.pub.poll(int(timeout * 1000)), "no SUB subscribed in time"
             assert self.pub.recv() == b"\x01"
-
-
-class Background:
-    """Run ``fn`` in a thread; keep its result or exception."""
-
-    def __init__(self, fn) -> None:
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-        def target():
-            try:
-                self.result = fn()
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
-                self.error = exc
-
-        self.thread = threading.Thread(target=target, daemon=True)
-        self.thread.start()
-
-    def join(self, timeout: float = TIMEOUT) -> Any:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), f"thread still running after {timeout}s"
-        return self.result
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def weights_of(policy, version: int) -> Weights:

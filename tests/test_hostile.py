@@ -34,7 +34,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -49,6 +48,7 @@ import zmq
 import zmq.utils.monitor
 
 from tests.conftest import STUB_ENV_ID, free_port_block
+from tests.helpers import CheckedBackground as Background
 from tests.stub_env import StubEnv
 from zmq_rl import actor as actor_module
 from zmq_rl.actor import GymActor
@@ -112,40 +112,6 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.002)
 
 
-class Background:
-    """Run ``fn`` in a daemon thread; keep its result or exception."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-        def target() -> None:
-            try:
-                self.result = fn()
-            except BaseException as exc:  # noqa: BLE001 - inspected by the test
-                self.error = exc
-
-        self.thread = threading.Thread(target=target, daemon=True)
-        self.thread.start()
-
-    def alive(self) -> bool:
-        return self.thread.is_alive()
-
-    def join(self, timeout: float = TIMEOUT) -> Any:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), f"thread still running after {timeout}s"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
 def raw_socket(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -155,12 +121,21 @@ def raw_socket(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
 
 
 def cartpole_fragment(
-    rng: np.random.Generator, run_id: str, actor_id: int = 0, slot: int = 0, seq: int = 0,
-    length: int = 4, **changes: Any,
+    rng: np.random.Generator,
+    run_id: str,
+    actor_id: int = 0,
+    slot: int = 0,
+    seq: int = 0,
+    length: int = 4,
+    **changes: Any,
 ) -> Fragment:
     """A well-formed CartPole-v1 fragment (decodes and passes the learner's checks)."""
     fields = dict(
-        actor_id=actor_id, slot=slot, version=0, seq=seq, run_id=run_id,
+        actor_id=actor_id,
+        slot=slot,
+        version=0,
+        seq=seq,
+        run_id=run_id,
         obs=rng.uniform(-0.05, 0.05, (length, 4)).astype(np.float32),
         actions=rng.integers(0, 2, length).astype(np.int64),
         rewards=np.ones(length, np.float32),
@@ -176,13 +151,15 @@ def cartpole_fragment(
 
 def huge_length_headers(r: random.Random) -> bytes:
     """msgpack headers that declare ~4 GB (bin/str/array/map 32) but carry a few bytes."""
-    return r.choice([
-        b"\xc6\xff\xff\xff\xff" + b"abc",  # bin 32
-        b"\xdb\xff\xff\xff\xff" + b"abc",  # str 32
-        b"\xdd\xff\xff\xff\xff" + b"\x01",  # array 32
-        b"\xdf\xff\xff\xff\xff" + b"\xa1a\x01",  # map 32
-        b"\x82\xa5proto\x01\xa4type\xc6\x7f\xff\xff\xff",  # a field claiming 2 GB
-    ])
+    return r.choice(
+        [
+            b"\xc6\xff\xff\xff\xff" + b"abc",  # bin 32
+            b"\xdb\xff\xff\xff\xff" + b"abc",  # str 32
+            b"\xdd\xff\xff\xff\xff" + b"\x01",  # array 32
+            b"\xdf\xff\xff\xff\xff" + b"\xa1a\x01",  # map 32
+            b"\x82\xa5proto\x01\xa4type\xc6\x7f\xff\xff\xff",  # a field claiming 2 GB
+        ]
+    )
 
 
 # ----------------------------------------------------------------------------- the fuzzers
@@ -211,8 +188,13 @@ class ExperienceFuzzer:
         actor_id = changes.pop("actor_id", self.r.choice(sorted(self.actors)))
         run_id = changes.pop("run_id", self.run_id)
         return cartpole_fragment(
-            self.rng, run_id, actor_id=actor_id, slot=0, seq=10**9,
-            length=self.r.randint(1, 8), **changes,
+            self.rng,
+            run_id,
+            actor_id=actor_id,
+            slot=0,
+            seq=10**9,
+            length=self.r.randint(1, 8),
+            **changes,
         )
 
     def body(self, **changes: Any) -> dict[str, Any]:
@@ -230,11 +212,26 @@ class ExperienceFuzzer:
 
     def wrong_type(self) -> list[bytes]:
         body = self.body()
-        name = self.r.choice([
-            "actor_id", "slot", "version", "seq", "run_id", "sent_at", "obs", "actions",
-            "rewards", "terminated", "truncated", "values", "log_probs", "next_obs",
-            "final_obs_index", "final_obs",
-        ])
+        name = self.r.choice(
+            [
+                "actor_id",
+                "slot",
+                "version",
+                "seq",
+                "run_id",
+                "sent_at",
+                "obs",
+                "actions",
+                "rewards",
+                "terminated",
+                "truncated",
+                "values",
+                "log_probs",
+                "next_obs",
+                "final_obs_index",
+                "final_obs",
+            ]
+        )
         if name in ("actor_id", "slot", "version", "seq"):
             value = self.r.choice(["7", 1.5, None, True, [1], {"a": 1}, -3, b"\x01"])
         elif name == "run_id":
@@ -242,10 +239,17 @@ class ExperienceFuzzer:
         elif name == "sent_at":
             value = self.r.choice(["now", None, [1.0], True, {"t": 1}])
         else:
-            value = self.r.choice([
-                "array", 5, [1.0, 2.0], None, {"dtype": "float32"}, b"\x00" * 16,
-                {"dtype": "float32", "shape": [1], "data": b"\x00" * 4, "extra": 1},
-            ])
+            value = self.r.choice(
+                [
+                    "array",
+                    5,
+                    [1.0, 2.0],
+                    None,
+                    {"dtype": "float32"},
+                    b"\x00" * 16,
+                    {"dtype": "float32", "shape": [1], "data": b"\x00" * 4, "extra": 1},
+                ]
+            )
         if name != "sent_at" and self.r.random() < 0.2:
             del body[name]  # a missing field is as wrong as a mistyped one
         else:
@@ -265,8 +269,9 @@ class ExperienceFuzzer:
                 [[-1], [1.5], "4", [1] * 9, None, [True], [2**64 - 1]]
             )
         elif case == 2:  # a 1-D field with two dimensions
-            body["rewards"] = encode_array(np.ones((len(body["terminated"]["data"]), 2),
-                                                   np.float32))
+            body["rewards"] = encode_array(
+                np.ones((len(body["terminated"]["data"]), 2), np.float32)
+            )
         elif case == 3:  # T disagrees between fields
             n = body["values"]["shape"][0] + 1
             body["values"] = encode_array(np.zeros(n, np.float32))
@@ -277,8 +282,15 @@ class ExperienceFuzzer:
             body["actions"] = encode_array(np.zeros((n, 1, 1), np.int64))
         elif case == 6:  # T = 0
             fragment = self.fragment()
-            for field in ("obs", "actions", "rewards", "terminated", "truncated", "values",
-                          "log_probs"):
+            for field in (
+                "obs",
+                "actions",
+                "rewards",
+                "terminated",
+                "truncated",
+                "values",
+                "log_probs",
+            ):
                 array = getattr(fragment, field)
                 body[field] = encode_array(array[:0])
         elif case == 7:  # obs with no time axis
@@ -323,15 +335,28 @@ class ExperienceFuzzer:
         return [pack(body)]
 
     def unexpected_type(self) -> list[bytes]:
-        return [encode(self.r.choice([
-            Heartbeat(actor_id=0, run_id=self.run_id),
-            Hello(actor_id=-1, env_id="CartPole-v1", observation_space={}, action_space={},
-                  num_envs=1),
-            Weights(version=1, run_id=self.run_id, tensors=[("w", np.zeros(2, np.float32))]),
-            Shutdown(reason="x", run_id=self.run_id),
-            Bye(actor_id=0, stats={}),
-            Refuse(code="x", reason="y"),
-        ]))]
+        return [
+            encode(
+                self.r.choice(
+                    [
+                        Heartbeat(actor_id=0, run_id=self.run_id),
+                        Hello(
+                            actor_id=-1,
+                            env_id="CartPole-v1",
+                            observation_space={},
+                            action_space={},
+                            num_envs=1,
+                        ),
+                        Weights(
+                            version=1, run_id=self.run_id, tensors=[("w", np.zeros(2, np.float32))]
+                        ),
+                        Shutdown(reason="x", run_id=self.run_id),
+                        Bye(actor_id=0, stats={}),
+                        Refuse(code="x", reason="y"),
+                    ]
+                )
+            )
+        ]
 
     def wrong_version(self) -> list[bytes]:
         body = self.body()
@@ -363,21 +388,40 @@ class ExperienceFuzzer:
         n = fragment.length
         case = self.r.randrange(3)
         if case == 0:  # rows of the wrong shape (consistent within the fragment)
-            return [encode(dataclasses.replace(
-                fragment, obs=np.zeros((n, 3), np.float32), next_obs=np.zeros(3, np.float32),
-                final_obs=np.zeros((0, 3), np.float32)))]
+            return [
+                encode(
+                    dataclasses.replace(
+                        fragment,
+                        obs=np.zeros((n, 3), np.float32),
+                        next_obs=np.zeros(3, np.float32),
+                        final_obs=np.zeros((0, 3), np.float32),
+                    )
+                )
+            ]
         dtype = np.float64 if case == 1 else np.uint8
-        return [encode(dataclasses.replace(
-            fragment, obs=fragment.obs.astype(dtype), next_obs=fragment.next_obs.astype(dtype),
-            final_obs=np.zeros((0, 4), dtype)))]
+        return [
+            encode(
+                dataclasses.replace(
+                    fragment,
+                    obs=fragment.obs.astype(dtype),
+                    next_obs=fragment.next_obs.astype(dtype),
+                    final_obs=np.zeros((0, 4), dtype),
+                )
+            )
+        ]
 
     def bad_actions(self) -> list[bytes]:
         fragment = self.fragment()
         n = fragment.length
-        actions = self.r.choice([
-            np.full(n, 2, np.int64), np.full(n, -1, np.int64), np.full(n, 2**40, np.int64),
-            np.zeros(n, np.float32), np.zeros((n, 1), np.int64),
-        ])
+        actions = self.r.choice(
+            [
+                np.full(n, 2, np.int64),
+                np.full(n, -1, np.int64),
+                np.full(n, 2**40, np.int64),
+                np.zeros(n, np.float32),
+                np.zeros((n, 1), np.int64),
+            ]
+        )
         return [encode(dataclasses.replace(fragment, actions=actions))]
 
     def stale_run_id(self) -> list[bytes]:
@@ -408,10 +452,26 @@ class ExperienceFuzzer:
         return parts
 
     CLASSES = (
-        "random_bytes", "truncated", "not_a_map", "wrong_type", "bad_dtype_or_shape",
-        "size_mismatch", "not_finite", "huge_length", "unknown_type", "unexpected_type",
-        "wrong_version", "unknown_actor", "out_of_range_id", "bad_slot", "bad_obs",
-        "bad_actions", "stale_run_id", "old_seq", "bad_final_obs", "multipart",
+        "random_bytes",
+        "truncated",
+        "not_a_map",
+        "wrong_type",
+        "bad_dtype_or_shape",
+        "size_mismatch",
+        "not_finite",
+        "huge_length",
+        "unknown_type",
+        "unexpected_type",
+        "wrong_version",
+        "unknown_actor",
+        "out_of_range_id",
+        "bad_slot",
+        "bad_obs",
+        "bad_actions",
+        "stale_run_id",
+        "old_seq",
+        "bad_final_obs",
+        "multipart",
     )
 
     def generate(self, index: int) -> tuple[str, list[bytes]]:
@@ -442,19 +502,30 @@ class ControlFuzzer:
         self.run_id = run_id
 
     def hello_body(self) -> dict[str, Any]:
-        return body_of(Hello(
-            actor_id=-1, env_id="CartPole-v1", observation_space={}, action_space={},
-            num_envs=1, host="fuzz", pid=1,
-        ))
+        return body_of(
+            Hello(
+                actor_id=-1,
+                env_id="CartPole-v1",
+                observation_space={},
+                action_space={},
+                num_envs=1,
+                host="fuzz",
+                pid=1,
+            )
+        )
 
     def random_bytes(self) -> list[bytes]:
         return [self.rng.bytes(self.r.randint(0, 300))]
 
     def truncated(self) -> list[bytes]:
-        frame = encode(self.r.choice([
-            Heartbeat(actor_id=0, run_id=self.run_id),
-            Bye(actor_id=0, stats={"steps_sent": 1.0}),
-        ]))
+        frame = encode(
+            self.r.choice(
+                [
+                    Heartbeat(actor_id=0, run_id=self.run_id),
+                    Bye(actor_id=0, stats={"steps_sent": 1.0}),
+                ]
+            )
+        )
         if self.r.random() < 0.5:
             frame = pack(self.hello_body())
         return [frame[: self.r.randint(1, len(frame) - 1)]]
@@ -466,13 +537,26 @@ class ControlFuzzer:
         case = self.r.randrange(3)
         if case == 0:
             body = self.hello_body()
-            name, value = self.r.choice([
-                ("actor_id", "x"), ("actor_id", 1.5), ("env_id", 5), ("env_id", "x" * 300),
-                ("observation_space", [1]), ("action_space", "box"), ("num_envs", "4"),
-                ("num_envs", -1), ("num_envs", 5000), ("host", "h" * 300), ("pid", -1),
-                ("rejoin_run_id", 5), ("next_seq", ["x"]), ("next_seq", [-1]),
-                ("next_seq", list(range(5000))), ("observation_space", {1: 2}),
-            ])
+            name, value = self.r.choice(
+                [
+                    ("actor_id", "x"),
+                    ("actor_id", 1.5),
+                    ("env_id", 5),
+                    ("env_id", "x" * 300),
+                    ("observation_space", [1]),
+                    ("action_space", "box"),
+                    ("num_envs", "4"),
+                    ("num_envs", -1),
+                    ("num_envs", 5000),
+                    ("host", "h" * 300),
+                    ("pid", -1),
+                    ("rejoin_run_id", 5),
+                    ("next_seq", ["x"]),
+                    ("next_seq", [-1]),
+                    ("next_seq", list(range(5000))),
+                    ("observation_space", {1: 2}),
+                ]
+            )
             body[name] = value
         elif case == 1:
             body = body_of(Heartbeat(actor_id=0, run_id=self.run_id))
@@ -482,11 +566,17 @@ class ControlFuzzer:
             body[name] = value
         else:
             body = body_of(Bye(actor_id=0, stats={"steps_sent": 1.0}))
-            name, value = self.r.choice([
-                ("stats", {"steps_sent": math.nan}), ("stats", {"x": math.inf}),
-                ("stats", [1]), ("stats", {"x": "1"}), ("last_seq", [-2]),
-                ("last_seq", "0"), ("actor_id", -1),
-            ])
+            name, value = self.r.choice(
+                [
+                    ("stats", {"steps_sent": math.nan}),
+                    ("stats", {"x": math.inf}),
+                    ("stats", [1]),
+                    ("stats", {"x": "1"}),
+                    ("last_seq", [-2]),
+                    ("last_seq", "0"),
+                    ("actor_id", -1),
+                ]
+            )
             body[name] = value
         return [pack(body)]
 
@@ -504,17 +594,28 @@ class ControlFuzzer:
         return [pack(body)]
 
     def unexpected_type(self) -> list[bytes]:
-        return [encode(self.r.choice([
-            cartpole_fragment(self.rng, self.run_id),
-            Weights(version=1, run_id=self.run_id, tensors=[("w", np.zeros(2, np.float32))]),
-            Refuse(code="x", reason="y"),
-            Shutdown(reason="x", run_id=self.run_id),
-        ]))]
+        return [
+            encode(
+                self.r.choice(
+                    [
+                        cartpole_fragment(self.rng, self.run_id),
+                        Weights(
+                            version=1, run_id=self.run_id, tensors=[("w", np.zeros(2, np.float32))]
+                        ),
+                        Refuse(code="x", reason="y"),
+                        Shutdown(reason="x", run_id=self.run_id),
+                    ]
+                )
+            )
+        ]
 
     def wrong_version(self) -> list[bytes]:
         """Answered with Refuse(version_mismatch)."""
-        body = self.hello_body() if self.r.random() < 0.5 else body_of(
-            Heartbeat(actor_id=0, run_id=self.run_id))
+        body = (
+            self.hello_body()
+            if self.r.random() < 0.5
+            else body_of(Heartbeat(actor_id=0, run_id=self.run_id))
+        )
         body["proto"] = self.r.choice([2, 0, "1", None, 1.0, True])
         return [pack(body)]
 
@@ -527,15 +628,25 @@ class ControlFuzzer:
         return [encode(Bye(actor_id=actor_id, stats={"steps_sent": 1e9}))]
 
     def multi_frame(self) -> list[bytes]:
-        parts = [self.r.choice([self.random_bytes, self.unknown_actor, self.wrong_version])()[0]
-                 for _ in range(self.r.randint(2, 4))]
+        parts = [
+            self.r.choice([self.random_bytes, self.unknown_actor, self.wrong_version])()[0]
+            for _ in range(self.r.randint(2, 4))
+        ]
         if self.r.random() < 0.3:
             parts[0] = b""  # a REQ-style empty delimiter
         return parts
 
     CLASSES = (
-        "random_bytes", "truncated", "not_a_map", "wrong_type", "out_of_range_id",
-        "huge_length", "unknown_type", "unexpected_type", "wrong_version", "unknown_actor",
+        "random_bytes",
+        "truncated",
+        "not_a_map",
+        "wrong_type",
+        "out_of_range_id",
+        "huge_length",
+        "unknown_type",
+        "unexpected_type",
+        "wrong_version",
+        "unknown_actor",
         "multi_frame",
     )
 
@@ -577,19 +688,32 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port):
     above MIN_RETURN.
     """
     cfg = LearnerConfig(
-        env_id="CartPole-v1", port=learner_port, num_actors=2, envs_per_actor=4, num_steps=32,
-        total_env_steps=100 * FUZZ_STEPS, fragment_length=16, eval_episodes=10, seed=0,
-        starvation_timeout=TIMEOUT, checkpoint_every=0,
+        env_id="CartPole-v1",
+        port=learner_port,
+        num_actors=2,
+        envs_per_actor=4,
+        num_steps=32,
+        total_env_steps=100 * FUZZ_STEPS,
+        fragment_length=16,
+        eval_episodes=10,
+        seed=0,
+        starvation_timeout=TIMEOUT,
+        checkpoint_every=0,
     )
     learner = Learner(cfg, PPOConfig(num_epochs=10), PolicyConfig(), context=ctx)
     try:
         run = Background(learner.run)
         actors = [
-            Background(lambda: GymActor(
-                ActorConfig(learner=f"127.0.0.1:{learner_port}", env_id="CartPole-v1",
-                            register_timeout=TIMEOUT),
-                context=ctx,
-            ).run())
+            Background(
+                lambda: GymActor(
+                    ActorConfig(
+                        learner=f"127.0.0.1:{learner_port}",
+                        env_id="CartPole-v1",
+                        register_timeout=TIMEOUT,
+                    ),
+                    context=ctx,
+                ).run()
+            )
             for _ in range(2)
         ]
 
@@ -622,10 +746,12 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port):
                 tried["control"][name] += 1
                 messages_sent += 1
             wait_until(
-                lambda n=parts_sent, m=messages_sent: total(
-                    learner.counters, "rejected/experience/") >= n
-                and total(learner.counters, "rejected/control/") >= m,
-                TIMEOUT, "the learner to count every malformed message",
+                lambda n=parts_sent, m=messages_sent: (
+                    total(learner.counters, "rejected/experience/") >= n
+                    and total(learner.counters, "rejected/control/") >= m
+                ),
+                TIMEOUT,
+                "the learner to count every malformed message",
             )
             while dealer.poll(0):
                 reply = decode(dealer.recv())
@@ -635,8 +761,11 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port):
         updates_during_fuzz = learner.report.updates_completed - started_at
         assert run.alive(), "the run ended before the fuzzing did"
         # Train on to FUZZ_STEPS (however fast the fuzzing went), then stop the run.
-        wait_until(lambda: learner.report.env_steps_consumed >= FUZZ_STEPS, 120,
-                   f"{FUZZ_STEPS} steps of training")
+        wait_until(
+            lambda: learner.report.env_steps_consumed >= FUZZ_STEPS,
+            120,
+            f"{FUZZ_STEPS} steps of training",
+        )
         learner.request_stop("fuzzing over")
         report = run.join(120)
         final_return, _ = evaluate_policy(learner.policy, "CartPole-v1", 10, seed=10_000)
@@ -650,16 +779,20 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port):
 
     counters = report.counters
     rejected = {k: v for k, v in sorted(counters.items()) if k.startswith("rejected/")}
-    print(f"\nfuzz: {sum(tried['experience'].values())} messages ({parts_sent} frames) "
-          f"to PULL, {messages_sent} to ROUTER in {fuzz_seconds:.1f}s, "
-          f"{updates_during_fuzz} updates meanwhile")
+    print(
+        f"\nfuzz: {sum(tried['experience'].values())} messages ({parts_sent} frames) "
+        f"to PULL, {messages_sent} to ROUTER in {fuzz_seconds:.1f}s, "
+        f"{updates_during_fuzz} updates meanwhile"
+    )
     print("fuzz classes PULL:", dict(tried["experience"]))
     print("fuzz classes ROUTER:", dict(tried["control"]))
     print("learner rejected:", json.dumps(rejected))
     print("learner replies to the fuzzing DEALER:", dict(replies))
-    print(f"final evaluation: {final_return:.1f} after "
-          f"{report.env_steps_consumed} steps; received/fragments "
-          f"{counters['received/fragments']}")
+    print(
+        f"final evaluation: {final_return:.1f} after "
+        f"{report.env_steps_consumed} steps; received/fragments "
+        f"{counters['received/fragments']}"
+    )
 
     assert sum(tried["experience"].values()) + messages_sent >= 10_000
     assert set(tried["experience"]) == set(ExperienceFuzzer.CLASSES)
@@ -669,13 +802,36 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port):
     assert total(counters, "rejected/experience/") == parts_sent
     assert total(counters, "rejected/control/") == messages_sent
     assert total(counters, "rejected/") == parts_sent + messages_sent
-    for reason in ("not_msgpack", "not_a_map", "bad_field", "bad_array", "bad_dtype",
-                   "bad_shape", "size_mismatch", "not_finite", "bad_value", "unknown_type",
-                   "unexpected_type", "version_mismatch", "unknown_actor", "bad_slot",
-                   "bad_obs", "bad_actions", "other_run", "old_seq"):
+    for reason in (
+        "not_msgpack",
+        "not_a_map",
+        "bad_field",
+        "bad_array",
+        "bad_dtype",
+        "bad_shape",
+        "size_mismatch",
+        "not_finite",
+        "bad_value",
+        "unknown_type",
+        "unexpected_type",
+        "version_mismatch",
+        "unknown_actor",
+        "bad_slot",
+        "bad_obs",
+        "bad_actions",
+        "other_run",
+        "old_seq",
+    ):
         assert counters.get(f"rejected/experience/{reason}", 0) > 0, reason
-    for reason in ("bad_frames", "version_mismatch", "unknown_actor", "unexpected_type",
-                   "bad_field", "not_msgpack", "unknown_type"):
+    for reason in (
+        "bad_frames",
+        "version_mismatch",
+        "unknown_actor",
+        "unexpected_type",
+        "bad_field",
+        "not_msgpack",
+        "unknown_type",
+    ):
         assert counters.get(f"rejected/control/{reason}", 0) > 0, reason
     # Version mismatches are answered with a refusal, strangers' heartbeats with
     # "reregister"; nothing else is answered.
@@ -747,15 +903,35 @@ class FakeLearner:
         policy = dataclasses.asdict(STUB_POLICY)
         policy["hidden_sizes"] = list(STUB_POLICY.hidden_sizes)
         config = {
-            "env_id": STUB_ENV_ID, "observation_space": space_spec(OBS_SPACE),
-            "action_space": space_spec(ACT_SPACE), "policy": policy, "num_steps": 16,
-            "broadcast_every": 1, "steps_per_broadcast": 16, "max_lead_steps": 16,
-            "fragment_length": 8, "num_envs": 1, "seed": 0, "heartbeat_interval": 1.0,
+            "env_id": STUB_ENV_ID,
+            "observation_space": space_spec(OBS_SPACE),
+            "action_space": space_spec(ACT_SPACE),
+            "policy": policy,
+            "num_steps": 16,
+            "broadcast_every": 1,
+            "steps_per_broadcast": 16,
+            "max_lead_steps": 16,
+            "fragment_length": 8,
+            "num_envs": 1,
+            "seed": 0,
+            "heartbeat_interval": 1.0,
         }
-        self.router.send_multipart([routing_id, encode(Welcome(
-            actor_id=0, run_id=FAKE_RUN, base_version=0, experience_port=self.port + 1,
-            weights_port=self.port + 2, config=config, weights=weights,
-        ))])
+        self.router.send_multipart(
+            [
+                routing_id,
+                encode(
+                    Welcome(
+                        actor_id=0,
+                        run_id=FAKE_RUN,
+                        base_version=0,
+                        experience_port=self.port + 1,
+                        weights_port=self.port + 2,
+                        config=config,
+                        weights=weights,
+                    )
+                ),
+            ]
+        )
 
     def wait_subscription(self, timeout: float = TIMEOUT) -> None:
         """Wait for a subscription (skipping the unsubscription of a closed SUB)."""
@@ -810,12 +986,22 @@ class WeightsFuzzer:
 
     def wrong_type(self) -> list[bytes]:
         body = self.body()
-        name, value = self.r.choice([
-            ("version", "1"), ("version", -1), ("version", None), ("run_id", 5),
-            ("run_id", None), ("tensors", "x"), ("tensors", []), ("tensors", [["a"]]),
-            ("tensors", [[5, encode_array(np.zeros(1, np.float32))]]),
-            ("tensors", [["a", "not an array"]]), ("extras", [1]), ("extras", {"a": 5}),
-        ])
+        name, value = self.r.choice(
+            [
+                ("version", "1"),
+                ("version", -1),
+                ("version", None),
+                ("run_id", 5),
+                ("run_id", None),
+                ("tensors", "x"),
+                ("tensors", []),
+                ("tensors", [["a"]]),
+                ("tensors", [[5, encode_array(np.zeros(1, np.float32))]]),
+                ("tensors", [["a", "not an array"]]),
+                ("extras", [1]),
+                ("extras", {"a": 5}),
+            ]
+        )
         body[name] = value
         return [pack(body)]
 
@@ -864,12 +1050,18 @@ class WeightsFuzzer:
         return [pack(body)]
 
     def unexpected_type(self) -> list[bytes]:
-        return [encode(self.r.choice([
-            cartpole_fragment(self.rng, FAKE_RUN),
-            Heartbeat(actor_id=-1, run_id=FAKE_RUN, version=10**6),
-            Shutdown(reason="forged on PUB", run_id=FAKE_RUN),
-            Refuse(code="reregister", reason="forged on PUB"),
-        ]))]
+        return [
+            encode(
+                self.r.choice(
+                    [
+                        cartpole_fragment(self.rng, FAKE_RUN),
+                        Heartbeat(actor_id=-1, run_id=FAKE_RUN, version=10**6),
+                        Shutdown(reason="forged on PUB", run_id=FAKE_RUN),
+                        Refuse(code="reregister", reason="forged on PUB"),
+                    ]
+                )
+            )
+        ]
 
     def wrong_version(self) -> list[bytes]:
         body = self.body()
@@ -877,13 +1069,25 @@ class WeightsFuzzer:
         return [pack(body)]
 
     def multipart(self) -> list[bytes]:
-        return [self.r.choice([self.random_bytes, self.wrong_version, self.truncated])()[0]
-                for _ in range(self.r.randint(2, 3))]
+        return [
+            self.r.choice([self.random_bytes, self.wrong_version, self.truncated])()[0]
+            for _ in range(self.r.randint(2, 3))
+        ]
 
     CLASSES = (
-        "random_bytes", "truncated", "not_a_map", "wrong_type", "bad_dtype_or_shape",
-        "size_mismatch", "not_finite", "duplicate_names", "huge_length", "unknown_type",
-        "unexpected_type", "wrong_version", "multipart",
+        "random_bytes",
+        "truncated",
+        "not_a_map",
+        "wrong_type",
+        "bad_dtype_or_shape",
+        "size_mismatch",
+        "not_finite",
+        "duplicate_names",
+        "huge_length",
+        "unknown_type",
+        "unexpected_type",
+        "wrong_version",
+        "multipart",
     )
 
     def generate(self, index: int) -> tuple[str, list[bytes]]:
@@ -915,15 +1119,17 @@ class ActorControlFuzzer:
         return [pack(self.r.choice([0, "shutdown", [1], None, 1.5, b"\x01"]))]
 
     def wrong_type(self) -> list[bytes]:
-        kind, name, value = self.r.choice([
-            (Shutdown(reason="x", run_id=FAKE_RUN), "reason", 5),
-            (Shutdown(reason="x", run_id=FAKE_RUN), "run_id", ["r"]),
-            (Shutdown(reason="x", run_id=FAKE_RUN), "reason", "r" * 5000),
-            (Heartbeat(actor_id=-1, run_id=FAKE_RUN), "actor_id", "-1"),
-            (Heartbeat(actor_id=-1, run_id=FAKE_RUN), "version", -5),
-            (Refuse(code="reregister", reason="x"), "code", None),
-            (Bye(actor_id=0, stats={}), "stats", {"a": math.nan}),
-        ])
+        kind, name, value = self.r.choice(
+            [
+                (Shutdown(reason="x", run_id=FAKE_RUN), "reason", 5),
+                (Shutdown(reason="x", run_id=FAKE_RUN), "run_id", ["r"]),
+                (Shutdown(reason="x", run_id=FAKE_RUN), "reason", "r" * 5000),
+                (Heartbeat(actor_id=-1, run_id=FAKE_RUN), "actor_id", "-1"),
+                (Heartbeat(actor_id=-1, run_id=FAKE_RUN), "version", -5),
+                (Refuse(code="reregister", reason="x"), "code", None),
+                (Bye(actor_id=0, stats={}), "stats", {"a": math.nan}),
+            ]
+        )
         body = body_of(kind)
         body[name] = value
         return [pack(body)]
@@ -938,13 +1144,25 @@ class ActorControlFuzzer:
 
     def unexpected_type(self) -> list[bytes]:
         """Valid messages an actor has no business receiving on control."""
-        return [encode(self.r.choice([
-            cartpole_fragment(self.rng, FAKE_RUN),
-            stub_weights(self.policy, 10**6),
-            Hello(actor_id=0, env_id="x", observation_space={}, action_space={}, num_envs=1),
-            Bye(actor_id=0, stats={}),
-            Refuse(code="auth_failed", reason="a refusal after the welcome"),
-        ]))]
+        return [
+            encode(
+                self.r.choice(
+                    [
+                        cartpole_fragment(self.rng, FAKE_RUN),
+                        stub_weights(self.policy, 10**6),
+                        Hello(
+                            actor_id=0,
+                            env_id="x",
+                            observation_space={},
+                            action_space={},
+                            num_envs=1,
+                        ),
+                        Bye(actor_id=0, stats={}),
+                        Refuse(code="auth_failed", reason="a refusal after the welcome"),
+                    ]
+                )
+            )
+        ]
 
     def wrong_version(self) -> list[bytes]:
         body = body_of(Shutdown(reason="from the future", run_id=FAKE_RUN))
@@ -952,12 +1170,21 @@ class ActorControlFuzzer:
         return [pack(body)]
 
     def multi_frame(self) -> list[bytes]:
-        return [self.r.choice([self.random_bytes, self.wrong_version, self.not_a_map])()[0]
-                for _ in range(self.r.randint(2, 4))]
+        return [
+            self.r.choice([self.random_bytes, self.wrong_version, self.not_a_map])()[0]
+            for _ in range(self.r.randint(2, 4))
+        ]
 
     CLASSES = (
-        "random_bytes", "truncated", "not_a_map", "wrong_type", "huge_length", "unknown_type",
-        "unexpected_type", "wrong_version", "multi_frame",
+        "random_bytes",
+        "truncated",
+        "not_a_map",
+        "wrong_type",
+        "huge_length",
+        "unknown_type",
+        "unexpected_type",
+        "wrong_version",
+        "multi_frame",
     )
 
     def generate(self, index: int) -> tuple[str, list[bytes]]:
@@ -983,11 +1210,17 @@ def test_fuzz_actor_sub_and_dealer(ctx, learner_port, recorded_clients):
     fake = FakeLearner(ctx, learner_port)
     policy_v0, policy_v1 = stub_policy(1), stub_policy(2)
     try:
-        actor = Background(lambda: GymActor(
-            ActorConfig(learner=f"127.0.0.1:{learner_port}", env_id=STUB_ENV_ID,
-                        register_timeout=TIMEOUT, learner_timeout=TIMEOUT),
-            context=ctx,
-        ).run())
+        actor = Background(
+            lambda: GymActor(
+                ActorConfig(
+                    learner=f"127.0.0.1:{learner_port}",
+                    env_id=STUB_ENV_ID,
+                    register_timeout=TIMEOUT,
+                    learner_timeout=TIMEOUT,
+                ),
+                context=ctx,
+            ).run()
+        )
         routing_id, hello = fake.recv_control(Hello)
         fake.welcome(routing_id, stub_weights(policy_v0, 0))
         fake.wait_subscription()
@@ -1003,8 +1236,11 @@ def test_fuzz_actor_sub_and_dealer(ctx, learner_port, recorded_clients):
                 fake.pub.send_multipart(parts)
                 tried["sub"][name] += 1
                 sub_frames += len(parts)
-            wait_until(lambda n=sub_frames: total(client.rejects, "weights:") >= n, TIMEOUT,
-                       "the actor to count the weights garbage")
+            wait_until(
+                lambda n=sub_frames: total(client.rejects, "weights:") >= n,
+                TIMEOUT,
+                "the actor to count the weights garbage",
+            )
             assert actor.alive()
         control_fuzz = ActorControlFuzzer(4, policy_v1)
         for i in range(0, ACTOR_FUZZ_DEALER, 100):
@@ -1013,8 +1249,11 @@ def test_fuzz_actor_sub_and_dealer(ctx, learner_port, recorded_clients):
                 fake.router.send_multipart([routing_id, *parts])
                 tried["dealer"][name] += 1
                 dealer_frames += len(parts)
-            wait_until(lambda n=dealer_frames: total(client.rejects, "control:") >= n, TIMEOUT,
-                       "the actor to count the control garbage")
+            wait_until(
+                lambda n=dealer_frames: total(client.rejects, "control:") >= n,
+                TIMEOUT,
+                "the actor to count the control garbage",
+            )
             assert actor.alive()
         # A forged or stale shutdown (another run) is ignored, not obeyed.
         fake.router.send_multipart([routing_id, encode(Shutdown("forged", run_id="other"))])
@@ -1051,8 +1290,10 @@ def test_fuzz_actor_sub_and_dealer(ctx, learner_port, recorded_clients):
         fake.close()
 
     rejects = dict(client.rejects)
-    print(f"\nactor fuzz: {sum(tried['sub'].values())} messages ({sub_frames} frames) on SUB, "
-          f"{sum(tried['dealer'].values())} messages ({dealer_frames} frames) on DEALER")
+    print(
+        f"\nactor fuzz: {sum(tried['sub'].values())} messages ({sub_frames} frames) on SUB, "
+        f"{sum(tried['dealer'].values())} messages ({dealer_frames} frames) on DEALER"
+    )
     print("fuzz classes SUB:", dict(tried["sub"]))
     print("fuzz classes DEALER:", dict(tried["dealer"]))
     print("actor rejects:", json.dumps(dict(sorted(rejects.items()))))
@@ -1060,12 +1301,28 @@ def test_fuzz_actor_sub_and_dealer(ctx, learner_port, recorded_clients):
     assert set(tried["dealer"]) == set(ActorControlFuzzer.CLASSES)
     assert total(rejects, "weights:") == sub_frames + 1  # + the weights of another run
     assert total(rejects, "control:") == dealer_frames
-    for reason in ("not_msgpack", "not_a_map", "bad_field", "bad_dtype", "bad_shape",
-                   "size_mismatch", "not_finite", "unknown_type", "unexpected_type",
-                   "version_mismatch"):
+    for reason in (
+        "not_msgpack",
+        "not_a_map",
+        "bad_field",
+        "bad_dtype",
+        "bad_shape",
+        "size_mismatch",
+        "not_finite",
+        "unknown_type",
+        "unexpected_type",
+        "version_mismatch",
+    ):
         assert rejects.get(f"weights:{reason}", 0) > 0, reason
-    for reason in ("not_msgpack", "not_a_map", "bad_field", "bad_value", "unknown_type",
-                   "unexpected_type", "version_mismatch"):
+    for reason in (
+        "not_msgpack",
+        "not_a_map",
+        "bad_field",
+        "bad_value",
+        "unknown_type",
+        "unexpected_type",
+        "version_mismatch",
+    ):
         assert rejects.get(f"control:{reason}", 0) > 0, reason
     assert client.registrations == 2
     assert stats["policy_updates_received"] == 1 and stats["last_policy_version"] == 1
@@ -1097,19 +1354,28 @@ def test_forged_weights_with_wrong_tensors_are_rejected_not_fatal(
     fake = FakeLearner(ctx, learner_port)
     policy_v0, policy_v2 = stub_policy(1), stub_policy(2)
     try:
-        actor = Background(lambda: GymActor(
-            ActorConfig(learner=f"127.0.0.1:{learner_port}", env_id=STUB_ENV_ID,
-                        register_timeout=TIMEOUT, learner_timeout=TIMEOUT),
-            context=ctx,
-        ).run())
+        actor = Background(
+            lambda: GymActor(
+                ActorConfig(
+                    learner=f"127.0.0.1:{learner_port}",
+                    env_id=STUB_ENV_ID,
+                    register_timeout=TIMEOUT,
+                    learner_timeout=TIMEOUT,
+                ),
+                context=ctx,
+            ).run()
+        )
         routing_id, _ = fake.recv_control(Hello)
         fake.welcome(routing_id, stub_weights(policy_v0, 0))
         fake.wait_subscription()
         wait_until(lambda: bool(recorded_clients), TIMEOUT, "the actor's client")
         client = recorded_clients[0]
         fake.pub.send(encode(forged_weights(policy_v2, 1)[case]))
-        wait_until(lambda: total(client.rejects, "weights:") >= 1 or not actor.alive(),
-                   10.0, "the forged weights to be rejected (or the actor to die)")
+        wait_until(
+            lambda: total(client.rejects, "weights:") >= 1 or not actor.alive(),
+            10.0,
+            "the forged weights to be rejected (or the actor to die)",
+        )
         assert actor.alive(), f"the actor died: {actor.error!r}"
         assert client.version == 0, "the client adopted the version of unusable weights"
         fake.pub.send(encode(stub_weights(policy_v2, 2)))
@@ -1128,17 +1394,32 @@ def test_forged_weights_with_wrong_tensors_are_rejected_not_fatal(
 
 def stub_learner(port: int, **changes: Any) -> LearnerConfig:
     base = dict(
-        env_id=STUB_ENV_ID, port=port, num_actors=1, envs_per_actor=1, num_steps=8,
-        fragment_length=8, total_env_steps=8 * 10, eval_episodes=1, seed=0,
-        starvation_timeout=TIMEOUT, checkpoint_every=0,
+        env_id=STUB_ENV_ID,
+        port=port,
+        num_actors=1,
+        envs_per_actor=1,
+        num_steps=8,
+        fragment_length=8,
+        total_env_steps=8 * 10,
+        eval_episodes=1,
+        seed=0,
+        starvation_timeout=TIMEOUT,
+        checkpoint_every=0,
     )
     return LearnerConfig(**{**base, **changes})
 
 
 def stub_hello(**changes: Any) -> Hello:
-    fields = dict(actor_id=-1, env_id=STUB_ENV_ID, observation_space=space_spec(OBS_SPACE),
-                  action_space=space_spec(ACT_SPACE), num_envs=1, host="test", pid=1,
-                  next_seq=[0])
+    fields = dict(
+        actor_id=-1,
+        env_id=STUB_ENV_ID,
+        observation_space=space_spec(OBS_SPACE),
+        action_space=space_spec(ACT_SPACE),
+        num_envs=1,
+        host="test",
+        pid=1,
+        next_seq=[0],
+    )
     fields.update(changes)
     return Hello(**fields)
 
@@ -1155,8 +1436,7 @@ def test_protocol_version_mismatch_is_refused_naming_both_versions(
     encoder is made to stamp proto 2) is refused with ``version_mismatch``; the refusal,
     the client's LearnerRefused and the learner's log name both versions, and the
     learner counts each under ``rejected/control/version_mismatch``."""
-    learner = Learner(stub_learner(learner_port), PPOConfig(num_epochs=1), STUB_POLICY,
-                      context=ctx)
+    learner = Learner(stub_learner(learner_port), PPOConfig(num_epochs=1), STUB_POLICY, context=ctx)
     try:
         run = Background(learner.run)
         dealer = raw_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{learner_port}")
@@ -1166,7 +1446,8 @@ def test_protocol_version_mismatch_is_refused_naming_both_versions(
         refusal = recv_message(dealer)
         assert isinstance(refusal, Refuse) and refusal.code == "version_mismatch"
         assert "peer speaks 2" in refusal.reason and f"we speak {PROTOCOL_VERSION}" in (
-            refusal.reason)
+            refusal.reason
+        )
 
         from zmq_rl import client as client_module
 
@@ -1179,9 +1460,14 @@ def test_protocol_version_mismatch_is_refused_naming_both_versions(
             return pack(body)
 
         monkeypatch.setattr(client_module, "encode", encode_v2)
-        client = ActorClient(f"127.0.0.1:{learner_port}", env_id=STUB_ENV_ID,
-                             observation_space=OBS_SPACE, action_space=ACT_SPACE,
-                             context=ctx, register_timeout=10.0)
+        client = ActorClient(
+            f"127.0.0.1:{learner_port}",
+            env_id=STUB_ENV_ID,
+            observation_space=OBS_SPACE,
+            action_space=ACT_SPACE,
+            context=ctx,
+            register_timeout=10.0,
+        )
         start = time.monotonic()
         with pytest.raises(LearnerRefused) as info:
             client.register()
@@ -1194,8 +1480,7 @@ def test_protocol_version_mismatch_is_refused_naming_both_versions(
         learner.close()
     print(f"\nversion mismatch: refused in {elapsed * 1000:.0f} ms: {info.value}")
     assert info.value.code == "version_mismatch" and elapsed < 5.0
-    assert "peer speaks 2" in str(info.value) and f"we speak {PROTOCOL_VERSION}" in str(
-        info.value)
+    assert "peer speaks 2" in str(info.value) and f"we speak {PROTOCOL_VERSION}" in str(info.value)
     assert report.counters["rejected/control/version_mismatch"] == 2
     assert "registered" not in report.counters
     logged = [r.getMessage() for r in caplog.records if "version_mismatch" in r.getMessage()]
@@ -1209,9 +1494,14 @@ def test_actor_facing_a_newer_learner_is_told_both_versions(ctx, learner_port):
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.bind(f"tcp://127.0.0.1:{learner_port}")
-    client = ActorClient(f"127.0.0.1:{learner_port}", env_id=STUB_ENV_ID,
-                         observation_space=OBS_SPACE, action_space=ACT_SPACE, context=ctx,
-                         register_timeout=2.0)
+    client = ActorClient(
+        f"127.0.0.1:{learner_port}",
+        env_id=STUB_ENV_ID,
+        observation_space=OBS_SPACE,
+        action_space=ACT_SPACE,
+        context=ctx,
+        register_timeout=2.0,
+    )
     try:
         attempt = Background(client.register)
         assert router.poll(5000), "no hello"
@@ -1235,8 +1525,7 @@ def test_hello_with_an_unusable_space_is_refused_and_the_run_goes_on(ctx, learne
     """Hellos whose spaces cannot be built (a Discrete of 2**63 made gymnasium raise
     OverflowError, which used to escape and stop the learner) are refused with
     ``bad_hello``; then a real actor registers and the run completes."""
-    learner = Learner(stub_learner(learner_port), PPOConfig(num_epochs=1), STUB_POLICY,
-                      context=ctx)
+    learner = Learner(stub_learner(learner_port), PPOConfig(num_epochs=1), STUB_POLICY, context=ctx)
     try:
         run = Background(learner.run)
         dealer = raw_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{learner_port}")
@@ -1250,11 +1539,14 @@ def test_hello_with_an_unusable_space_is_refused_and_the_run_goes_on(ctx, learne
         ):
             dealer.send(encode(stub_hello(action_space=action_space)))
             refusal = recv_message(dealer)
-            assert isinstance(refusal, Refuse) and refusal.code in ("bad_hello",
-                                                                    "space_mismatch")
+            assert isinstance(refusal, Refuse) and refusal.code in ("bad_hello", "space_mismatch")
             assert run.alive(), f"the learner died: {run.error!r}"
-        stats = GymActor(ActorConfig(learner=f"127.0.0.1:{learner_port}", env_id=STUB_ENV_ID,
-                                     register_timeout=TIMEOUT), context=ctx).run()
+        stats = GymActor(
+            ActorConfig(
+                learner=f"127.0.0.1:{learner_port}", env_id=STUB_ENV_ID, register_timeout=TIMEOUT
+            ),
+            context=ctx,
+        ).run()
         report = run.join()
         dealer.close()
     finally:
@@ -1317,10 +1609,17 @@ class RegisteredPeer:
     def fragment(self, length: int, **changes: Any) -> Fragment:
         t = (np.arange(self.seq * length, (self.seq + 1) * length) % 5).astype(np.float32)
         fields = dict(
-            actor_id=self.actor_id, slot=0, version=0, seq=self.seq, run_id=self.run_id,
-            obs=np.stack([t, t], axis=1), actions=self.rng.integers(0, 2, length),
-            rewards=np.ones(length, np.float32), terminated=(t == 4),
-            truncated=np.zeros(length, bool), values=np.zeros(length, np.float32),
+            actor_id=self.actor_id,
+            slot=0,
+            version=0,
+            seq=self.seq,
+            run_id=self.run_id,
+            obs=np.stack([t, t], axis=1),
+            actions=self.rng.integers(0, 2, length),
+            rewards=np.ones(length, np.float32),
+            terminated=(t == 4),
+            truncated=np.zeros(length, bool),
+            values=np.zeros(length, np.float32),
             log_probs=np.full(length, -0.69, np.float32),
             next_obs=np.full(2, (t[-1] + 1) % 5, np.float32),
         )
@@ -1355,9 +1654,16 @@ def test_registered_peer_ignoring_the_staleness_valve_is_capped(ctx, learner_por
     learner = Learner(cfg, PPOConfig(num_epochs=1), STUB_POLICY, context=ctx)
     try:
         run = Background(learner.run)
-        good = Background(lambda: GymActor(
-            ActorConfig(learner=f"127.0.0.1:{learner_port}", env_id=STUB_ENV_ID,
-                        register_timeout=TIMEOUT), context=ctx).run())
+        good = Background(
+            lambda: GymActor(
+                ActorConfig(
+                    learner=f"127.0.0.1:{learner_port}",
+                    env_id=STUB_ENV_ID,
+                    register_timeout=TIMEOUT,
+                ),
+                context=ctx,
+            ).run()
+        )
         peer = RegisteredPeer(ctx, learner_port)
         sent = max_queued = 0
 
@@ -1373,8 +1679,13 @@ def test_registered_peer_ignoring_the_staleness_valve_is_capped(ctx, learner_por
             wait_until(lambda: accounted() or not run.alive(), TIMEOUT, "the burst counted")
             max_queued = max(max_queued, learner.queues.rows((peer.actor_id, 0)))
             updates = learner.report.updates_completed
-            wait_until(lambda n=updates: learner.report.updates_completed > n
-                       or not run.alive() or peer.dealer.poll(0), TIMEOUT, "the next update")
+            wait_until(
+                lambda n=updates: (
+                    learner.report.updates_completed > n or not run.alive() or peer.dealer.poll(0)
+                ),
+                TIMEOUT,
+                "the next update",
+            )
             peer.serve_control()
         report = run.join()
         stats = good.join()
@@ -1383,16 +1694,17 @@ def test_registered_peer_ignoring_the_staleness_valve_is_capped(ctx, learner_por
         learner.close()
     counters = report.counters
     summary = report.actor_stats[str(peer.actor_id)]
-    print(f"\nover_lead: sent {sent} fragments ({sent * 4} rows); received "
-          f"{summary['fragments_received']}, rejected over_lead "
-          f"{counters['rejected/experience/over_lead']}; max queued {max_queued} <= cap {cap}")
+    print(
+        f"\nover_lead: sent {sent} fragments ({sent * 4} rows); received "
+        f"{summary['fragments_received']}, rejected over_lead "
+        f"{counters['rejected/experience/over_lead']}; max queued {max_queued} <= cap {cap}"
+    )
     assert report.stop_reason == "budget spent"
     assert counters["rejected/experience/over_lead"] > sent // 2
     assert summary["fragments_received"] + counters["rejected/experience/over_lead"] == sent
     assert 0 < max_queued <= cap
     good_summary = next(s for a, s in report.actor_stats.items() if a != str(peer.actor_id))
-    assert good_summary["steps_received"] == good_summary["actor/steps_sent"] == stats[
-        "steps_sent"]
+    assert good_summary["steps_received"] == good_summary["actor/steps_sent"] == stats["steps_sent"]
 
 
 def test_registered_peer_sending_only_heartbeats_cannot_stall_the_run(ctx, learner_port):
@@ -1400,14 +1712,27 @@ def test_registered_peer_sending_only_heartbeats_cannot_stall_the_run(ctx, learn
     the rollout at the next broadcast and never fills; the learner must drop it (as it
     drops a silent actor after ``actor_timeout``) and finish its budget, instead of
     starving."""
-    cfg = stub_learner(learner_port, fragment_length=4, total_env_steps=8 * 200,
-                       actor_timeout=1.5, starvation_timeout=4.0)
+    cfg = stub_learner(
+        learner_port,
+        fragment_length=4,
+        total_env_steps=8 * 200,
+        actor_timeout=1.5,
+        starvation_timeout=4.0,
+    )
     learner = Learner(cfg, PPOConfig(num_epochs=1), STUB_POLICY, context=ctx)
     try:
         run = Background(learner.run)
-        good = Background(lambda: GymActor(
-            ActorConfig(learner=f"127.0.0.1:{learner_port}", env_id=STUB_ENV_ID,
-                        register_timeout=TIMEOUT, learner_timeout=10.0), context=ctx).run())
+        good = Background(
+            lambda: GymActor(
+                ActorConfig(
+                    learner=f"127.0.0.1:{learner_port}",
+                    env_id=STUB_ENV_ID,
+                    register_timeout=TIMEOUT,
+                    learner_timeout=10.0,
+                ),
+                context=ctx,
+            ).run()
+        )
         wait_until(lambda: learner.report.updates_completed >= 1, TIMEOUT, "training")
         peer = RegisteredPeer(ctx, learner_port)
         deadline = time.monotonic() + TIMEOUT
@@ -1424,9 +1749,7 @@ def test_registered_peer_sending_only_heartbeats_cannot_stall_the_run(ctx, learn
 
 
 @pytest.mark.parametrize("field", ["rewards", "values"])
-def test_registered_peer_cannot_poison_the_policy_with_huge_finite_values(
-    ctx, learner_port, field
-):
+def test_registered_peer_cannot_poison_the_policy_with_huge_finite_values(ctx, learner_port, field):
     """The only actor of a run is a registered peer that follows the valve but whose
     ``field`` holds 3e38: such fragments are rejected (``out_of_range``), the learner
     keeps running, and its policy stays finite. (A minibatch that still turns out
@@ -1441,7 +1764,8 @@ def test_registered_peer_cannot_poison_the_policy_with_huge_finite_values(
             peer.send(dataclasses.replace(fragment, **{field: np.full(8, 3e38, np.float32)}))
         wait_until(
             lambda: learner.counters["rejected/experience/out_of_range"] >= 3,
-            TIMEOUT, "the poisoned fragments to be rejected",
+            TIMEOUT,
+            "the poisoned fragments to be rejected",
         )
         assert run.alive()
         learner.request_stop("test over")
@@ -1552,8 +1876,13 @@ def sample_rss_for(pid: int, seconds: float) -> int:
 
 def run_flood(flood_args: list[str], timeout: float) -> tuple[subprocess.Popen, Callable]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "flood.py"), *flood_args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "bench" / "flood.py"), *flood_args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
     def result() -> dict[str, Any]:
         out, _ = proc.communicate(timeout=timeout)
@@ -1577,20 +1906,30 @@ def junk_flood(tmp_path_factory) -> dict[str, Any]:
     with open(log_path, "w") as log_file:
         learner = subprocess.Popen(
             [sys.executable, "-c", FLOOD_LEARNER, str(port), str(progress_path)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log_file, text=True,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
         )
     actors = []
     try:
         actors = [
-            Background(lambda: GymActor(
-                ActorConfig(learner=f"127.0.0.1:{port}", env_id="CartPole-v1",
-                            register_timeout=60.0),
-                context=context,
-            ).run())
+            Background(
+                lambda: GymActor(
+                    ActorConfig(
+                        learner=f"127.0.0.1:{port}", env_id="CartPole-v1", register_timeout=60.0
+                    ),
+                    context=context,
+                ).run()
+            )
             for _ in range(2)
         ]
-        wait_until(lambda: (p := read_progress(progress_path)) and p[-1]["steps"] >= 3000,
-                   90.0, "the learner to train its first 3000 steps")
+        wait_until(
+            lambda: (p := read_progress(progress_path)) and p[-1]["steps"] >= 3000,
+            90.0,
+            "the learner to train its first 3000 steps",
+        )
         base_start = time.monotonic()
         rss_before = sample_rss_for(learner.pid, FLOOD_BASELINE_S)
         base_end = time.monotonic()
@@ -1600,8 +1939,11 @@ def junk_flood(tmp_path_factory) -> dict[str, Any]:
         )
         rss_peak = sample_rss_until(learner.pid, lambda: flood.poll() is not None, FLOOD_S + 30)
         figures = flood_result()
-        wait_until(lambda: read_progress(progress_path)[-1]["rejected"] >= figures["sent"],
-                   30.0, "the learner to count every junk frame")
+        wait_until(
+            lambda: read_progress(progress_path)[-1]["rejected"] >= figures["sent"],
+            30.0,
+            "the learner to count every junk frame",
+        )
         rss_after = rss(learner.pid)
         progress = read_progress(progress_path)
         learner.send_signal(signal.SIGTERM)
@@ -1616,10 +1958,14 @@ def junk_flood(tmp_path_factory) -> dict[str, Any]:
     baseline = steps_per_second(progress, base_start, base_end)
     during = steps_per_second(progress, figures["started_at"], figures["ended_at"])
     figures.update(
-        baseline_steps_per_s=round(baseline), flood_steps_per_s=round(during),
+        baseline_steps_per_s=round(baseline),
+        flood_steps_per_s=round(during),
         throughput_fraction=round(during / baseline, 3),
-        rss_before_mb=round(rss_before / 1e6, 1), rss_peak_mb=round(rss_peak / 1e6, 1),
-        rss_after_mb=round(rss_after / 1e6, 1), report=report, actor_stats=stats,
+        rss_before_mb=round(rss_before / 1e6, 1),
+        rss_peak_mb=round(rss_peak / 1e6, 1),
+        rss_after_mb=round(rss_after / 1e6, 1),
+        report=report,
+        actor_stats=stats,
     )
     summary = {k: v for k, v in figures.items() if k not in ("report", "actor_stats")}
     print("\njunk flood:", json.dumps(summary))
@@ -1673,20 +2019,36 @@ def test_stalled_learner_buffers_bounded_memory_from_a_flooding_peer(learner_por
     evaluation or checkpoint), a peer pushing ~310 KB junk frames for 3 s must not make
     it buffer more than STALL_RSS_BOUND."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    learner = subprocess.Popen([sys.executable, "-c", STALLED_LEARNER, str(learner_port)],
-                               cwd=REPO, env=env, stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+    learner = subprocess.Popen(
+        [sys.executable, "-c", STALLED_LEARNER, str(learner_port)],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert learner.stdout.readline().strip() == "BOUND"
         before = rss(learner.pid)
         flood, flood_result = run_flood(
-            [f"tcp://127.0.0.1:{learner_port + 1}", "--seconds", "3", "--rows",
-             str(STALL_ROWS), "--linger-ms", "0"], timeout=40)
+            [
+                f"tcp://127.0.0.1:{learner_port + 1}",
+                "--seconds",
+                "3",
+                "--rows",
+                str(STALL_ROWS),
+                "--linger-ms",
+                "0",
+            ],
+            timeout=40,
+        )
         peak = sample_rss_until(learner.pid, lambda: flood.poll() is not None, 40)
         figures = flood_result()
     finally:
         learner.kill()
         learner.wait(10)
-    print(f"\nstalled learner: {figures['sent']} frames of {figures['frame_bytes'][0]} bytes "
-          f"sent; RSS {before / 1e6:.0f} -> {peak / 1e6:.0f} MB")
+    print(
+        f"\nstalled learner: {figures['sent']} frames of {figures['frame_bytes'][0]} bytes "
+        f"sent; RSS {before / 1e6:.0f} -> {peak / 1e6:.0f} MB"
+    )
     assert peak - before < STALL_RSS_BOUND

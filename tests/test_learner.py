@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 import time
 from typing import Any
 
@@ -22,6 +21,7 @@ import torch
 import zmq
 
 from tests.conftest import STUB_ENV_ID
+from tests.helpers import Background
 from tests.stub_env import StubEnv
 from zmq_rl.actor import GymActor
 from zmq_rl.config import ActorConfig, LearnerConfig, PolicyConfig, PPOConfig
@@ -46,35 +46,6 @@ from zmq_rl.targets import TargetSettings, rollout_to_batch
 TIMEOUT = 30.0
 TINY = PolicyConfig(hidden_sizes=(8,))
 OBS_SPACE, ACT_SPACE = StubEnv.observation_space, StubEnv.action_space
-
-
-class Background:
-    """Run ``fn`` in a thread; keep its result or exception."""
-
-    def __init__(self, fn) -> None:
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-        def target():
-            try:
-                self.result = fn()
-            except BaseException as exc:  # noqa: BLE001 - inspected by the test
-                self.error = exc
-
-        self.thread = threading.Thread(target=target, daemon=True)
-        self.thread.start()
-
-    def join(self, timeout: float = TIMEOUT) -> Any:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), f"thread still running after {timeout}s"
-        return self.result
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def learner_config(port: int, **changes: Any) -> LearnerConfig:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import zmq
 import zmq.auth
 
 from tests.conftest import STUB_ENV_ID
+from tests.helpers import CheckedBackground as Background
 from tests.stub_env import StubEnv
 from zmq_rl.actor import GymActor, curve_client_keys
 from zmq_rl.client import ActorClient, LearnerRefused
@@ -80,61 +80,41 @@ def keys(tmp_path: Path) -> Keys:
     authorized.mkdir()
     shutil.copy(made["actor"][0], authorized)
     return Keys(
-        *made["learner"], *made["actor"], *made["stranger"], *made["impostor"],
+        *made["learner"],
+        *made["actor"],
+        *made["stranger"],
+        *made["impostor"],
         authorized=str(authorized),
     )
 
 
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-class Background:
-    """Run ``fn`` in a daemon thread; keep its result or exception."""
-
-    def __init__(self, fn) -> None:
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-        def target() -> None:
-            try:
-                self.result = fn()
-            except BaseException as exc:  # noqa: BLE001 - inspected by the test
-                self.error = exc
-
-        self.thread = threading.Thread(target=target, daemon=True)
-        self.thread.start()
-
-    def alive(self) -> bool:
-        return self.thread.is_alive()
-
-    def join(self, timeout: float = TIMEOUT) -> Any:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), f"thread still running after {timeout}s"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
 def learner_config(port: int, keys: Keys | None, **changes: Any) -> LearnerConfig:
     base = dict(
-        env_id=STUB_ENV_ID, port=port, num_actors=1, envs_per_actor=1, num_steps=8,
-        fragment_length=4, total_env_steps=8 * 60, eval_episodes=1, seed=0,
-        starvation_timeout=TIMEOUT, checkpoint_every=0,
+        env_id=STUB_ENV_ID,
+        port=port,
+        num_actors=1,
+        envs_per_actor=1,
+        num_steps=8,
+        fragment_length=4,
+        total_env_steps=8 * 60,
+        eval_episodes=1,
+        seed=0,
+        starvation_timeout=TIMEOUT,
+        checkpoint_every=0,
     )
     if keys is not None:
-        base.update(curve_secret_key=keys.learner_secret,
-                    curve_authorized_keys=keys.authorized)
+        base.update(curve_secret_key=keys.learner_secret, curve_authorized_keys=keys.authorized)
     return LearnerConfig(**{**base, **changes})
 
 
 def actor_config(port: int, secret: str = "", server: str = "", **changes: Any) -> ActorConfig:
     return ActorConfig(
-        learner=f"127.0.0.1:{port}", env_id=STUB_ENV_ID, register_timeout=TIMEOUT,
-        curve_secret_key=secret, curve_server_key=server, **changes,
+        learner=f"127.0.0.1:{port}",
+        env_id=STUB_ENV_ID,
+        register_timeout=TIMEOUT,
+        curve_secret_key=secret,
+        curve_server_key=server,
+        **changes,
     )
 
 
@@ -146,8 +126,9 @@ def refused(ctx: zmq.Context, cfg: ActorConfig) -> tuple[LearnerRefused, float]:
     return info.value, time.monotonic() - start
 
 
-def raw_curve_socket(ctx: zmq.Context, kind: int, endpoint: str, secret_file: str | None,
-                     server_file: str) -> zmq.Socket:
+def raw_curve_socket(
+    ctx: zmq.Context, kind: int, endpoint: str, secret_file: str | None, server_file: str
+) -> zmq.Socket:
     """A raw socket; a CURVE client with the keys of ``secret_file`` (plain when None)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -163,13 +144,23 @@ def forged_fragment(run_id: str, seq: int) -> bytes:
     """A fragment the learner would accept from the authorised actor 0: right run id,
     registered actor id, a sequence number ahead of the real one."""
     t = np.zeros((4, 2), np.float32)
-    return encode(Fragment(
-        actor_id=0, slot=0, version=0, seq=seq, run_id=run_id, obs=t,
-        actions=np.zeros(4, np.int64), rewards=np.full(4, 1e3, np.float32),
-        terminated=np.zeros(4, bool), truncated=np.zeros(4, bool),
-        values=np.zeros(4, np.float32), log_probs=np.full(4, -0.69, np.float32),
-        next_obs=np.zeros(2, np.float32),
-    ))
+    return encode(
+        Fragment(
+            actor_id=0,
+            slot=0,
+            version=0,
+            seq=seq,
+            run_id=run_id,
+            obs=t,
+            actions=np.zeros(4, np.int64),
+            rewards=np.full(4, 1e3, np.float32),
+            terminated=np.zeros(4, bool),
+            truncated=np.zeros(4, bool),
+            values=np.zeros(4, np.float32),
+            log_probs=np.full(4, -0.69, np.float32),
+            next_obs=np.zeros(2, np.float32),
+        )
+    )
 
 
 def test_authorised_actor_trains_and_a_stranger_gets_nothing_through(ctx, learner_port, keys):
@@ -187,7 +178,8 @@ def test_authorised_actor_trains_and_a_stranger_gets_nothing_through(ctx, learne
     try:
         run = Background(learner.run)
         refusal, elapsed = refused(
-            ctx, actor_config(learner_port, keys.stranger_secret, keys.learner_public))
+            ctx, actor_config(learner_port, keys.stranger_secret, keys.learner_public)
+        )
 
         control = f"tcp://127.0.0.1:{learner_port}"
         experience = f"tcp://127.0.0.1:{cfg.experience_port()}"
@@ -195,29 +187,42 @@ def test_authorised_actor_trains_and_a_stranger_gets_nothing_through(ctx, learne
         sub = raw_curve_socket(ctx, zmq.SUB, weights, keys.stranger_secret, keys.learner_public)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         # The control: the same raw SUB with the authorised key does receive weights.
-        authorised_sub = raw_curve_socket(ctx, zmq.SUB, weights, keys.actor_secret,
-                                          keys.learner_public)
+        authorised_sub = raw_curve_socket(
+            ctx, zmq.SUB, weights, keys.actor_secret, keys.learner_public
+        )
         authorised_sub.setsockopt(zmq.SUBSCRIBE, b"")
-        push = raw_curve_socket(ctx, zmq.PUSH, experience, keys.stranger_secret,
-                                keys.learner_public)
+        push = raw_curve_socket(
+            ctx, zmq.PUSH, experience, keys.stranger_secret, keys.learner_public
+        )
         plain_push = raw_curve_socket(ctx, zmq.PUSH, experience, None, keys.learner_public)
-        dealer = raw_curve_socket(ctx, zmq.DEALER, control, keys.stranger_secret,
-                                  keys.learner_public)
-        hello = encode(Hello(actor_id=-1, env_id=STUB_ENV_ID,
-                             observation_space=space_spec(OBS_SPACE),
-                             action_space=space_spec(ACT_SPACE), num_envs=1, host="stranger"))
+        dealer = raw_curve_socket(
+            ctx, zmq.DEALER, control, keys.stranger_secret, keys.learner_public
+        )
+        hello = encode(
+            Hello(
+                actor_id=-1,
+                env_id=STUB_ENV_ID,
+                observation_space=space_spec(OBS_SPACE),
+                action_space=space_spec(ACT_SPACE),
+                num_envs=1,
+                host="stranger",
+            )
+        )
         broadcasts_before = learner.report.broadcasts_sent
-        actor = Background(lambda: GymActor(
-            actor_config(learner_port, keys.actor_secret, keys.learner_public), context=ctx
-        ).run())
+        actor = Background(
+            lambda: GymActor(
+                actor_config(learner_port, keys.actor_secret, keys.learner_public), context=ctx
+            ).run()
+        )
         tries: dict[str, int] = {"hello": 0, "fragment": 0, "plain_fragment": 0}
         received_on_sub = received_authorised = 0
         seq = 10**6
         while run.alive():
-            for name, sock, frame in (("hello", dealer, hello),
-                                      ("fragment", push, forged_fragment(learner.run_id, seq)),
-                                      ("plain_fragment", plain_push,
-                                       forged_fragment(learner.run_id, seq))):
+            for name, sock, frame in (
+                ("hello", dealer, hello),
+                ("fragment", push, forged_fragment(learner.run_id, seq)),
+                ("plain_fragment", plain_push, forged_fragment(learner.run_id, seq)),
+            ):
                 with contextlib.suppress(zmq.Again):  # no connection to queue on
                     sock.send(frame, zmq.NOBLOCK)
                 tries[name] += 1
@@ -238,9 +243,11 @@ def test_authorised_actor_trains_and_a_stranger_gets_nothing_through(ctx, learne
 
     counters = report.counters
     print(f"\nstranger refused in {elapsed * 1000:.0f} ms: {refusal}")
-    print(f"stranger tries during the run: {tries}; weights received on its SUB: "
-          f"{received_on_sub} of {broadcasts} broadcasts (an authorised raw SUB: "
-          f"{received_authorised}); learner counters: {counters}")
+    print(
+        f"stranger tries during the run: {tries}; weights received on its SUB: "
+        f"{received_on_sub} of {broadcasts} broadcasts (an authorised raw SUB: "
+        f"{received_authorised}); learner counters: {counters}"
+    )
     assert refusal.code == "auth_failed" and elapsed < REFUSED_WITHIN_S
     assert "CURVE key" in str(refusal)
     # The authorised actor trained the whole budget.
@@ -266,26 +273,28 @@ def test_authorised_actor_trains_and_a_stranger_gets_nothing_through(ctx, learne
 def curve_learner(ctx, learner_port, keys):
     """A CURVE learner, bound but not running: the handshake (and ZAP's verdict) needs
     no learner loop, so refusals are tested without one."""
-    learner = Learner(learner_config(learner_port, keys), PPOConfig(num_epochs=1), TINY,
-                      context=ctx)
+    learner = Learner(
+        learner_config(learner_port, keys), PPOConfig(num_epochs=1), TINY, context=ctx
+    )
     yield learner
     learner.close()
 
 
-def test_plain_tcp_actor_is_refused_quickly_with_a_clear_message(ctx, learner_port,
-                                                                 curve_learner):
+def test_plain_tcp_actor_is_refused_quickly_with_a_clear_message(ctx, learner_port, curve_learner):
     refusal, elapsed = refused(ctx, actor_config(learner_port))
     print(f"\nplain-tcp actor refused in {elapsed * 1000:.0f} ms: {refusal}")
     assert refusal.code == "auth_failed" and elapsed < REFUSED_WITHIN_S
     assert "CURVE" in str(refusal) and "security mismatch" in str(refusal)
 
 
-def test_actor_holding_the_wrong_learner_key_is_refused_quickly(ctx, learner_port, keys,
-                                                               curve_learner):
+def test_actor_holding_the_wrong_learner_key_is_refused_quickly(
+    ctx, learner_port, keys, curve_learner
+):
     """An authorised actor that was given another key as the learner's (an impostor's)
     never talks to the real learner."""
     refusal, elapsed = refused(
-        ctx, actor_config(learner_port, keys.actor_secret, keys.impostor_public))
+        ctx, actor_config(learner_port, keys.actor_secret, keys.impostor_public)
+    )
     print(f"\nwrong learner key refused in {elapsed * 1000:.0f} ms: {refusal}")
     assert refusal.code == "auth_failed" and elapsed < REFUSED_WITHIN_S
     assert "learner" in str(refusal) and "key" in str(refusal)
@@ -294,11 +303,13 @@ def test_actor_holding_the_wrong_learner_key_is_refused_quickly(ctx, learner_por
 def test_curve_actor_against_a_plain_tcp_learner_is_refused_quickly(ctx, learner_port, keys):
     """The other way round: an actor that insists on CURVE does not fall back to
     plain tcp when the learner has no keys."""
-    learner = Learner(learner_config(learner_port, None), PPOConfig(num_epochs=1), TINY,
-                      context=ctx)
+    learner = Learner(
+        learner_config(learner_port, None), PPOConfig(num_epochs=1), TINY, context=ctx
+    )
     try:
         refusal, elapsed = refused(
-            ctx, actor_config(learner_port, keys.actor_secret, keys.learner_public))
+            ctx, actor_config(learner_port, keys.actor_secret, keys.learner_public)
+        )
     finally:
         learner.close()
     print(f"\nCURVE actor vs plain learner refused in {elapsed * 1000:.0f} ms: {refusal}")
@@ -309,16 +320,24 @@ def test_curve_actor_against_a_plain_tcp_learner_is_refused_quickly(ctx, learner
 def test_embedding_client_with_curve_keys_trains(ctx, learner_port, keys):
     """The ActorClient API takes the same keys (CurveClientKeys) as the built-in actor
     (curve_client_keys): an embedding simulator registers and is welcomed."""
-    learner = Learner(learner_config(learner_port, keys), PPOConfig(num_epochs=1), TINY,
-                      context=ctx)
+    learner = Learner(
+        learner_config(learner_port, keys), PPOConfig(num_epochs=1), TINY, context=ctx
+    )
     try:
         run = Background(learner.run)
-        curve = curve_client_keys(actor_config(learner_port, keys.actor_secret,
-                                               keys.learner_public))
+        curve = curve_client_keys(
+            actor_config(learner_port, keys.actor_secret, keys.learner_public)
+        )
         assert isinstance(curve, CurveClientKeys)
-        client = ActorClient(f"127.0.0.1:{learner_port}", env_id=STUB_ENV_ID,
-                             observation_space=OBS_SPACE, action_space=ACT_SPACE,
-                             context=ctx, register_timeout=10.0, curve=curve)
+        client = ActorClient(
+            f"127.0.0.1:{learner_port}",
+            env_id=STUB_ENV_ID,
+            observation_space=OBS_SPACE,
+            action_space=ACT_SPACE,
+            context=ctx,
+            register_timeout=10.0,
+            curve=curve,
+        )
         welcome = client.register()
         assert welcome.run_id == learner.run_id
         client.close()
@@ -358,19 +377,25 @@ def test_actor_curve_settings_go_together(changes, field):
     assert info.value.field == field and field in str(info.value)
 
 
-def test_learner_certificate_errors_name_the_field_and_the_path(ctx, learner_port, keys,
-                                                                tmp_path):
+def test_learner_certificate_errors_name_the_field_and_the_path(ctx, learner_port, keys, tmp_path):
     missing = str(tmp_path / "nowhere" / "learner.key_secret")
     cases = [
         (missing, keys.authorized, ["curve_secret_key", missing]),
-        (keys.learner_public, keys.authorized,  # the public half has no secret key
-         ["curve_secret_key", keys.learner_public, "secret"]),
-        (keys.learner_secret, str(tmp_path / "no-such-dir"),
-         ["curve_authorized_keys", str(tmp_path / "no-such-dir")]),
+        (
+            keys.learner_public,
+            keys.authorized,  # the public half has no secret key
+            ["curve_secret_key", keys.learner_public, "secret"],
+        ),
+        (
+            keys.learner_secret,
+            str(tmp_path / "no-such-dir"),
+            ["curve_authorized_keys", str(tmp_path / "no-such-dir")],
+        ),
     ]
     for secret, authorized, words in cases:
-        cfg = learner_config(learner_port, None, curve_secret_key=secret,
-                             curve_authorized_keys=authorized)
+        cfg = learner_config(
+            learner_port, None, curve_secret_key=secret, curve_authorized_keys=authorized
+        )
         with pytest.raises(ValueError) as info:
             Learner(cfg, context=ctx)
         for word in words:
@@ -382,18 +407,19 @@ def test_learner_certificate_errors_name_the_field_and_the_path(ctx, learner_por
 def test_actor_certificate_errors_name_the_field_and_the_path(keys, tmp_path):
     missing = str(tmp_path / "actor.key_secret")
     with pytest.raises(ValueError) as info:
-        curve_client_keys(ActorConfig(curve_secret_key=missing,
-                                      curve_server_key=keys.learner_public))
+        curve_client_keys(
+            ActorConfig(curve_secret_key=missing, curve_server_key=keys.learner_public)
+        )
     assert "curve_secret_key" in str(info.value) and missing in str(info.value)
     missing_server = str(tmp_path / "learner.key")
     with pytest.raises(ValueError) as info:
-        curve_client_keys(ActorConfig(curve_secret_key=keys.actor_secret,
-                                      curve_server_key=missing_server))
+        curve_client_keys(
+            ActorConfig(curve_secret_key=keys.actor_secret, curve_server_key=missing_server)
+        )
     assert "curve_server_key" in str(info.value) and missing_server in str(info.value)
 
 
-def test_authorised_peer_cannot_push_fragments_as_another_actor(ctx, learner_port, keys,
-                                                                tmp_path):
+def test_authorised_peer_cannot_push_fragments_as_another_actor(ctx, learner_port, keys, tmp_path):
     """Two authorised keys. ``actor`` registers (raw DEALER) as actor 0 and pushes its
     fragment seq 0; ``insider`` pushes a fragment forged as actor 0's seq 1; then actor 0
     pushes its real seq 1. The learner must take actor 0's fragments only from the key
@@ -407,24 +433,36 @@ def test_authorised_peer_cannot_push_fragments_as_another_actor(ctx, learner_por
     experience = f"tcp://127.0.0.1:{cfg.experience_port()}"
     try:
         run = Background(learner.run)
-        dealer = raw_curve_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{learner_port}",
-                                  keys.actor_secret, keys.learner_public)
-        dealer.send(encode(Hello(actor_id=-1, env_id=STUB_ENV_ID,
-                                 observation_space=space_spec(OBS_SPACE),
-                                 action_space=space_spec(ACT_SPACE), num_envs=1,
-                                 next_seq=[0])))
+        dealer = raw_curve_socket(
+            ctx,
+            zmq.DEALER,
+            f"tcp://127.0.0.1:{learner_port}",
+            keys.actor_secret,
+            keys.learner_public,
+        )
+        dealer.send(
+            encode(
+                Hello(
+                    actor_id=-1,
+                    env_id=STUB_ENV_ID,
+                    observation_space=space_spec(OBS_SPACE),
+                    action_space=space_spec(ACT_SPACE),
+                    num_envs=1,
+                    next_seq=[0],
+                )
+            )
+        )
         assert dealer.poll(10_000), "no welcome"
         welcome = decode(dealer.recv())
         assert isinstance(welcome, Welcome) and welcome.actor_id == 0
-        victim = raw_curve_socket(ctx, zmq.PUSH, experience, keys.actor_secret,
-                                  keys.learner_public)
-        insider = raw_curve_socket(ctx, zmq.PUSH, experience, insider_secret,
-                                   keys.learner_public)
+        victim = raw_curve_socket(ctx, zmq.PUSH, experience, keys.actor_secret, keys.learner_public)
+        insider = raw_curve_socket(ctx, zmq.PUSH, experience, insider_secret, keys.learner_public)
 
         def handled(n: int) -> bool:
             counters = dict(learner.counters)
             done = counters.get("received/fragments", 0) + sum(
-                v for k, v in counters.items() if k.startswith("rejected/"))
+                v for k, v in counters.items() if k.startswith("rejected/")
+            )
             return done >= n
 
         for n, (sock, seq) in enumerate([(victim, 0), (insider, 1), (victim, 1)], start=1):

@@ -1,0 +1,45 @@
+"""Helpers shared by the socket tests."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+JOIN_TIMEOUT = 30.0
+
+
+class Background:
+    """Run ``fn`` in a daemon thread; keep its result or exception (``error``)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                self.result = fn()
+            except BaseException as exc:  # noqa: BLE001 - inspected by the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def join(self, timeout: float = JOIN_TIMEOUT) -> Any:
+        """Wait (bounded) for the thread; fail if it is still running."""
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"thread still running after {timeout}s"
+        return self.result
+
+
+class CheckedBackground(Background):
+    """A :class:`Background` whose ``join`` re-raises the thread's exception."""
+
+    def join(self, timeout: float = JOIN_TIMEOUT) -> Any:
+        result = super().join(timeout)
+        if self.error is not None:
+            raise self.error
+        return result
