@@ -58,8 +58,11 @@ def ref_nstep_returns(rewards, bootstrap, discounts):
     return out
 
 
-def ref_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar, pg_rho_bar=None):
-    """IMPALA eq. 1 as an explicit sum of products (no recursion)."""
+def ref_vtrace(
+    log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar, pg_rho_bar=None, lam=1.0
+):
+    """IMPALA eq. 1 as an explicit sum of products (no recursion), with c_i = lam min(c_bar, rho_i)
+    and the policy-gradient bootstrap lam v_{s+1} + (1 - lam) V(x_{s+1})."""
     if pg_rho_bar is None:
         pg_rho_bar = rho_bar
     T, B = rewards.shape
@@ -69,7 +72,7 @@ def ref_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar, 
         v = [float(values[t, b]) for t in range(T)] + [float(bootstrap[b])]
         ratio = [math.exp(float(log_rhos[t, b])) for t in range(T)]
         rho = [min(rho_bar, x) for x in ratio]
-        c = [min(c_bar, x) for x in ratio]
+        c = [lam * min(c_bar, x) for x in ratio]
         d = [float(discounts[t, b]) for t in range(T)]
         r = [float(rewards[t, b]) for t in range(T)]
         for s in range(T):
@@ -81,7 +84,7 @@ def ref_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar, 
                 total += prod * rho[t] * (r[t] + d[t] * v[t + 1] - v[t])
             vs[s, b] = v[s] + total
         for s in range(T):
-            v_next = vs[s + 1, b] if s + 1 < T else v[T]
+            v_next = lam * vs[s + 1, b] + (1 - lam) * v[s + 1] if s + 1 < T else v[T]
             pg[s, b] = min(pg_rho_bar, ratio[s]) * (r[s] + d[s] * v_next - v[s])
     return vs, pg
 
@@ -119,7 +122,7 @@ def _vtrace(d, **kw):
     )
 
 
-def _ref_vtrace(d, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None):
+def _ref_vtrace(d, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, lam=1.0):
     return ref_vtrace(
         d["log_rhos"],
         d["discounts"],
@@ -129,6 +132,7 @@ def _ref_vtrace(d, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None):
         rho_bar,
         c_bar,
         pg_rho_bar,
+        lam,
     )
 
 
@@ -183,6 +187,29 @@ def test_vtrace_hand_computed():
     np.testing.assert_allclose(out.pg_advantages, [[3.794], [2.66], [3.3]], rtol=1e-6)
 
 
+def test_vtrace_hand_computed_with_lambda():
+    # Same data as above with lam = .5: c = .5 * [.8, .5, .8] = [.4, .25, .4]
+    # vs_2 - V_2 = 3.3
+    # vs_1 - V_1 = .5*2.35 + .9*.25*3.3 = 1.9175
+    # vs_0 - V_0 = 1*1.4 + .9*.4*1.9175 = 2.0903
+    # q_1 = .5*2.9175 + .5*1 = 1.95875, q_2 = .5*4.8 + .5*1.5 = 3.15, q_3 = V(x_3) = 2
+    # pg: [1*(1 + .9*1.95875 - .5), .5*(2 + .9*3.15 - 1), 1*(3 + .9*2 - 1.5)]
+    out = vtrace(
+        log_rhos=np.log(np.array([[2.0], [0.5], [1.0]], np.float32)),
+        discounts=np.full((3, 1), 0.9, np.float32),
+        rewards=np.array([[1.0], [2.0], [3.0]], np.float32),
+        values=np.array([[0.5], [1.0], [1.5]], np.float32),
+        bootstrap_value=np.array([2.0], np.float32),
+        rho_bar=1.0,
+        c_bar=0.8,
+        lam=0.5,
+    )
+    np.testing.assert_allclose(out.vs, [[2.5903], [2.9175], [4.8]], rtol=1e-6)
+    np.testing.assert_allclose(
+        out.pg_advantages, [[0.5 + 0.9 * 1.95875], [0.5 * (1 + 0.9 * 3.15)], [3.3]], rtol=1e-6
+    )
+
+
 # --------------------------------------------------------------------------- property tests
 
 
@@ -222,22 +249,24 @@ def test_gae_lam0_is_one_step_td_error(seed, T, B):
     rho_bar=st.floats(0.1, 3.0),
     c_bar=st.floats(0.1, 3.0),
     pg_rho_bar=st.none() | st.floats(0.1, 3.0),
+    lam=st.sampled_from([1.0, 0.0]) | st.floats(0.0, 1.0),
 )
-def test_vtrace_matches_eq1_reference(seed, T, B, rho_bar, c_bar, pg_rho_bar):
+def test_vtrace_matches_eq1_reference(seed, T, B, rho_bar, c_bar, pg_rho_bar, lam):
     d = make_batch(seed, T, B)
-    out = _vtrace(d, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar)
-    vs, pg = _ref_vtrace(d, rho_bar, c_bar, pg_rho_bar)
+    out = _vtrace(d, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, lam=lam)
+    vs, pg = _ref_vtrace(d, rho_bar, c_bar, pg_rho_bar, lam)
     np.testing.assert_allclose(out.vs, vs, rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(out.pg_advantages, pg, rtol=RTOL, atol=ATOL)
 
 
 @settings(max_examples=40, deadline=None)
-@given(**shapes, clip=st.floats(1.0, 5.0))
-def test_vtrace_on_policy_equals_gae_lam1(seed, T, B, clip):
+@given(**shapes, clip=st.floats(1.0, 5.0), lam=st.sampled_from([1.0, 0.0]) | st.floats(0.0, 1.0))
+def test_vtrace_on_policy_equals_gae(seed, T, B, clip, lam):
+    """On-policy, V-trace with trace lambda is GAE with the same lambda, in both outputs."""
     d = make_batch(seed, T, B)
     d["log_rhos"] = np.zeros_like(d["log_rhos"])
-    out = _vtrace(d, rho_bar=clip, c_bar=clip)
-    g = _gae(d, 1.0)
+    out = _vtrace(d, rho_bar=clip, c_bar=clip, lam=lam)
+    g = _gae(d, lam)
     np.testing.assert_allclose(out.vs, g.returns, rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(out.pg_advantages, g.advantages, rtol=RTOL, atol=ATOL)
 
@@ -426,10 +455,12 @@ def test_integer_dtype_rejected():
 
 
 @pytest.mark.parametrize("lam", [-0.1, 1.1, float("nan")])
-def test_gae_bad_lam(lam):
+def test_bad_lam_names_argument(lam):
     d = make_batch(8, 3, 2)
     with pytest.raises(ValueError, match="`lam`"):
         _gae(d, lam)
+    with pytest.raises(ValueError, match="`lam`"):
+        _vtrace(d, lam=lam)
 
 
 @pytest.mark.parametrize("name", ["rho_bar", "c_bar", "pg_rho_bar"])

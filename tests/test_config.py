@@ -123,6 +123,8 @@ def assert_rejected(make, field: str, shown: str):
         ({"gamma": -0.5}, "gamma", "-0.5"),
         ({"gae_lambda": 0.0}, "gae_lambda", "0.0"),
         ({"gae_lambda": 1.5}, "gae_lambda", "1.5"),
+        ({"vtrace_lambda": 0.0}, "vtrace_lambda", "0.0"),
+        ({"vtrace_lambda": 1.01}, "vtrace_lambda", "1.01"),
         ({"vtrace_rho_bar": 0.0}, "vtrace_rho_bar", "0.0"),
         ({"vtrace_rho_bar": -1.0}, "vtrace_rho_bar", "-1.0"),
         ({"vtrace_c_bar": 0.0}, "vtrace_c_bar", "0.0"),

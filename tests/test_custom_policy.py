@@ -155,6 +155,20 @@ def test_bad_factories_fail_naming_what_is_wrong(user_dir, spec, expected) -> No
         assert ", ".join(POLICY_METHODS) in message  # says what a policy needs
 
 
+def test_factory_in_the_working_directory_is_found(tmp_path, monkeypatch) -> None:
+    """A console script's sys.path has its bin folder, not the working directory:
+    ``zmq-learner --factory my_cwd_policies:make`` run from the user's project must
+    still import their module."""
+    (tmp_path / "my_cwd_policies.py").write_text(textwrap.dedent(USER_MODULE))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    try:
+        assert type(build("my_cwd_policies:make")).__name__ == "TinyPolicy"
+        assert sys.path[-1] == str(tmp_path)  # searched last: installed packages win
+    finally:
+        sys.modules.pop("my_cwd_policies", None)
+
+
 def test_malformed_factory_spec_is_a_config_error() -> None:
     for spec in ("no_colon", ":make", "module:"):
         with pytest.raises(ConfigError, match="package.module:callable"):
@@ -220,3 +234,37 @@ def test_bad_factory_on_the_command_line(user_dir, capsys) -> None:
     argv[4] = "module_that_does_not_exist_xyz:make"
     assert main_cli.main(argv) == 2
     assert "cannot import 'module_that_does_not_exist_xyz'" in capsys.readouterr().err
+
+
+def test_the_documented_example_policy_follows_the_interface() -> None:
+    """``examples/custom_policy.py`` (docs/embedding.md's example): act and
+    evaluate_actions agree, its normalisation buffers hold the exact moments of what it
+    was fed, and a copy built on another "host" from the exported weights acts
+    identically, statistics included."""
+    import gymnasium as gym
+    import numpy as np
+
+    from zmq_rl.policy import export_weights, import_weights
+
+    spec = "examples.custom_policy:make"
+    env = gym.make("CartPole-v1")
+    cfg = PolicyConfig(factory=spec, hidden_sizes=(16, 16))
+    learner_side = build_policy(env.observation_space, env.action_space, cfg)
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0, 2.0, (n, 4)).astype(np.float32) for n in (5, 64, 7)]
+    for batch in batches:
+        learner_side.update_obs_stats(batch)
+    seen = np.concatenate(batches).astype(np.float64)
+    np.testing.assert_allclose(learner_side.obs_mean.numpy(), seen.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(learner_side.obs_var.numpy(), seen.var(0), rtol=1e-10)
+
+    actor_side = build_policy(env.observation_space, env.action_space, cfg)
+    import_weights(actor_side, export_weights(learner_side))
+    obs = torch.from_numpy(batches[1])
+    a1, lp1, v1 = learner_side.act(obs, torch.Generator().manual_seed(3))
+    a2, lp2, v2 = actor_side.act(obs, torch.Generator().manual_seed(3))
+    assert torch.equal(a1, a2) and torch.equal(lp1, lp2) and torch.equal(v1, v2)
+    lp, entropy, value = learner_side.evaluate_actions(obs, a1)
+    torch.testing.assert_close(lp.detach(), lp1)
+    torch.testing.assert_close(value.detach(), v1)
+    assert bool((entropy > 0).all())

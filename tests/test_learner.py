@@ -138,7 +138,7 @@ def test_learner_runs_updates_and_broadcasts(ctx, learner_port):
         assert result["policy_updates_received"] >= 1
 
 
-def run_one_update(ctx, port: int, use_vtrace: bool, gae_lambda: float = 1.0) -> dict:
+def run_one_update(ctx, port: int, use_vtrace: bool, gae_lambda: float = 1.0, **extra) -> dict:
     """One full-batch, single-epoch update from a fixed seed: the single actor is never
     stale and the stub env is deterministic, so runs differ only in the estimator."""
     cfg = learner_config(
@@ -148,6 +148,7 @@ def run_one_update(ctx, port: int, use_vtrace: bool, gae_lambda: float = 1.0) ->
         max_lead_steps=16,
         use_vtrace=use_vtrace,
         gae_lambda=gae_lambda,
+        **extra,
     )
     ppo = PPOConfig(num_epochs=1, minibatch_size=8, target_kl=0.0)
     report, _ = run_with_actors(ctx, cfg, ppo)
@@ -171,6 +172,10 @@ def test_vtrace_on_fresh_data_matches_gae_lambda_one_through_the_learner(ctx):
     # The comparison discriminates: another estimator moves the value loss.
     other = run_one_update(ctx, free_port_block(), use_vtrace=False, gae_lambda=0.3)
     assert rel(gae["losses/value_loss"], other["losses/value_loss"]) > 1e-2, (gae, other)
+    # vtrace_lambda reaches the estimator: with it equal to GAE's lambda, the same again.
+    traced = run_one_update(ctx, free_port_block(), use_vtrace=True, vtrace_lambda=0.3)
+    assert rel(other["losses/value_loss"], traced["losses/value_loss"]) < 1e-2, (other, traced)
+    assert abs(other["losses/policy_loss"] - traced["losses/policy_loss"]) < 1e-3
 
 
 def test_vtrace_under_staleness_completes_with_finite_stats(ctx, learner_port):

@@ -179,7 +179,7 @@ def test_plot_groups_runs_by_label_with_band_and_reference(tmp_path, capsys) -> 
     ]
     out = tmp_path / "grouped.png"
     argv = [*map(str, runs), "--label", "gae", "--reference", "242=zoo", "--out", str(out)]
-    assert plot_cli.main(argv) == 0
+    assert main_cli.main(["plot", *argv]) == 0  # the flags through the zmq-rl command itself
     assert out.read_bytes().startswith(b"\x89PNG")
     assert str(out) in capsys.readouterr().out
 
@@ -203,6 +203,7 @@ def test_plot_group_by_parent_and_per_run_labels(tmp_path) -> None:
     assert plot_cli.run_labels(runs, ["a", "b", "a", "b"], "none") == ["a", "b", "a", "b"]
     assert plot_cli.run_labels(runs, None, "none") is None
     assert plot_cli.main([*map(str, runs), "--label", "a", "--label", "b"]) == 1  # 2 labels, 4 runs
+    assert main_cli.main(["plot", *map(str, runs), "--label", "a", "--group", "parent"]) == 1
     out = tmp_path / "parents.png"
     args = [*map(str, runs), "--group", "parent", "--band", "std", "--out", str(out)]
     assert plot_cli.main(args) == 0

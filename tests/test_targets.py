@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -112,6 +114,34 @@ def test_gae_batch_matches_hand_computed_gae():
     batch.validate()
 
 
+def test_uint8_observations_stay_uint8_and_give_the_same_targets():
+    """Image frames are kept as uint8 in the batch (as the actors pass them to act());
+    the policy casts them, so the targets equal those of the same obs as float32."""
+    policy = make_policy(0)
+    rollout = make_rollout(truncated=[(1, 0)], terminated=[(3, 1)])
+    pixels = np.random.default_rng(1).integers(0, 256, rollout.obs.shape, dtype=np.uint8)
+    as_uint8 = dataclasses.replace(
+        rollout,
+        obs=pixels,
+        bootstrap_obs=pixels[0].copy(),
+        final_obs=pixels[0, :1].copy(),
+    )
+    as_float = dataclasses.replace(
+        as_uint8,
+        obs=pixels.astype(np.float32),
+        bootstrap_obs=pixels[0].astype(np.float32),
+        final_obs=pixels[0, :1].astype(np.float32),
+    )
+    for use_vtrace in (False, True):
+        settings = TargetSettings(GAMMA, LAM, use_vtrace=use_vtrace)
+        small, _ = rollout_to_batch(as_uint8, policy, settings)
+        big, _ = rollout_to_batch(as_float, policy, settings)
+        assert small.obs.dtype == torch.uint8
+        np.testing.assert_array_equal(small.obs.numpy(), flat(pixels))
+        np.testing.assert_array_equal(small.advantages.numpy(), big.advantages.numpy())
+        np.testing.assert_array_equal(small.returns.numpy(), big.returns.numpy())
+
+
 def test_truncated_row_bootstraps_final_obs_and_nothing_crosses_the_boundary():
     policy = make_policy(1)
     rollout = make_rollout(T=3, B=1, truncated=[(1, 0)])
@@ -161,19 +191,19 @@ def policy_log_probs_and_values(policy, rollout):
     return lp.numpy().reshape(T, B), values.double().numpy().reshape(T, B)
 
 
-def test_vtrace_on_policy_equals_gae_lambda_one_with_current_values():
+def test_vtrace_on_policy_equals_gae_with_vtrace_lambda_and_current_values():
     policy = make_policy(4)
     probe = make_rollout(T=6, B=2, seed=5, truncated=[(2, 0)], terminated=[(4, 1)])
     behaviour_lp, current_values = policy_log_probs_and_values(policy, probe)
     rollout = make_rollout(
         T=6, B=2, seed=5, truncated=[(2, 0)], terminated=[(4, 1)], log_probs=behaviour_lp
     )
-    settings = TargetSettings(GAMMA, gae_lambda=0.3, use_vtrace=True)
+    settings = TargetSettings(GAMMA, gae_lambda=0.9, use_vtrace=True, vtrace_lambda=0.3)
     batch, diagnostics = rollout_to_batch(rollout, policy, settings)
     rewards = rollout.rewards.astype(np.float64)
     rewards[rollout.final_t, rollout.final_b] += GAMMA * V(policy, rollout.final_obs)
     done = rollout.terminated | rollout.truncated
-    adv, ret = hand_gae(rewards, current_values, V(policy, rollout.bootstrap_obs), done, GAMMA, 1.0)
+    adv, ret = hand_gae(rewards, current_values, V(policy, rollout.bootstrap_obs), done, GAMMA, 0.3)
     np.testing.assert_allclose(batch.advantages.numpy(), flat(adv), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(batch.returns.numpy(), flat(ret), rtol=1e-4, atol=1e-5)
     assert diagnostics["charts/importance_ratio_mean"] == pytest.approx(1.0, abs=1e-5)
@@ -192,7 +222,9 @@ def test_vtrace_with_another_behaviour_policy_corrects_with_clipped_ratios():
     target_lp, current_values = policy_log_probs_and_values(current, probe)
     assert np.abs(behaviour_lp - target_lp).max() > 0.05
     rollout = make_rollout(T=6, B=2, seed=8, log_probs=behaviour_lp)
-    settings = TargetSettings(GAMMA, LAM, use_vtrace=True, rho_bar=1.0, c_bar=0.9)
+    settings = TargetSettings(
+        GAMMA, LAM, use_vtrace=True, rho_bar=1.0, c_bar=0.9, vtrace_lambda=LAM
+    )
     batch, diagnostics = rollout_to_batch(rollout, current, settings)
     rhos = np.exp(target_lp.astype(np.float64) - behaviour_lp)
     assert diagnostics["charts/importance_ratio_mean"] == pytest.approx(rhos.mean(), rel=1e-4)
@@ -207,6 +239,7 @@ def test_vtrace_with_another_behaviour_policy_corrects_with_clipped_ratios():
         V(current, rollout.bootstrap_obs),
         rho_bar=1.0,
         c_bar=0.9,
+        lam=LAM,
     )
     np.testing.assert_allclose(batch.advantages.numpy(), flat(ref.pg_advantages), atol=1e-5)
     np.testing.assert_allclose(batch.returns.numpy(), flat(ref.vs), atol=1e-5)
@@ -217,7 +250,7 @@ def test_vtrace_with_another_behaviour_policy_corrects_with_clipped_ratios():
         V(current, rollout.bootstrap_obs),
         done,
         GAMMA,
-        1.0,
+        LAM,
     )
     assert np.abs(batch.advantages.numpy() - flat(on_policy)).max() > 1e-3
     # PPO's trust region is around the behaviour policy: old_log_probs are the actor's.

@@ -104,6 +104,13 @@ def _check_positive(name: str, value: float) -> float:
     return value
 
 
+def _check_unit_interval(name: str, value: float) -> float:
+    value = float(value)
+    if not 0.0 <= value <= 1.0:  # also rejects NaN
+        raise ValueError(f"`{name}` must be in [0, 1], got {value}.")
+    return value
+
+
 def discounts_from(terminated: ArrayLike, gamma: float) -> np.ndarray:
     """Per-step discounts ``gamma * (1 - terminated)`` as float32.
 
@@ -115,9 +122,7 @@ def discounts_from(terminated: ArrayLike, gamma: float) -> np.ndarray:
     Returns:
       float32 array of the same shape as `terminated`.
     """
-    gamma = float(gamma)
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"`gamma` must be in [0, 1], got {gamma}.")
+    gamma = _check_unit_interval("gamma", gamma)
     done = np.asarray(terminated).astype(np.float64)
     return (gamma * (1.0 - done)).astype(np.float32)
 
@@ -165,9 +170,7 @@ def gae(
     _check_same_shape("values", v_tm1, r_t.shape, "rewards")
     _check_same_shape("discounts", discount_t, r_t.shape, "rewards")
     _check_bootstrap(bootstrap, r_t.shape, "rewards")
-    lam = float(lam)
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"`lam` must be in [0, 1], got {lam}.")
+    lam = _check_unit_interval("lam", lam)
 
     # V(x_{t+1}): values shifted by one step, bootstrap appended.
     v_t = np.concatenate([v_tm1[1:], bootstrap[None]], axis=0)  # [T, B]
@@ -194,6 +197,7 @@ def vtrace(
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
     pg_rho_bar: float | None = None,
+    lam: float = 1.0,
 ) -> VTraceOutput:
     """V-trace off-policy value targets and policy-gradient advantages.
 
@@ -205,7 +209,7 @@ def vtrace(
     with ``gamma^{t-s}`` generalised to ``prod_{i=s}^{t-1} discount_i`` and
 
       rho_t   = min(rho_bar, exp(log_rho_t))
-      c_t     = min(c_bar,   exp(log_rho_t))
+      c_t     = lam * min(c_bar, exp(log_rho_t))
       delta_t = r_t + discount_t V(x_{t+1}) - V(x_t),      V(x_T) = bootstrap_value
 
     It is computed by the equivalent backward recursion (Remark 1 of the paper)
@@ -213,14 +217,19 @@ def vtrace(
       v_s - V(x_s) = rho_s delta_s + discount_s c_s (v_{s+1} - V(x_{s+1})),
       v_T - V(x_T) = 0.
 
-    The policy-gradient advantage (section 4.2) is
+    The trace coefficient carries the optional lambda of section 4.1 (as in
+    Retrace(lambda), ``c_i = lambda min(c_bar, rho_i)``), which mixes multi-step and
+    one-step targets exactly as GAE's lambda does. The policy-gradient advantage (section 4.2) is
 
-      pg_adv_s = min(pg_rho_bar, exp(log_rho_s)) (r_s + discount_s v_{s+1} - V(x_s)),
-      v_T = bootstrap_value,
+      pg_adv_s = min(pg_rho_bar, exp(log_rho_s)) (r_s + discount_s q_{s+1} - V(x_s)),
+      q_{s+1}  = lam v_{s+1} + (1 - lam) V(x_{s+1}),       v_T = V(x_T) = bootstrap_value,
 
-    where `pg_rho_bar` defaults to `rho_bar`. On-policy (``log_rhos = 0``) with
-    ``rho_bar, c_bar >= 1`` the targets reduce to n-step returns, i.e. GAE with
-    ``lam = 1``. Computed in float64, returned as float32.
+    where `pg_rho_bar` defaults to `rho_bar` (the lambda-mixed bootstrap ``q`` is
+    rlax's ``vtrace_td_error_and_advantage``; with ``lam = 1`` it is the paper's
+    ``v_{s+1}``). On-policy (``log_rhos = 0``) with ``rho_bar, c_bar >= 1`` both
+    outputs equal GAE with the same ``lam``: ``vs`` its returns and ``pg_advantages``
+    its advantages, so V-trace is GAE plus an off-policy correction. Computed in
+    float64, returned as float32.
 
     Args:
       log_rhos: ``[T, B]`` log importance ratios ``log pi(a_t|x_t) - log mu(a_t|x_t)``
@@ -234,13 +243,14 @@ def vtrace(
       c_bar: truncation threshold for the trace coefficients ``c_t``; must be > 0.
       pg_rho_bar: truncation threshold for the policy-gradient importance
         weights; must be > 0 if given, defaults to `rho_bar`.
+      lam: the trace lambda in ``[0, 1]``; 1 is the paper's eq. 1 as written.
 
     Returns:
       VTraceOutput(vs ``[T, B]``, pg_advantages ``[T, B]``), both float32.
 
     Raises:
-      ValueError: on a non-float or wrongly shaped argument, or a clipping
-        threshold that is not > 0.
+      ValueError: on a non-float or wrongly shaped argument, a clipping
+        threshold that is not > 0, or `lam` outside ``[0, 1]``.
     """
     log_rho_t = _as_float_array("log_rhos", log_rhos, 2)  # [T, B]
     discount_t = _as_float_array("discounts", discounts, 2)  # [T, B]
@@ -254,10 +264,11 @@ def vtrace(
     rho_bar = _check_positive("rho_bar", rho_bar)
     c_bar = _check_positive("c_bar", c_bar)
     pg_rho_bar = rho_bar if pg_rho_bar is None else _check_positive("pg_rho_bar", pg_rho_bar)
+    lam = _check_unit_interval("lam", lam)
 
     rhos = np.exp(log_rho_t)  # [T, B]
     clipped_rhos = np.minimum(rho_bar, rhos)  # [T, B]
-    cs = np.minimum(c_bar, rhos)  # [T, B]
+    cs = lam * np.minimum(c_bar, rhos)  # [T, B]
 
     # V(x_{t+1}): values shifted by one step, bootstrap appended.
     v_t = np.concatenate([v_tm1[1:], bootstrap[None]], axis=0)  # [T, B]
@@ -270,10 +281,11 @@ def vtrace(
         vs_minus_v[s] = acc
     vs = vs_minus_v + v_tm1  # [T, B]
 
-    # v_{s+1}, with v_T = V(x_T).
+    # q_{s+1} = lam v_{s+1} + (1 - lam) V(x_{s+1}), with v_T = V(x_T).
     vs_tp1 = np.concatenate([vs[1:], bootstrap[None]], axis=0)  # [T, B]
+    q_tp1 = lam * vs_tp1 + (1.0 - lam) * v_t  # [T, B]
     pg_rhos = np.minimum(pg_rho_bar, rhos)  # [T, B]
-    pg_advantages = pg_rhos * (r_t + discount_t * vs_tp1 - v_tm1)  # [T, B]
+    pg_advantages = pg_rhos * (r_t + discount_t * q_tp1 - v_tm1)  # [T, B]
     return VTraceOutput(
         vs=vs.astype(np.float32),
         pg_advantages=pg_advantages.astype(np.float32),

@@ -150,7 +150,7 @@ class ActorThrottle:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """The actor-critic network (see :mod:`zmq_rl.policy`)."""
+    """The actor-critic network: the built-in MLP (zmq_rl/policy.py) or a custom factory."""
 
     hidden_sizes: tuple[int, ...] = _f((64, 64), "hidden layer widths of the MLP trunks")
     activation: str = _f("tanh", "hidden activation: tanh or relu", choices=("tanh", "relu"))
@@ -246,6 +246,11 @@ class LearnerConfig:
     )
     vtrace_rho_bar: float = _f(1.0, "V-trace rho clip (eq. 1); checked even when V-trace is off")
     vtrace_c_bar: float = _f(1.0, "V-trace c clip (eq. 1); checked even when V-trace is off")
+    vtrace_lambda: float = _f(
+        1.0,
+        "V-trace trace lambda, c_t = lambda*min(c_bar, rho_t) (IMPALA sec. 4.1); 1 = eq. 1; "
+        "equal to gae_lambda, on-policy V-trace equals GAE",
+    )
     seed: int = _f(0, "base seed: learner uses seed, actor i samples with seed + 1 + i")
 
     env_id: str = _f("CartPole-v1", "gymnasium environment id")
@@ -292,7 +297,7 @@ class LearnerConfig:
             f"must cover at least one update ({per_update} = num_steps * num_actors"
             " * envs_per_actor)",
         )
-        _unit_interval(self, "gamma", "gae_lambda")
+        _unit_interval(self, "gamma", "gae_lambda", "vtrace_lambda")
         _positive(self, "vtrace_rho_bar", "vtrace_c_bar")
         cycle = self.broadcast_every * self.num_steps
         _require(

@@ -145,6 +145,7 @@ class Learner:
             use_vtrace=cfg.use_vtrace,
             rho_bar=cfg.vtrace_rho_bar,
             c_bar=cfg.vtrace_c_bar,
+            vtrace_lambda=cfg.vtrace_lambda,
         )
         self.reward_scaler = RewardScaler(cfg.gamma) if cfg.normalize_reward else None
         self.run_id = uuid.uuid4().hex[:12]

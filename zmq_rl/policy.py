@@ -353,10 +353,21 @@ class FactoryError(ConfigError):
 
 
 def load_factory(spec: str):  # -> Callable[..., nn.Module]
-    """Import ``"package.module:callable"``; :class:`FactoryError` on failure."""
+    """Import ``"package.module:callable"``; :class:`FactoryError` on failure.
+
+    The working directory is searched last (as ``python -m`` would search it
+    first): a console script's ``sys.path`` starts at its own bin folder, and a user
+    running ``zmq-learner --policy my_policy:make`` from their project expects their
+    ``my_policy.py`` to be found, while an installed package of the same name wins.
+    """
     import importlib
+    import os
+    import sys
 
     module_name, _, attr = spec.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -2,7 +2,8 @@
 
 Advantages are GAE (Schulman et al. 2016) on the actors' behaviour values, or
 V-trace (Espeholt et al. 2018) with target log-probs from re-evaluating every
-stored ``(obs, action)`` under the learner's current policy. Episode ends enter
+stored ``(obs, action)`` under the learner's current policy (with ``vtrace_lambda``
+equal to ``gae_lambda``, on-policy data gives GAE's targets exactly). Episode ends enter
 only through the discounts; a truncated step is bootstrapped by adding
 ``gamma * V(final observation)`` to its reward (its discount is 0 like any episode
 end), a terminated one is not. No sockets here.
@@ -30,11 +31,15 @@ class TargetSettings:
     use_vtrace: bool = False
     rho_bar: float = 1.0
     c_bar: float = 1.0
+    vtrace_lambda: float = 1.0
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
+    """Observations as the policy sees them on the actors: uint8 frames stay uint8
+    (a quarter of float32's memory for an Atari rollout; the policy casts each
+    minibatch), every other dtype becomes float32."""
     tensor = torch.from_numpy(np.ascontiguousarray(array))
-    return tensor.float() if tensor.dtype != torch.float32 else tensor
+    return tensor if tensor.dtype in (torch.float32, torch.uint8) else tensor.float()
 
 
 @torch.no_grad()
@@ -77,6 +82,7 @@ def rollout_to_batch(
             bootstrap,
             rho_bar=settings.rho_bar,
             c_bar=settings.c_bar,
+            lam=settings.vtrace_lambda,
         )
         advantages, returns = out.pg_advantages, out.vs
         # PPO's trust region stays around the behaviour policy mu (as APPO): the

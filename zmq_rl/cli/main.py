@@ -25,6 +25,7 @@ from typing import Any
 from .common import EXIT_INTERRUPTED, guard, setup_logging
 from .flags import LOG_LEVELS, HelpFormatter, Section, parse_with_config
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args
+from .plot import add_plot_flags, plot_from_args
 
 __all__ = ["arg", "build_parser", "main", "subcommand"]
 
@@ -248,27 +249,16 @@ def eval_command(args: argparse.Namespace) -> int:
 
 @subcommand(
     "plot",
-    "draw learning curves (return vs env steps) of one or more runs",
-    arg("runs", metavar="RUN_DIR", nargs="+", type=Path, help="run directories"),
-    arg(
-        "--out",
-        metavar="PNG",
-        type=Path,
-        default=None,
-        help="output image (default: RUN_DIR/learning_curve.png for one run, "
-        "./learning_curve.png for several)",
-    ),
+    "draw learning curves (return vs env steps) of one or more runs; runs sharing a "
+    "label are drawn as their mean with a band",
+    add_plot_flags,
 )
 def plot_command(args: argparse.Namespace) -> int:
     """Draw training return (mean of the last 100 episodes) and evaluation returns
-    (mean ± std) against env steps, from each run's metrics.jsonl and report.json."""
-    from .plot import CURVE_NAME, plot_runs
-
-    out = args.out
-    if out is None:
-        out = args.runs[0] / CURVE_NAME if len(args.runs) == 1 else Path(CURVE_NAME)
-    print(plot_runs(args.runs, out))
-    return 0
+    (mean ± std) against env steps, from each run's metrics.jsonl and report.json;
+    --label or --group overlays seeds as their mean with a band, --reference adds a
+    published score."""
+    return plot_from_args(args)
 
 
 # -- keys -----------------------------------------------------------------------------

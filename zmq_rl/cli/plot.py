@@ -360,16 +360,8 @@ def plot_from_args(args: argparse.Namespace) -> int:
     out = args.out
     if out is None:
         out = args.runs[0] / CURVE_NAME if len(args.runs) == 1 else Path(CURVE_NAME)
-    labels = run_labels(args.runs, getattr(args, "label", None), getattr(args, "group", "none"))
-    print(
-        plot_runs(
-            args.runs,
-            out,
-            labels=labels,
-            band=getattr(args, "band", "minmax"),
-            reference=getattr(args, "reference", None),
-        )
-    )
+    labels = run_labels(args.runs, args.label, args.group)
+    print(plot_runs(args.runs, out, labels=labels, band=args.band, reference=args.reference))
     return 0
 
 
