@@ -124,45 +124,72 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
     probe = gym.make("CartPole-v1")
     policy = build_policy(probe.observation_space, probe.action_space, PolicyConfig())
     policy.eval()
-    obs = torch.from_numpy(np.random.default_rng(0).standard_normal((num_envs, 4)).astype(
-        np.float32))
+    obs = torch.from_numpy(
+        np.random.default_rng(0).standard_normal((num_envs, 4)).astype(np.float32)
+    )
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         out["policy_act_us"] = 1e6 * _time(lambda: policy.act(obs, generator), seconds)
 
     # ActorClient.step's buffering, without sockets: a client whose flush is a no-op
     # encode of each slot's fragment (what _send does before the socket).
-    client = ActorClient("127.0.0.1:1", env_id="CartPole-v1",
-                         observation_space=probe.observation_space,
-                         action_space=probe.action_space, num_envs=num_envs)
+    client = ActorClient(
+        "127.0.0.1:1",
+        env_id="CartPole-v1",
+        observation_space=probe.observation_space,
+        action_space=probe.action_space,
+        num_envs=num_envs,
+    )
     client.fragment_length = T
     arrays = {
-        "obs": obs.numpy(), "actions": np.zeros(num_envs, np.int64),
-        "rewards": np.ones(num_envs, np.float32), "terminated": np.zeros(num_envs, bool),
-        "truncated": np.zeros(num_envs, bool), "values": np.zeros(num_envs, np.float32),
-        "log_probs": np.full(num_envs, -0.69, np.float32), "next_obs": obs.numpy(),
+        "obs": obs.numpy(),
+        "actions": np.zeros(num_envs, np.int64),
+        "rewards": np.ones(num_envs, np.float32),
+        "terminated": np.zeros(num_envs, bool),
+        "truncated": np.zeros(num_envs, bool),
+        "values": np.zeros(num_envs, np.float32),
+        "log_probs": np.full(num_envs, -0.69, np.float32),
+        "next_obs": obs.numpy(),
     }
 
     def fake_flush() -> None:
         buffer = client._buffer
         n = buffer.size
         for slot in range(num_envs):
-            encode(Fragment(
-                actor_id=0, slot=slot, version=0, seq=0, run_id="x" * 12,
-                obs=buffer.obs[:n, slot], actions=buffer.actions[:n, slot],
-                rewards=buffer.rewards[:n, slot], terminated=buffer.terminated[:n, slot],
-                truncated=buffer.truncated[:n, slot], values=buffer.values[:n, slot],
-                log_probs=buffer.log_probs[:n, slot], next_obs=buffer.next_obs[slot],
-                sent_at=time.time(),
-            ))
+            encode(
+                Fragment(
+                    actor_id=0,
+                    slot=slot,
+                    version=0,
+                    seq=0,
+                    run_id="x" * 12,
+                    obs=buffer.obs[:n, slot],
+                    actions=buffer.actions[:n, slot],
+                    rewards=buffer.rewards[:n, slot],
+                    terminated=buffer.terminated[:n, slot],
+                    truncated=buffer.truncated[:n, slot],
+                    values=buffer.values[:n, slot],
+                    log_probs=buffer.log_probs[:n, slot],
+                    next_obs=buffer.next_obs[slot],
+                    sent_at=time.time(),
+                )
+            )
         buffer.reset()
 
     client.flush = fake_flush
 
     def client_step() -> None:
-        client.step(arrays["obs"], arrays["actions"], arrays["rewards"], arrays["terminated"],
-                    arrays["truncated"], arrays["values"], arrays["log_probs"],
-                    arrays["next_obs"], {})
+        client.step(
+            arrays["obs"],
+            arrays["actions"],
+            arrays["rewards"],
+            arrays["terminated"],
+            arrays["truncated"],
+            arrays["values"],
+            arrays["log_probs"],
+            arrays["next_obs"],
+            {},
+        )
 
     out["client_step_us"] = 1e6 * _time(client_step, seconds)
     probe.close()
@@ -185,25 +212,48 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.envs, args.seconds = "8", 0.3
-    results = [measure(int(e), args.seconds, args.fragment_length)
-               for e in args.envs.split(",")]
+    results = [measure(int(e), args.seconds, args.fragment_length) for e in args.envs.split(",")]
     rows = []
     for r in results:
         e = r["envs"]
         env = r["env_step_us"]
         names = list(env)
-        rows.append([e, *(f"{env[n] / e:.1f}" for n in names), f"{r['policy_act_us'] / e:.1f}",
-                     f"{r['client_step_us'] / e:.1f}",
-                     _util.fmt_rate(r["env_steps_per_s_per_core"]),
-                     _util.fmt_rate(r["env_steps_per_s_per_core_cheapest_env"])])
-    _util.print_table(["envs", "env: gym.make", "env: no checker", "env: unwrapped",
-                       "policy.act", "client.step", "steps/s/core", "with cheapest env"], rows)
+        rows.append(
+            [
+                e,
+                *(f"{env[n] / e:.1f}" for n in names),
+                f"{r['policy_act_us'] / e:.1f}",
+                f"{r['client_step_us'] / e:.1f}",
+                _util.fmt_rate(r["env_steps_per_s_per_core"]),
+                _util.fmt_rate(r["env_steps_per_s_per_core_cheapest_env"]),
+            ]
+        )
+    _util.print_table(
+        [
+            "envs",
+            "env: gym.make",
+            "env: no checker",
+            "env: unwrapped",
+            "policy.act",
+            "client.step",
+            "steps/s/core",
+            "with cheapest env",
+        ],
+        rows,
+    )
     print("(microseconds per env step; steps/s/core = envs / (env + act + client) per loop)")
-    _util.write_result("actor_loop", args, {
-        "config": {"envs": args.envs, "seconds": args.seconds,
-                   "fragment_length": args.fragment_length},
-        "results": results,
-    })
+    _util.write_result(
+        "actor_loop",
+        args,
+        {
+            "config": {
+                "envs": args.envs,
+                "seconds": args.seconds,
+                "fragment_length": args.fragment_length,
+            },
+            "results": results,
+        },
+    )
     return 0
 
 

@@ -68,9 +68,16 @@ def idle_actor(port: int, ack: str) -> None:
     logging.basicConfig(level=logging.WARNING)
     ctx = zmq.Context()
     back = _ack_socket(ctx, ack)
-    client = ActorClient(f"127.0.0.1:{port}", env_id="", observation_space=None,
-                         action_space=None, num_envs=1, context=ctx, register_timeout=120,
-                         learner_timeout=120)
+    client = ActorClient(
+        f"127.0.0.1:{port}",
+        env_id="",
+        observation_space=None,
+        action_space=None,
+        num_envs=1,
+        context=ctx,
+        register_timeout=120,
+        learner_timeout=120,
+    )
     try:
         welcome = client.register()
         policy = policy_from_welcome(welcome)
@@ -112,8 +119,9 @@ def busy_actor(port: int, ack: str) -> None:
         ctx.term()
 
 
-def _latencies(published: dict[int, float], acks: list[tuple[int, int, float]],
-               actors: int) -> tuple[list[float], int]:
+def _latencies(
+    published: dict[int, float], acks: list[tuple[int, int, float]], actors: int
+) -> tuple[list[float], int]:
     """Per version: max over actors of (first ack >= v) - publish time; and how many
     versions some actor never reported (it had left before, or the run ended)."""
     by_actor: dict[int, list[tuple[int, float]]] = {}
@@ -139,9 +147,13 @@ def _latencies(published: dict[int, float], acks: list[tuple[int, int, float]],
 
 def _stats(values: list[float]) -> dict[str, float]:
     ms = [1e3 * v for v in values]
-    return {"count": len(ms), "p50_ms": _util.percentile(ms, 50),
-            "p90_ms": _util.percentile(ms, 90), "p99_ms": _util.percentile(ms, 99),
-            "max_ms": max(ms) if ms else math.nan}
+    return {
+        "count": len(ms),
+        "p50_ms": _util.percentile(ms, 50),
+        "p90_ms": _util.percentile(ms, 90),
+        "p99_ms": _util.percentile(ms, 99),
+        "max_ms": max(ms) if ms else math.nan,
+    }
 
 
 def run_idle(actors: int, hidden: tuple[int, ...], broadcasts: int, timeout: float) -> dict:
@@ -158,9 +170,15 @@ def run_idle(actors: int, hidden: tuple[int, ...], broadcasts: int, timeout: flo
     for p in procs:  # before this process creates any ZeroMQ context
         p.start()
     # actor_timeout: building a big policy (orthogonal init) sends no heartbeat for seconds.
-    cfg = LearnerConfig(num_actors=actors, envs_per_actor=1, port=port, run_dir="",
-                        checkpoint_every=0, max_message_bytes=256 * 1024 * 1024,
-                        actor_timeout=300.0)
+    cfg = LearnerConfig(
+        num_actors=actors,
+        envs_per_actor=1,
+        port=port,
+        run_dir="",
+        checkpoint_every=0,
+        max_message_bytes=256 * 1024 * 1024,
+        actor_timeout=300.0,
+    )
     learner = Learner(cfg, policy_cfg=PolicyConfig(hidden_sizes=hidden))
     ctx = zmq.Context()
     back = ctx.socket(zmq.PULL)
@@ -217,11 +235,17 @@ def run_idle(actors: int, hidden: tuple[int, ...], broadcasts: int, timeout: flo
         ctx.term()
     acks = [a for a in acks if a[1] >= 0]
     latencies, incomplete = _latencies(published, acks, actors)
-    return {"mode": "idle", "hidden_sizes": list(hidden), "actors": actors,
-            "frame_bytes": frame_bytes, "broadcasts": len(published),
-            "incomplete": incomplete, "latency": _stats(latencies),
-            "latencies_ms": [round(1e3 * x, 2) for x in latencies],
-            "publish_call": _stats(send_s)}
+    return {
+        "mode": "idle",
+        "hidden_sizes": list(hidden),
+        "actors": actors,
+        "frame_bytes": frame_bytes,
+        "broadcasts": len(published),
+        "incomplete": incomplete,
+        "latency": _stats(latencies),
+        "latencies_ms": [round(1e3 * x, 2) for x in latencies],
+        "publish_call": _stats(send_s),
+    }
 
 
 def run_busy(actors: int, seconds: float) -> dict:
@@ -236,9 +260,18 @@ def run_busy(actors: int, seconds: float) -> dict:
     procs = [fork.Process(target=busy_actor, args=(port, ack)) for _ in range(actors)]
     for p in procs:
         p.start()
-    cfg = LearnerConfig(num_actors=actors, envs_per_actor=4, num_steps=64, fragment_length=64,
-                        total_env_steps=10**12, eval_every=0, eval_episodes=1,
-                        checkpoint_every=0, run_dir="", port=port)
+    cfg = LearnerConfig(
+        num_actors=actors,
+        envs_per_actor=4,
+        num_steps=64,
+        fragment_length=64,
+        total_env_steps=10**12,
+        eval_every=0,
+        eval_episodes=1,
+        checkpoint_every=0,
+        run_dir="",
+        port=port,
+    )
     ppo = PPOConfig(num_epochs=1, minibatch_size=65536)
     published: dict[int, float] = {}
     marks: dict[str, float] = {}
@@ -280,9 +313,15 @@ def run_busy(actors: int, seconds: float) -> dict:
     for v in last:
         published.pop(v, None)
     latencies, incomplete = _latencies(published, acks, actors)
-    return {"mode": "busy", "hidden_sizes": [64, 64], "actors": actors,
-            "broadcasts": len(published), "incomplete": incomplete,
-            "updates": report.updates_completed, "latency": _stats(latencies)}
+    return {
+        "mode": "busy",
+        "hidden_sizes": [64, 64],
+        "actors": actors,
+        "broadcasts": len(published),
+        "incomplete": incomplete,
+        "updates": report.updates_completed,
+        "latency": _stats(latencies),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,24 +359,57 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         lat = r["latency"]
         size = f"{r['frame_bytes'] / 2**20:.2f} MiB" if r.get("frame_bytes") else "0.04 MiB"
-        rows.append([r["mode"], "x".join(map(str, r["hidden_sizes"])), size, r["actors"],
-                     lat["count"], f"{lat['p50_ms']:.1f}", f"{lat['p99_ms']:.1f}",
-                     f"{lat['max_ms']:.1f}", r["incomplete"]])
-    _util.print_table(["mode", "hidden", "frame", "actors", "broadcasts", "p50 ms", "p99 ms",
-                       "max ms", "incomplete"], rows)
-    idle_mlp = next((r for r in results if r["mode"] == "idle" and r["hidden_sizes"] == [64, 64]),
-                    None)
+        rows.append(
+            [
+                r["mode"],
+                "x".join(map(str, r["hidden_sizes"])),
+                size,
+                r["actors"],
+                lat["count"],
+                f"{lat['p50_ms']:.1f}",
+                f"{lat['p99_ms']:.1f}",
+                f"{lat['max_ms']:.1f}",
+                r["incomplete"],
+            ]
+        )
+    _util.print_table(
+        [
+            "mode",
+            "hidden",
+            "frame",
+            "actors",
+            "broadcasts",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "incomplete",
+        ],
+        rows,
+    )
+    idle_mlp = next(
+        (r for r in results if r["mode"] == "idle" and r["hidden_sizes"] == [64, 64]), None
+    )
     met = bool(idle_mlp) and idle_mlp["latency"]["p99_ms"] < 20.0
     if idle_mlp:
-        print(f"target: default MLP to {args.actors} actors, p99 < 20 ms (idle mode): "
-              f"{idle_mlp['latency']['p99_ms']:.1f} ms -> {'MET' if met else 'MISSED'}")
-    _util.write_result("broadcast", args, {
-        "config": {"actors": args.actors, "broadcasts": args.broadcasts,
-                   "big_broadcasts": args.big_broadcasts, "busy_seconds": args.busy_seconds,
-                   "models": {k: list(v) for k, v in MODELS.items()}},
-        "results": results,
-        "target": {"p99_ms_max": 20.0, "met": met, "judged_on": "idle mode, default MLP"},
-    })
+        print(
+            f"target: default MLP to {args.actors} actors, p99 < 20 ms (idle mode): "
+            f"{idle_mlp['latency']['p99_ms']:.1f} ms -> {'MET' if met else 'MISSED'}"
+        )
+    _util.write_result(
+        "broadcast",
+        args,
+        {
+            "config": {
+                "actors": args.actors,
+                "broadcasts": args.broadcasts,
+                "big_broadcasts": args.big_broadcasts,
+                "busy_seconds": args.busy_seconds,
+                "models": {k: list(v) for k, v in MODELS.items()},
+            },
+            "results": results,
+            "target": {"p99_ms_max": 20.0, "met": met, "judged_on": "idle mode, default MLP"},
+        },
+    )
     return 0
 
 

@@ -49,8 +49,13 @@ import contextlib
 import _util  # noqa: E402
 
 EPISODE_END_P = 1 / 200
-LEARNER = {"num_steps": 32, "fragment_length": 32, "num_epochs": 1, "minibatch_size": 1 << 20,
-           "broadcast_every": 1}
+LEARNER = {
+    "num_steps": 32,
+    "fragment_length": 32,
+    "num_epochs": 1,
+    "minibatch_size": 1 << 20,
+    "broadcast_every": 1,
+}
 
 
 class LogHistogram:
@@ -89,15 +94,20 @@ class LogHistogram:
         return self.max
 
     def summary(self) -> dict[str, float]:
-        return {"count": self.n, "p50_ms": 1e3 * self.percentile(50),
-                "p99_ms": 1e3 * self.percentile(99), "max_ms": 1e3 * self.max}
+        return {
+            "count": self.n,
+            "p50_ms": 1e3 * self.percentile(50),
+            "p99_ms": 1e3 * self.percentile(99),
+            "max_ms": 1e3 * self.max,
+        }
 
 
 # ------------------------------------------------------------------ the learner process
 
 
-def learner_main(port: int, actors: int, envs: int, seconds: float, warmup: float,
-                 out: Any) -> None:
+def learner_main(
+    port: int, actors: int, envs: int, seconds: float, warmup: float, out: Any
+) -> None:
     logging.basicConfig(level=logging.WARNING)
     import numpy as np
 
@@ -125,10 +135,18 @@ def learner_main(port: int, actors: int, envs: int, seconds: float, warmup: floa
     rollout_mod._SlotQueue.take = take
 
     cfg = LearnerConfig(
-        num_actors=actors, envs_per_actor=envs, num_steps=LEARNER["num_steps"],
-        fragment_length=LEARNER["fragment_length"], total_env_steps=10**13,
-        broadcast_every=LEARNER["broadcast_every"], eval_every=0, eval_episodes=1,
-        checkpoint_every=0, run_dir="", port=port, starvation_timeout=120.0,
+        num_actors=actors,
+        envs_per_actor=envs,
+        num_steps=LEARNER["num_steps"],
+        fragment_length=LEARNER["fragment_length"],
+        total_env_steps=10**13,
+        broadcast_every=LEARNER["broadcast_every"],
+        eval_every=0,
+        eval_episodes=1,
+        checkpoint_every=0,
+        run_dir="",
+        port=port,
+        starvation_timeout=120.0,
     )
     ppo = PPOConfig(num_epochs=LEARNER["num_epochs"], minibatch_size=LEARNER["minibatch_size"])
     rows = np.full((200_000, 3), np.nan)  # (t, env steps, fragments received); pre-touched
@@ -157,24 +175,26 @@ def learner_main(port: int, actors: int, envs: int, seconds: float, warmup: floa
     if len(window) < 2:
         window = used
     span = float(window[-1, 0] - window[0, 0]) if len(window) >= 2 else math.nan
-    out.put({
-        "kind": "report",
-        "registration_s": first - t0,
-        "updates": report.updates_completed,
-        "env_steps": report.env_steps_consumed,
-        "steps_per_s": float(window[-1, 1] - window[0, 1]) / span if span else math.nan,
-        "fragments_per_s": float(window[-1, 2] - window[0, 2]) / span if span else math.nan,
-        "window_s": span,
-        "latency_received": received.summary(),
-        "latency_consumed": consumed.summary(),
-        "counters": dict(report.counters),
-        "actor_stats": report.actor_stats,
-        "dead_actors": report.dead_actors,
-        "stop_reason": report.stop_reason,
-        "episodes": report.episodes_completed,
-        "episode_rewards_len": len(report.episode_rewards),
-        "t_first_update": first,
-    })
+    out.put(
+        {
+            "kind": "report",
+            "registration_s": first - t0,
+            "updates": report.updates_completed,
+            "env_steps": report.env_steps_consumed,
+            "steps_per_s": float(window[-1, 1] - window[0, 1]) / span if span else math.nan,
+            "fragments_per_s": float(window[-1, 2] - window[0, 2]) / span if span else math.nan,
+            "window_s": span,
+            "latency_received": received.summary(),
+            "latency_consumed": consumed.summary(),
+            "counters": dict(report.counters),
+            "actor_stats": report.actor_stats,
+            "dead_actors": report.dead_actors,
+            "stop_reason": report.stop_reason,
+            "episodes": report.episodes_completed,
+            "episode_rewards_len": len(report.episode_rewards),
+            "t_first_update": first,
+        }
+    )
 
 
 # ------------------------------------------------------------------ the actor processes
@@ -188,9 +208,16 @@ def actor_main(port: int, envs: int, seed: int, out: Any) -> None:
 
     logging.basicConfig(level=logging.WARNING)
     ctx = zmq.Context()
-    client = ActorClient(f"127.0.0.1:{port}", env_id="", observation_space=None,
-                         action_space=None, num_envs=envs, context=ctx, register_timeout=120,
-                         learner_timeout=120)
+    client = ActorClient(
+        f"127.0.0.1:{port}",
+        env_id="",
+        observation_space=None,
+        action_space=None,
+        num_envs=envs,
+        context=ctx,
+        register_timeout=120,
+        learner_timeout=120,
+    )
     rng = np.random.default_rng(seed)
     error = ""
     try:
@@ -222,9 +249,16 @@ def actor_main(port: int, envs: int, seed: int, out: Any) -> None:
         seqs = [int(s) for s in client._seq]
         client.close()
         ctx.term()
-    out.put({"actor_id": actor_id, "fragments_sent": int(stats["fragments_sent"]),
-             "steps_sent": int(stats["steps_sent"]), "next_seq": seqs, "error": error,
-             "rejects": dict(client.rejects)})
+    out.put(
+        {
+            "actor_id": actor_id,
+            "fragments_sent": int(stats["fragments_sent"]),
+            "steps_sent": int(stats["steps_sent"]),
+            "next_seq": seqs,
+            "error": error,
+            "rejects": dict(client.rejects),
+        }
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,14 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     port = _util.free_port_block(3)
     spawn, fork = mp.get_context("spawn"), mp.get_context("fork")
     learner_out = spawn.Queue()
-    learner = spawn.Process(target=learner_main,
-                            args=(port, args.actors, args.envs, seconds, args.warmup,
-                                  learner_out))
+    learner = spawn.Process(
+        target=learner_main, args=(port, args.actors, args.envs, seconds, args.warmup, learner_out)
+    )
     learner.start()
     ready = learner_out.get(timeout=120)
     actor_out = fork.Queue()
-    actors = [fork.Process(target=actor_main, args=(port, args.envs, 1000 + i, actor_out))
-              for i in range(args.actors)]
+    actors = [
+        fork.Process(target=actor_main, args=(port, args.envs, 1000 + i, actor_out))
+        for i in range(args.actors)
+    ]
     for p in actors:
         p.start()
     actor_rss = []
@@ -293,11 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         "last_mib": (after[-1][1] / 2**20) if after else math.nan,
         "max_deviation": deviation,
         "flat_within_10pct": bool(deviation <= 0.10),
-        "samples_since_first_update": [(round(t - t_zero, 1), round(r / 2**20, 1))
-                                       for t, r in samples],
+        "samples_since_first_update": [
+            (round(t - t_zero, 1), round(r / 2**20, 1)) for t, r in samples
+        ],
         "growth_mib_per_min": (
             (after[-1][1] - after[0][1]) / 2**20 / max((after[-1][0] - after[0][0]) / 60, 1e-9)
-            if len(after) >= 2 else math.nan),
+            if len(after) >= 2
+            else math.nan
+        ),
     }
 
     # Losses: per actor, what it sent vs what the learner received.
@@ -305,19 +344,31 @@ def main(argv: list[str] | None = None) -> int:
     stats = report["actor_stats"]
     for res in sorted(actor_results, key=lambda r: r["actor_id"]):
         rec = stats.get(str(res["actor_id"]), {})
-        per_actor.append({
-            "actor_id": res["actor_id"], "sent": res["fragments_sent"],
-            "sent_per_bye": rec.get("actor/fragments_sent"),
-            "received": rec.get("fragments_received"), "said_bye": rec.get("said_bye"),
-            "error": res["error"],
-        })
+        per_actor.append(
+            {
+                "actor_id": res["actor_id"],
+                "sent": res["fragments_sent"],
+                "sent_per_bye": rec.get("actor/fragments_sent"),
+                "received": rec.get("fragments_received"),
+                "said_bye": rec.get("said_bye"),
+                "error": res["error"],
+            }
+        )
     lost = sum(max(0, a["sent"] - (a["received"] or 0)) for a in per_actor)
     counters = report["counters"]
-    bad = {k: v for k, v in counters.items()
-           if v and (k.startswith("rejected") or "seq_gaps" in k or
-                     (k.startswith("discarded") and "run_ended" not in k))}
+    bad = {
+        k: v
+        for k, v in counters.items()
+        if v
+        and (
+            k.startswith("rejected")
+            or "seq_gaps" in k
+            or (k.startswith("discarded") and "run_ended" not in k)
+        )
+    }
     losses = {
-        "actors_reporting": len(actor_results), "actors_started": len(actors),
+        "actors_reporting": len(actor_results),
+        "actors_started": len(actors),
         "fragments_sent": sum(a["sent"] for a in per_actor),
         "fragments_received": sum(a["received"] or 0 for a in per_actor),
         "lost_fragments": lost,
@@ -328,42 +379,72 @@ def main(argv: list[str] | None = None) -> int:
         "byes": sum(1 for a in per_actor if a["said_bye"]),
         "queued_at_end_steps": counters.get("discarded/steps/run_ended", 0),
     }
-    zero_loss = (lost == 0 and losses["seq_gaps"] == 0 and not bad
-                 and len(actor_results) == len(actors) and not losses["actor_errors"])
-    print(f"{args.actors} actors x {args.envs} slots, {report['window_s']:.0f} s measured: "
-          f"{_util.fmt_rate(report['fragments_per_s'])} fragments/s, "
-          f"{_util.fmt_rate(report['steps_per_s'])} steps/s, {report['updates']} updates")
+    zero_loss = (
+        lost == 0
+        and losses["seq_gaps"] == 0
+        and not bad
+        and len(actor_results) == len(actors)
+        and not losses["actor_errors"]
+    )
+    print(
+        f"{args.actors} actors x {args.envs} slots, {report['window_s']:.0f} s measured: "
+        f"{_util.fmt_rate(report['fragments_per_s'])} fragments/s, "
+        f"{_util.fmt_rate(report['steps_per_s'])} steps/s, {report['updates']} updates"
+    )
     for key in ("latency_received", "latency_consumed"):
         lat = report[key]
-        print(f"  {key.split('_')[1]:>9}: p50 {lat['p50_ms']:.1f} ms  p99 {lat['p99_ms']:.1f} ms"
-              f"  max {lat['max_ms']:.1f} ms  ({lat['count']} fragments)")
-    print(f"  learner RSS: baseline {rss_summary['baseline_mib']:.0f} MiB, "
-          f"{rss_summary['min_mib']:.0f}-{rss_summary['max_mib']:.0f} MiB, max deviation "
-          f"{rss_summary['max_deviation']:.1%} ({rss_summary['growth_mib_per_min']:+.2f} MiB/min)")
-    print(f"  fragments sent {losses['fragments_sent']}, received "
-          f"{losses['fragments_received']}, lost {lost}, seq gaps {losses['seq_gaps']}, "
-          f"byes {losses['byes']}/{len(actors)}, bad counters {bad or 'none'}")
+        print(
+            f"  {key.split('_')[1]:>9}: p50 {lat['p50_ms']:.1f} ms  p99 {lat['p99_ms']:.1f} ms"
+            f"  max {lat['max_ms']:.1f} ms  ({lat['count']} fragments)"
+        )
+    print(
+        f"  learner RSS: baseline {rss_summary['baseline_mib']:.0f} MiB, "
+        f"{rss_summary['min_mib']:.0f}-{rss_summary['max_mib']:.0f} MiB, max deviation "
+        f"{rss_summary['max_deviation']:.1%} ({rss_summary['growth_mib_per_min']:+.2f} MiB/min)"
+    )
+    print(
+        f"  fragments sent {losses['fragments_sent']}, received "
+        f"{losses['fragments_received']}, lost {lost}, seq gaps {losses['seq_gaps']}, "
+        f"byes {losses['byes']}/{len(actors)}, bad counters {bad or 'none'}"
+    )
     if actor_rss:
         print(f"  actor USS: median {_util.median(actor_rss) / 2**20:.1f} MiB")
-    print(f"target: zero lost fragments: {'MET' if zero_loss else 'MISSED'}; RSS flat +-10%: "
-          f"{'MET' if rss_summary['flat_within_10pct'] else 'MISSED'}")
-    _util.write_result("fan_in", args, {
-        "config": {"actors": args.actors, "envs_per_actor": args.envs, "minutes": args.minutes,
-                   "warmup_s": args.warmup, "learner": LEARNER,
-                   "episode_end_probability": EPISODE_END_P},
-        "throughput": {"fragments_per_s": report["fragments_per_s"],
-                       "steps_per_s": report["steps_per_s"], "window_s": report["window_s"],
-                       "updates": report["updates"], "registration_s": report["registration_s"]},
-        "latency": {"received": report["latency_received"],
-                    "consumed": report["latency_consumed"]},
-        "rss": rss_summary,
-        "actor_uss_mib_median": _util.median(actor_rss) / 2**20 if actor_rss else None,
-        "losses": losses,
-        "per_actor": per_actor,
-        "learner_counters": counters,
-        "episode_rewards_len": report["episode_rewards_len"],
-        "target": {"zero_loss": zero_loss, "rss_flat": rss_summary["flat_within_10pct"]},
-    })
+    print(
+        f"target: zero lost fragments: {'MET' if zero_loss else 'MISSED'}; RSS flat +-10%: "
+        f"{'MET' if rss_summary['flat_within_10pct'] else 'MISSED'}"
+    )
+    _util.write_result(
+        "fan_in",
+        args,
+        {
+            "config": {
+                "actors": args.actors,
+                "envs_per_actor": args.envs,
+                "minutes": args.minutes,
+                "warmup_s": args.warmup,
+                "learner": LEARNER,
+                "episode_end_probability": EPISODE_END_P,
+            },
+            "throughput": {
+                "fragments_per_s": report["fragments_per_s"],
+                "steps_per_s": report["steps_per_s"],
+                "window_s": report["window_s"],
+                "updates": report["updates"],
+                "registration_s": report["registration_s"],
+            },
+            "latency": {
+                "received": report["latency_received"],
+                "consumed": report["latency_consumed"],
+            },
+            "rss": rss_summary,
+            "actor_uss_mib_median": _util.median(actor_rss) / 2**20 if actor_rss else None,
+            "losses": losses,
+            "per_actor": per_actor,
+            "learner_counters": counters,
+            "episode_rewards_len": report["episode_rewards_len"],
+            "target": {"zero_loss": zero_loss, "rss_flat": rss_summary["flat_within_10pct"]},
+        },
+    )
     return 0
 
 

@@ -52,9 +52,7 @@ def encode_array(array: np.ndarray) -> dict[str, Any]:
     dtype = array.dtype
     name = _NAME.get(dtype)
     if name is None:
-        raise TypeError(
-            f"dtype {dtype.name} cannot travel; allowed: {', '.join(P.ARRAY_DTYPES)}"
-        )
+        raise TypeError(f"dtype {dtype.name} cannot travel; allowed: {', '.join(P.ARRAY_DTYPES)}")
     if dtype.byteorder == ">":
         array = array.astype(dtype.newbyteorder("<"))
     if not array.flags.c_contiguous:
@@ -178,8 +176,12 @@ def install() -> None:
     """Patch ``zmq_rl.protocol`` in this process (idempotent)."""
     if _ORIGINAL:
         return
-    for name, fn in (("encode_array", encode_array), ("decode_array", decode_array),
-                     ("_array", _array), ("_require_finite", _require_finite)):
+    for name, fn in (
+        ("encode_array", encode_array),
+        ("decode_array", decode_array),
+        ("_array", _array),
+        ("_require_finite", _require_finite),
+    ):
         _ORIGINAL[name] = getattr(P, name)
         setattr(P, name, fn)
     _ORIGINAL["Fragment.from_map"] = P.Fragment.__dict__["from_map"]
@@ -233,16 +235,26 @@ def _row_dtype(obs_spec: Any, act_spec: Any) -> np.dtype:
     key = (obs_spec[0], tuple(obs_spec[1]), act_spec[0], tuple(act_spec[1]))
     row = _ROW_CACHE.get(key)
     if row is None:
-        if (obs_spec[0] not in P.OBS_DTYPES or act_spec[0] not in P.ACTION_DTYPES
-                or len(key[1]) > P.MAX_ARRAY_DIMS or len(key[3]) > 1):
+        if (
+            obs_spec[0] not in P.OBS_DTYPES
+            or act_spec[0] not in P.ACTION_DTYPES
+            or len(key[1]) > P.MAX_ARRAY_DIMS
+            or len(key[3]) > 1
+        ):
             raise P.ProtocolError("bad_dtype", f"fragment: row layout {key} not allowed")
         # float32 columns first, so that with float32 observations every float of a
         # row is one strided [T, k] view (one isfinite call), flags last (one check).
-        row = np.dtype([
-            ("obs", _WIRE[obs_spec[0]], key[1]), ("rewards", "<f4"), ("values", "<f4"),
-            ("log_probs", "<f4"), ("actions", _WIRE[act_spec[0]], key[3]),
-            ("terminated", "u1"), ("truncated", "u1"),
-        ])
+        row = np.dtype(
+            [
+                ("obs", _WIRE[obs_spec[0]], key[1]),
+                ("rewards", "<f4"),
+                ("values", "<f4"),
+                ("log_probs", "<f4"),
+                ("actions", _WIRE[act_spec[0]], key[3]),
+                ("terminated", "u1"),
+                ("truncated", "u1"),
+            ]
+        )
         if len(_ROW_CACHE) < 64:
             _ROW_CACHE[key] = row
     return row
@@ -261,23 +273,41 @@ def encode_packed(fragment: Any) -> bytes:
     rows["values"] = fragment.values
     rows["log_probs"] = fragment.log_probs
     final = fragment.final_obs
-    return P.msgpack.packb({
-        "proto": 2, "type": _PACKED_TYPE, "actor_id": fragment.actor_id, "slot": fragment.slot,
-        "version": fragment.version, "seq": fragment.seq, "run_id": fragment.run_id,
-        "sent_at": float(fragment.sent_at), "obs": obs_spec, "actions": act_spec,
-        "rows": rows.tobytes(), "next_obs": np.ascontiguousarray(fragment.next_obs).tobytes(),
-        "final_obs_index": [int(i) for i in fragment.final_obs_index],
-        "final_obs": b"" if final is None else np.ascontiguousarray(final).tobytes(),
-    }, use_bin_type=True)
+    return P.msgpack.packb(
+        {
+            "proto": 2,
+            "type": _PACKED_TYPE,
+            "actor_id": fragment.actor_id,
+            "slot": fragment.slot,
+            "version": fragment.version,
+            "seq": fragment.seq,
+            "run_id": fragment.run_id,
+            "sent_at": float(fragment.sent_at),
+            "obs": obs_spec,
+            "actions": act_spec,
+            "rows": rows.tobytes(),
+            "next_obs": np.ascontiguousarray(fragment.next_obs).tobytes(),
+            "final_obs_index": [int(i) for i in fragment.final_obs_index],
+            "final_obs": b"" if final is None else np.ascontiguousarray(final).tobytes(),
+        },
+        use_bin_type=True,
+    )
 
 
 def decode_packed(frame: Any, max_bytes: int = P.DEFAULT_MAX_MESSAGE_BYTES) -> Any:
     if len(frame) > max_bytes:
         raise P.ProtocolError("too_large", f"message of {len(frame)} bytes exceeds {max_bytes}")
     try:
-        body = P.msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=max_bytes,
-                                 max_str_len=1 << 20, max_array_len=1 << 20, max_map_len=64,
-                                 max_ext_len=0)
+        body = P.msgpack.unpackb(
+            frame,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_bytes,
+            max_str_len=1 << 20,
+            max_array_len=1 << 20,
+            max_map_len=64,
+            max_ext_len=0,
+        )
     except Exception as exc:  # noqa: BLE001
         raise P.ProtocolError("not_msgpack", f"not a msgpack message: {exc}") from None
     if type(body) is not dict or body.get("type") != _PACKED_TYPE:
@@ -291,8 +321,7 @@ def decode_packed(frame: Any, max_bytes: int = P.DEFAULT_MAX_MESSAGE_BYTES) -> A
         obs_shape = row["obs"].shape
         next_obs = np.frombuffer(body["next_obs"], row["obs"].base).reshape(obs_shape)
         index = np.asarray(body["final_obs_index"], np.int64)
-        final = np.frombuffer(body["final_obs"], row["obs"].base).reshape(
-            (len(index), *obs_shape))
+        final = np.frombuffer(body["final_obs"], row["obs"].base).reshape((len(index), *obs_shape))
     except P.ProtocolError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
@@ -327,8 +356,14 @@ def decode_packed(frame: Any, max_bytes: int = P.DEFAULT_MAX_MESSAGE_BYTES) -> A
         seq=P._int(body.get("seq"), "fragment.seq"),
         run_id=P._str(body.get("run_id"), "fragment.run_id"),
         sent_at=P._finite_float(body.get("sent_at", 0.0), "fragment.sent_at"),
-        obs=rows["obs"], actions=rows["actions"], rewards=rows["rewards"],
-        terminated=terminated.view(bool), truncated=truncated.view(bool),
-        values=rows["values"], log_probs=rows["log_probs"], next_obs=next_obs,
-        final_obs_index=index, final_obs=final,
+        obs=rows["obs"],
+        actions=rows["actions"],
+        rewards=rows["rewards"],
+        terminated=terminated.view(bool),
+        truncated=truncated.view(bool),
+        values=rows["values"],
+        log_probs=rows["log_probs"],
+        next_obs=next_obs,
+        final_obs_index=index,
+        final_obs=final,
     )

@@ -117,8 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=("junk", "garbage"), default="junk")
     parser.add_argument("--rows", type=int, default=32, help="fragment length T of junk frames")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--linger-ms", type=int, default=10_000,
-                        help="how long to keep delivering queued frames at the end")
+    parser.add_argument(
+        "--linger-ms",
+        type=int,
+        default=10_000,
+        help="how long to keep delivering queued frames at the end",
+    )
     args = parser.parse_args(argv)
     frames = junk_frames(args.rows, args.seed) if args.kind == "junk" else garbage_frames(args.seed)
     tallies = flood(args.endpoint, args.seconds, frames, args.linger_ms)

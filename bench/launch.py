@@ -33,11 +33,25 @@ import _util  # noqa: E402
 
 def child(mode: str, port: int) -> None:
     def actors() -> list[subprocess.Popen[bytes]]:
-        return [subprocess.Popen(
-            [sys.executable, "-m", "zmq_rl.cli.actor", "--learner", f"127.0.0.1:{port}",
-             "--actor-id", str(i), "--log-level", "warning"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
-            for i in range(2)]
+        return [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "zmq_rl.cli.actor",
+                    "--learner",
+                    f"127.0.0.1:{port}",
+                    "--actor-id",
+                    str(i),
+                    "--log-level",
+                    "warning",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            for i in range(2)
+        ]
 
     procs = actors() if mode == "before" else []
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
@@ -49,8 +63,12 @@ def child(mode: str, port: int) -> None:
         marks.setdefault("first_update", time.monotonic() - T0)
         learner.request_stop("launch benchmark done")
 
-    learner = Learner(LearnerConfig(num_actors=2, port=port, run_dir="", checkpoint_every=0),
-                      PPOConfig(), PolicyConfig(), on_update=on_update)
+    learner = Learner(
+        LearnerConfig(num_actors=2, port=port, run_dir="", checkpoint_every=0),
+        PPOConfig(),
+        PolicyConfig(),
+        on_update=on_update,
+    )
     marks["learner_built"] = time.monotonic() - T0
     if mode == "after":
         procs = actors()
@@ -70,9 +88,13 @@ def child(mode: str, port: int) -> None:
 def run(mode: str) -> dict:
     port = _util.free_port_block(3)
     t = time.monotonic()
-    done = subprocess.run([sys.executable, __file__, "--child", mode, "--port", str(port)],
-                          capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", mode, "--port", str(port)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     wall = time.monotonic() - t
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
@@ -94,16 +116,23 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = 1
     runs = []
     for r in range(args.rounds):
-        for mode in (("after", "before") if r % 2 == 0 else ("before", "after")):
+        for mode in ("after", "before") if r % 2 == 0 else ("before", "after"):
             res = run(mode)
             runs.append(res)
-            print(f"round {r} {mode:>6}: learner built {res['learner_built']:.1f}s, first update "
-                  f"{res['first_update']:.1f}s", flush=True)
-    summary = {m: _util.median([x["first_update"] for x in runs if x["mode"] == m])
-               for m in ("after", "before")}
-    print(f"median launch -> first update: actors after the learner (today) "
-          f"{summary['after']:.2f}s, actors first {summary['before']:.2f}s "
-          f"(saves {summary['after'] - summary['before']:.2f}s)")
+            print(
+                f"round {r} {mode:>6}: learner built {res['learner_built']:.1f}s, first update "
+                f"{res['first_update']:.1f}s",
+                flush=True,
+            )
+    summary = {
+        m: _util.median([x["first_update"] for x in runs if x["mode"] == m])
+        for m in ("after", "before")
+    }
+    print(
+        f"median launch -> first update: actors after the learner (today) "
+        f"{summary['after']:.2f}s, actors first {summary['before']:.2f}s "
+        f"(saves {summary['after'] - summary['before']:.2f}s)"
+    )
     _util.write_result("launch", args, {"runs": runs, "summary_first_update_s": summary})
     return 0
 

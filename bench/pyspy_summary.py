@@ -44,7 +44,7 @@ def parse(path: str) -> dict[str, list[tuple[list[str], int]]]:
                 if not m:
                     break
                 label = f"{_short_command(m.group(2))} [pid {m.group(1)}]"  # innermost wins
-                stack = stack[m.end():]
+                stack = stack[m.end() :]
             rest = [f for f in stack.split(";") if f]
             stacks[label].append((rest, n))
     return stacks
@@ -74,8 +74,18 @@ def _name(frame: str) -> str:
     return f"{m.group('func')} ({file.rsplit('/', 1)[-1] if '/' in file else file})"
 
 
-WAITING = {"Poller.poll", "poll", "Socket.poll", "_PollLikeSelector.select", "select",
-           "Condition.wait", "Event.wait", "Popen._wait", "Thread.join", "sleep"}
+WAITING = {
+    "Poller.poll",
+    "poll",
+    "Socket.poll",
+    "_PollLikeSelector.select",
+    "select",
+    "Condition.wait",
+    "Event.wait",
+    "Popen._wait",
+    "Thread.join",
+    "sleep",
+}
 """Self frames that mean the thread waits (recorded only with ``py-spy --idle``)."""
 
 
@@ -118,11 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("raw", help="py-spy record -f raw output")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--json", default="", help="also write the summary here")
-    parser.add_argument("--all-threads", action="store_true",
-                        help="count helper threads too (default: main thread only)")
+    parser.add_argument(
+        "--all-threads",
+        action="store_true",
+        help="count helper threads too (default: main thread only)",
+    )
     args = parser.parse_args(argv)
-    out = {label: summarise(s, args.top, args.all_threads)
-           for label, s in sorted(parse(args.raw).items())}
+    out = {
+        label: summarise(s, args.top, args.all_threads)
+        for label, s in sorted(parse(args.raw).items())
+    }
     out = {k: v for k, v in out.items() if v["samples"] and "resource tracker" not in k}
     for label, summary in out.items():
         print(f"== {label}: {summary['samples']} samples, {summary['waiting_pct']}% waiting")

@@ -40,8 +40,18 @@ def zoo_model(seed: int, verbose: int = 0):
 
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
     return PPO(
-        "MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
-        ent_coef=0.0, learning_rate=lin(1e-3), clip_range=lin(0.2), seed=seed, verbose=verbose,
+        "MlpPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        gae_lambda=0.8,
+        gamma=0.98,
+        n_epochs=20,
+        ent_coef=0.0,
+        learning_rate=lin(1e-3),
+        clip_range=lin(0.2),
+        seed=seed,
+        verbose=verbose,
         device="cpu",
     )
 
@@ -55,9 +65,14 @@ def throughput(steps: int, seed: int) -> dict:
     model.learn(total_timesteps=steps)
     t2 = time.monotonic()
     done = int(model.num_timesteps)
-    return {"steps": done, "learn_seconds": t2 - t1, "steps_per_s": done / (t2 - t1),
-            "setup_seconds": t1 - t0, "import_seconds": t0 - T_IMPORT,
-            "torch_threads": torch.get_num_threads()}
+    return {
+        "steps": done,
+        "learn_seconds": t2 - t1,
+        "steps_per_s": done / (t2 - t1),
+        "setup_seconds": t1 - t0,
+        "import_seconds": t0 - T_IMPORT,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def solve(seed: int, target: float, budget: int, episodes: int) -> dict:
@@ -75,8 +90,13 @@ def solve(seed: int, target: float, budget: int, episodes: int) -> dict:
         def _on_step(self) -> bool:
             parent = self.parent
             mean = float(parent.last_mean_reward)
-            evaluations.append({"env_steps": int(parent.num_timesteps), "mean_return": mean,
-                                "at": time.monotonic() - T_IMPORT})
+            evaluations.append(
+                {
+                    "env_steps": int(parent.num_timesteps),
+                    "mean_return": mean,
+                    "at": time.monotonic() - T_IMPORT,
+                }
+            )
             if mean >= self.reward_threshold:
                 print(f"SOLVED {mean:.1f} after {parent.num_timesteps} steps", flush=True)
             else:
@@ -93,9 +113,13 @@ def solve(seed: int, target: float, budget: int, episodes: int) -> dict:
                     eval_seconds[0] += time.monotonic() - start
 
     callback = TimedEval(
-        eval_env, callback_on_new_best=None,
+        eval_env,
+        callback_on_new_best=None,
         callback_after_eval=Stop(reward_threshold=target, verbose=0),
-        n_eval_episodes=episodes, eval_freq=1280 // 8, deterministic=True, verbose=0,
+        n_eval_episodes=episodes,
+        eval_freq=1280 // 8,
+        deterministic=True,
+        verbose=0,
     )
     t1 = time.monotonic()
     print("START learning", flush=True)
@@ -121,10 +145,14 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=475.0)
     parser.add_argument("--budget", type=int, default=100_000)
     parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="torch intra-op threads (0 = torch's default, one per core); 1 "
-                        "like the project's learner: on a loaded 2-core machine the default "
-                        "2 threads measured 35x slower (OpenMP oversubscription)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (0 = torch's default, one per core); 1 "
+        "like the project's learner: on a loaded 2-core machine the default "
+        "2 threads measured 35x slower (OpenMP oversubscription)",
+    )
     args = parser.parse_args()
     if args.torch_threads > 0:
         import torch

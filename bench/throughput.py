@@ -48,13 +48,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _util  # noqa: E402
 
-THROUGHPUT = {"num_steps": 64, "fragment_length": 64, "num_epochs": 1, "minibatch_size": 65536,
-              "broadcast_every": 1, "torch_threads": 1}
+THROUGHPUT = {
+    "num_steps": 64,
+    "fragment_length": 64,
+    "num_epochs": 1,
+    "minibatch_size": 65536,
+    "broadcast_every": 1,
+    "torch_threads": 1,
+}
 SF_FLAGS = [
-    "--algo=APPO", "--use_rnn=False", "--num_envs_per_worker=20", "--policy_workers_per_policy=2",
-    "--recurrence=1", "--with_vtrace=False", "--batch_size=512", "--reward_scale=0.1",
-    "--save_every_sec=10", "--experiment_summaries_interval=10",
-    "--experiment=example_gym_cartpole-v1", "--env=CartPole-v1",
+    "--algo=APPO",
+    "--use_rnn=False",
+    "--num_envs_per_worker=20",
+    "--policy_workers_per_policy=2",
+    "--recurrence=1",
+    "--with_vtrace=False",
+    "--batch_size=512",
+    "--reward_scale=0.1",
+    "--save_every_sec=10",
+    "--experiment_summaries_interval=10",
+    "--experiment=example_gym_cartpole-v1",
+    "--env=CartPole-v1",
 ]
 """The CartPole command line in sf_examples/train_gym_env.py (Sample Factory 2.1.1)."""
 
@@ -71,8 +85,9 @@ def _actor_main(port: int, num_envs: int, prototype: bool = False) -> None:
     GymActor(ActorConfig(learner=f"127.0.0.1:{port}", num_envs=num_envs)).run()
 
 
-def run_project(actors: int, envs: int, warmup: float, window: float,
-                prototype: bool = False) -> dict[str, Any]:
+def run_project(
+    actors: int, envs: int, warmup: float, window: float, prototype: bool = False
+) -> dict[str, Any]:
     """One measurement; ``prototype``: bench/fastproto.py installed in the learner and
     in the actors (the proposed protocol.py change)."""
     import psutil
@@ -82,13 +97,22 @@ def run_project(actors: int, envs: int, warmup: float, window: float,
 
     port = _util.free_port_block(3)
     cfg = LearnerConfig(
-        num_actors=actors, envs_per_actor=envs, num_steps=THROUGHPUT["num_steps"],
-        fragment_length=THROUGHPUT["fragment_length"], total_env_steps=10**12,
-        broadcast_every=THROUGHPUT["broadcast_every"], eval_every=0, eval_episodes=1,
-        checkpoint_every=0, run_dir="", port=port, torch_threads=THROUGHPUT["torch_threads"],
+        num_actors=actors,
+        envs_per_actor=envs,
+        num_steps=THROUGHPUT["num_steps"],
+        fragment_length=THROUGHPUT["fragment_length"],
+        total_env_steps=10**12,
+        broadcast_every=THROUGHPUT["broadcast_every"],
+        eval_every=0,
+        eval_episodes=1,
+        checkpoint_every=0,
+        run_dir="",
+        port=port,
+        torch_threads=THROUGHPUT["torch_threads"],
     )
-    ppo = PPOConfig(num_epochs=THROUGHPUT["num_epochs"],
-                    minibatch_size=THROUGHPUT["minibatch_size"])
+    ppo = PPOConfig(
+        num_epochs=THROUGHPUT["num_epochs"], minibatch_size=THROUGHPUT["minibatch_size"]
+    )
     rows: list[tuple[float, int]] = []
     marks: dict[str, Any] = {}
     procs: list[Any] = []
@@ -123,8 +147,9 @@ def run_project(actors: int, envs: int, warmup: float, window: float,
         fastproto.install()
     learner = Learner(cfg, ppo, PolicyConfig(), on_update=on_update)
     ctx = mp.get_context("spawn")
-    procs.extend(ctx.Process(target=_actor_main, args=(port, envs, prototype))
-                 for _ in range(actors))
+    procs.extend(
+        ctx.Process(target=_actor_main, args=(port, envs, prototype)) for _ in range(actors)
+    )
     t_launch = time.monotonic()
     for p in procs:
         p.start()
@@ -140,20 +165,27 @@ def run_project(actors: int, envs: int, warmup: float, window: float,
             fastproto.uninstall()
     inside = [r for r in rows if r[0] >= marks.get("window_start", float("inf"))]
     if len(inside) < 2:
-        inside = rows[len(rows) // 2:]
+        inside = rows[len(rows) // 2 :]
     (t0, s0), (t1, s1) = inside[0], inside[-1]
     span = max(t1 - t0, 1e-9)
     return {
-        "actors": actors, "envs_per_actor": envs, "slots": actors * envs,
+        "actors": actors,
+        "envs_per_actor": envs,
+        "slots": actors * envs,
         "prototype": prototype,
-        "steps_per_s": (s1 - s0) / span, "window_seconds": span,
-        "updates": report.updates_completed, "env_steps": report.env_steps_consumed,
+        "steps_per_s": (s1 - s0) / span,
+        "window_seconds": span,
+        "updates": report.updates_completed,
+        "env_steps": report.env_steps_consumed,
         "launch_to_first_update_s": marks.get("first", t_launch) - t_launch,
         "cpu_cores_busy": (marks.get("cpu_end", 0.0) - marks.get("cpu_start", 0.0)) / span,
         "system_cpu_percent": marks.get("system_cpu_percent"),
         "stop_reason": report.stop_reason,
-        "counters": {k: v for k, v in report.counters.items() if "seq_gaps" in k or
-                     k.startswith(("rejected", "discarded"))},
+        "counters": {
+            k: v
+            for k, v in report.counters.items()
+            if "seq_gaps" in k or k.startswith(("rejected", "discarded"))
+        },
     }
 
 
@@ -163,17 +195,17 @@ def run_project(actors: int, envs: int, warmup: float, window: float,
 def run_sb3(python: str, steps: int) -> dict[str, Any]:
     import json
 
-    cmd = [python, str(Path(__file__).with_name("sb3_ppo.py")), "throughput", "--steps",
-           str(steps)]
+    cmd = [python, str(Path(__file__).with_name("sb3_ppo.py")), "throughput", "--steps", str(steps)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     for line in done.stdout.splitlines()[::-1]:
         if line.startswith("RESULT "):
-            return {"ok": True, **json.loads(line[len("RESULT "):])}
+            return {"ok": True, **json.loads(line[len("RESULT ") :])}
     return {"ok": False, "error": (done.stdout + done.stderr)[-2000:]}
 
 
 SF_REPORT = re.compile(
-    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[\d+\] Fps is .*?Total num frames: (\d+)")
+    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[\d+\] Fps is .*?Total num frames: (\d+)"
+)
 SF_FINAL = re.compile(r"Collected \{0: (\d+)\}, FPS: ([\d.]+)")
 
 
@@ -184,13 +216,21 @@ def run_sf(python: str, seconds: float, frames: int) -> dict[str, Any]:
     import signal
 
     train_dir = tempfile.mkdtemp(prefix="sf-bench-")
-    cmd = [python, "-m", "sf_examples.train_gym_env", *SF_FLAGS, "--device=cpu",
-           f"--train_dir={train_dir}", f"--train_for_env_steps={frames}"]
+    cmd = [
+        python,
+        "-m",
+        "sf_examples.train_gym_env",
+        *SF_FLAGS,
+        "--device=cpu",
+        f"--train_dir={train_dir}",
+        f"--train_for_env_steps={frames}",
+    ]
     log_path = Path(train_dir) / "stdout.txt"
     timed_out = False
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=train_dir,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=train_dir, start_new_session=True
+        )
         try:
             proc.wait(seconds)
         except subprocess.TimeoutExpired:
@@ -208,11 +248,17 @@ def run_sf(python: str, seconds: float, frames: int) -> dict[str, Any]:
                 os.killpg(proc.pid, signal.SIGKILL)
     text = log_path.read_text(errors="replace")
     shutil.rmtree(train_dir, ignore_errors=True)
-    reports = [(datetime.strptime(ts, "%Y-%m-%d %H:%M:%S,%f").timestamp(), int(n))
-               for ts, n in SF_REPORT.findall(text)]
+    reports = [
+        (datetime.strptime(ts, "%Y-%m-%d %H:%M:%S,%f").timestamp(), int(n))
+        for ts, n in SF_REPORT.findall(text)
+    ]
     final = SF_FINAL.search(text)
-    result: dict[str, Any] = {"returncode": proc.returncode, "timed_out": timed_out,
-                              "reports": reports, "command": " ".join(cmd[1:])}
+    result: dict[str, Any] = {
+        "returncode": proc.returncode,
+        "timed_out": timed_out,
+        "reports": reports,
+        "command": " ".join(cmd[1:]),
+    }
     steady = [r for r in reports if r[1] > 0]
     if len(steady) >= 3:
         steady = steady[1:]  # the first report includes the start-up burst
@@ -236,16 +282,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envs", default="1,8,32")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--window", type=float, default=6.0)
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="rounds of (project best config, SF, SB3) after the grid")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds of (project best config, SF, SB3) after the grid",
+    )
     parser.add_argument("--sb3-steps", type=int, default=30_000)
-    parser.add_argument("--sf-frames", type=int, default=400_000,
-                        help="SF's --train_for_env_steps")
-    parser.add_argument("--sf-seconds", type=float, default=75.0,
-                        help="wall limit of an SF run (its frames/s are taken from its reports)")
+    parser.add_argument("--sf-frames", type=int, default=400_000, help="SF's --train_for_env_steps")
+    parser.add_argument(
+        "--sf-seconds",
+        type=float,
+        default=75.0,
+        help="wall limit of an SF run (its frames/s are taken from its reports)",
+    )
     parser.add_argument("--no-baselines", action="store_true", help="skip SB3 and SF")
-    parser.add_argument("--ab-rounds", type=int, default=2,
-                        help="rounds of (current, bench/fastproto.py) on the best configuration")
+    parser.add_argument(
+        "--ab-rounds",
+        type=int,
+        default=2,
+        help="rounds of (current, bench/fastproto.py) on the best configuration",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.actors, args.envs, args.warmup, args.window = "1", "8", 0.5, 1.5
@@ -260,14 +317,15 @@ def main(argv: list[str] | None = None) -> int:
         for e in (int(x) for x in args.envs.split(",")):
             res = run_project(a, e, args.warmup, args.window)
             grid.append(res)
-            print(f"project {a} actor(s) x {e:>2} envs: {_util.fmt_rate(res['steps_per_s'])} "
-                  f"steps/s  (cpu {res['cpu_cores_busy']:.2f} cores, {res['updates']} updates)",
-                  flush=True)
+            print(
+                f"project {a} actor(s) x {e:>2} envs: {_util.fmt_rate(res['steps_per_s'])} "
+                f"steps/s  (cpu {res['cpu_cores_busy']:.2f} cores, {res['updates']} updates)",
+                flush=True,
+            )
     best = max(grid, key=lambda r: r["steps_per_s"])
 
     sb3_python = None if args.no_baselines else _util.bench_python("stable_baselines3")
-    sf_python = None if args.no_baselines else _util.bench_python("sample_factory",
-                                                                   "sf_examples")
+    sf_python = None if args.no_baselines else _util.bench_python("sample_factory", "sf_examples")
     baselines: dict[str, Any] = {
         "sb3": {"python": sb3_python, "available": sb3_python is not None},
         "sf": {"python": sf_python, "available": sf_python is not None},
@@ -277,55 +335,77 @@ def main(argv: list[str] | None = None) -> int:
         baselines["sf"]["skipped"] = "--smoke (SF start-up alone takes 10-25 s here)"
     if sb3_python:
         baselines["sb3"]["versions"] = _util.package_versions(
-            sb3_python, ["stable-baselines3", "torch", "gymnasium", "numpy"])
+            sb3_python, ["stable-baselines3", "torch", "gymnasium", "numpy"]
+        )
     if sf_python:
         baselines["sf"]["versions"] = _util.package_versions(
-            sf_python, ["sample-factory", "torch", "gymnasium", "numpy"])
+            sf_python, ["sample-factory", "torch", "gymnasium", "numpy"]
+        )
     rounds = []
     for r in range(args.rounds):
         entry: dict[str, Any] = {"round": r}
-        entry["project"] = best if args.smoke else run_project(
-            best["actors"], best["envs_per_actor"], args.warmup, args.window)
-        print(f"round {r}: project {best['actors']}x{best['envs_per_actor']}: "
-              f"{_util.fmt_rate(entry['project']['steps_per_s'])} steps/s", flush=True)
+        entry["project"] = (
+            best
+            if args.smoke
+            else run_project(best["actors"], best["envs_per_actor"], args.warmup, args.window)
+        )
+        print(
+            f"round {r}: project {best['actors']}x{best['envs_per_actor']}: "
+            f"{_util.fmt_rate(entry['project']['steps_per_s'])} steps/s",
+            flush=True,
+        )
         if sf_python:
             entry["sf"] = run_sf(sf_python, args.sf_seconds, args.sf_frames)
-            print(f"round {r}: Sample Factory APPO: "
-                  f"{_util.fmt_rate(entry['sf'].get('steady_frames_per_s', float('nan')))} "
-                  f"frames/s (its final FPS {entry['sf'].get('final_fps', 'n/a')})", flush=True)
+            print(
+                f"round {r}: Sample Factory APPO: "
+                f"{_util.fmt_rate(entry['sf'].get('steady_frames_per_s', float('nan')))} "
+                f"frames/s (its final FPS {entry['sf'].get('final_fps', 'n/a')})",
+                flush=True,
+            )
         if sb3_python:
             entry["sb3"] = run_sb3(sb3_python, args.sb3_steps)
-            print(f"round {r}: SB3 PPO zoo: "
-                  f"{_util.fmt_rate(entry['sb3'].get('steps_per_s', float('nan')))} steps/s",
-                  flush=True)
+            print(
+                f"round {r}: SB3 PPO zoo: "
+                f"{_util.fmt_rate(entry['sb3'].get('steps_per_s', float('nan')))} steps/s",
+                flush=True,
+            )
         rounds.append(entry)
 
     ab = []
     for r in range(args.ab_rounds):
         pair = {}
-        for proto in ((False, True) if r % 2 == 0 else (True, False)):
+        for proto in (False, True) if r % 2 == 0 else (True, False):
             pair["fastproto" if proto else "current"] = run_project(
-                best["actors"], best["envs_per_actor"], args.warmup, args.window, prototype=proto)
+                best["actors"], best["envs_per_actor"], args.warmup, args.window, prototype=proto
+            )
         ab.append(pair)
-        print(f"A/B round {r}: current {_util.fmt_rate(pair['current']['steps_per_s'])}, "
-              f"with fastproto {_util.fmt_rate(pair['fastproto']['steps_per_s'])} steps/s",
-              flush=True)
+        print(
+            f"A/B round {r}: current {_util.fmt_rate(pair['current']['steps_per_s'])}, "
+            f"with fastproto {_util.fmt_rate(pair['fastproto']['steps_per_s'])} steps/s",
+            flush=True,
+        )
 
     def ratios(key: str, field: str) -> list[float]:
-        return [e["project"]["steps_per_s"] / e[key][field] for e in rounds
-                if key in e and e[key].get(field)]
+        return [
+            e["project"]["steps_per_s"] / e[key][field]
+            for e in rounds
+            if key in e and e[key].get(field)
+        ]
 
     sf_ratio = _util.median(ratios("sf", "steady_frames_per_s"))
     sb3_ratio = _util.median(ratios("sb3", "steps_per_s"))
     summary = {
         "best_config": {"actors": best["actors"], "envs_per_actor": best["envs_per_actor"]},
         "project_best_steps_per_s": _util.median([e["project"]["steps_per_s"] for e in rounds]),
-        "sf_frames_per_s": _util.median([e["sf"]["steady_frames_per_s"] for e in rounds
-                                         if e.get("sf", {}).get("ok")]),
-        "sb3_steps_per_s": _util.median([e["sb3"]["steps_per_s"] for e in rounds
-                                         if e.get("sb3", {}).get("ok")]),
+        "sf_frames_per_s": _util.median(
+            [e["sf"]["steady_frames_per_s"] for e in rounds if e.get("sf", {}).get("ok")]
+        ),
+        "sb3_steps_per_s": _util.median(
+            [e["sb3"]["steps_per_s"] for e in rounds if e.get("sb3", {}).get("ok")]
+        ),
         "fastproto_vs_current": _util.median(
-            [p["fastproto"]["steps_per_s"] / p["current"]["steps_per_s"] for p in ab]),
+            [p["fastproto"]["steps_per_s"] / p["current"]["steps_per_s"] for p in ab]
+        ),
         "project_vs_sf": sf_ratio,
         "project_vs_sb3": sb3_ratio,
         "sf_reference_not_measured_here": 7800.0,
@@ -334,32 +414,58 @@ def main(argv: list[str] | None = None) -> int:
     print()
     _util.print_table(
         ["actors", "envs/actor", "steps/s", "cpu cores busy", "first update after"],
-        [[g["actors"], g["envs_per_actor"], _util.fmt_rate(g["steps_per_s"]),
-          f"{g['cpu_cores_busy']:.2f}", f"{g['launch_to_first_update_s']:.1f}s"] for g in grid])
-    print(f"\nproject best ({best['actors']}x{best['envs_per_actor']}): "
-          f"{_util.fmt_rate(summary['project_best_steps_per_s'])} steps/s; SF "
-          f"{_util.fmt_rate(summary['sf_frames_per_s'])} frames/s; SB3 "
-          f"{_util.fmt_rate(summary['sb3_steps_per_s'])} steps/s")
+        [
+            [
+                g["actors"],
+                g["envs_per_actor"],
+                _util.fmt_rate(g["steps_per_s"]),
+                f"{g['cpu_cores_busy']:.2f}",
+                f"{g['launch_to_first_update_s']:.1f}s",
+            ]
+            for g in grid
+        ],
+    )
+    print(
+        f"\nproject best ({best['actors']}x{best['envs_per_actor']}): "
+        f"{_util.fmt_rate(summary['project_best_steps_per_s'])} steps/s; SF "
+        f"{_util.fmt_rate(summary['sf_frames_per_s'])} frames/s; SB3 "
+        f"{_util.fmt_rate(summary['sb3_steps_per_s'])} steps/s"
+    )
     if sf_python:
         ok = sf_ratio >= 1.5
         print(f"target: project >= 1.5 x SF: {sf_ratio:.2f}x -> {'MET' if ok else 'MISSED'}")
     else:
-        print("Sample Factory not importable: compare with the reference 7,800 frames/s "
-              "(not measured here)")
-    _util.write_result("throughput", args, {
-        "config": {"throughput": THROUGHPUT, "actors": args.actors, "envs": args.envs,
-                   "warmup": args.warmup, "window": args.window, "rounds": args.rounds,
-                   "sb3_steps": args.sb3_steps, "sf_seconds": args.sf_seconds,
-                   "sf_frames": args.sf_frames,
-                   "sf_flags": SF_FLAGS},
-        "grid": grid,
-        "rounds": rounds,
-        "ab_fastproto": ab,
-        "baselines": baselines,
-        "summary": summary,
-        "target": {"project_vs_sf_min": 1.5,
-                   "met": bool(sf_python) and sf_ratio >= 1.5 if sf_python else None},
-    })
+        print(
+            "Sample Factory not importable: compare with the reference 7,800 frames/s "
+            "(not measured here)"
+        )
+    _util.write_result(
+        "throughput",
+        args,
+        {
+            "config": {
+                "throughput": THROUGHPUT,
+                "actors": args.actors,
+                "envs": args.envs,
+                "warmup": args.warmup,
+                "window": args.window,
+                "rounds": args.rounds,
+                "sb3_steps": args.sb3_steps,
+                "sf_seconds": args.sf_seconds,
+                "sf_frames": args.sf_frames,
+                "sf_flags": SF_FLAGS,
+            },
+            "grid": grid,
+            "rounds": rounds,
+            "ab_fastproto": ab,
+            "baselines": baselines,
+            "summary": summary,
+            "target": {
+                "project_vs_sf_min": 1.5,
+                "met": bool(sf_python) and sf_ratio >= 1.5 if sf_python else None,
+            },
+        },
+    )
     return 0
 
 

@@ -53,8 +53,9 @@ import _util  # noqa: E402
 EVAL = re.compile(r"\beval (-?[\d.]+|nan)")
 
 
-def _timed_lines(cmd: list[str], timeout: float, cwd: str, solved: Any = None,
-                 stop_after_solve: bool = False) -> tuple[list[tuple[float, str]], float, int]:
+def _timed_lines(
+    cmd: list[str], timeout: float, cwd: str, solved: Any = None, stop_after_solve: bool = False
+) -> tuple[list[tuple[float, str]], float, int]:
     """Run ``cmd``; return ([(seconds since launch, line)], seconds to exit, exit code).
 
     The process runs in its own session; on timeout its whole group is killed. With
@@ -63,8 +64,16 @@ def _timed_lines(cmd: list[str], timeout: float, cwd: str, solved: Any = None,
     waited for; its exit time is then not meaningful."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=cwd, start_new_session=True, bufsize=1)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        bufsize=1,
+    )
     lines: list[tuple[float, str]] = []
     done = threading.Event()
 
@@ -115,8 +124,19 @@ def run_zmq(seed: int, target: float, timeout: float, stop: bool) -> dict[str, A
     work = tempfile.mkdtemp(prefix="tts-zmq-")
     run_dir = os.path.join(work, "run")
     port = _util.free_port_block(3)
-    cmd = [*zmq_rl_command(), "run", "--seed", str(seed), "--port", str(port), "--run-dir",
-           run_dir, "--no-plot", "--log-level", "warning"]
+    cmd = [
+        *zmq_rl_command(),
+        "run",
+        "--seed",
+        str(seed),
+        "--port",
+        str(port),
+        "--run-dir",
+        run_dir,
+        "--no-plot",
+        "--log-level",
+        "warning",
+    ]
     if target != 475.0:
         cmd += ["--target-return", str(target)]
     try:
@@ -139,13 +159,18 @@ def run_zmq(seed: int, target: float, timeout: float, stop: bool) -> dict[str, A
         evaluations = report.get("evaluations", [])
         solved_evals = [e for e in evaluations if e["mean_return"] >= target]
         return {
-            "seed": seed, "solved": math.isfinite(solve_s), "solve_s": solve_s,
-            "learner_ready_s": learner_ready_s, "first_update_s": first_update_s,
-            "exit_s": exit_s, "exit_code": code,
+            "seed": seed,
+            "solved": math.isfinite(solve_s),
+            "solve_s": solve_s,
+            "learner_ready_s": learner_ready_s,
+            "first_update_s": first_update_s,
+            "exit_s": exit_s,
+            "exit_code": code,
             "env_steps_at_solve": solved_evals[0]["env_steps"] if solved_evals else None,
             "learner_wall_at_solve_s": solved_evals[0]["wall_seconds"] if solved_evals else None,
-            "evaluations": len(evaluations), "stop_reason": report.get("stop_reason"),
-            "command": "zmq-rl " + " ".join(cmd[len(zmq_rl_command()):]),
+            "evaluations": len(evaluations),
+            "stop_reason": report.get("stop_reason"),
+            "command": "zmq-rl " + " ".join(cmd[len(zmq_rl_command()) :]),
             "tail": [line for _, line in lines[-6:]] if not math.isfinite(solve_s) else [],
         }
     finally:
@@ -154,21 +179,34 @@ def run_zmq(seed: int, target: float, timeout: float, stop: bool) -> dict[str, A
 
 def run_sb3(python: str, seed: int, target: float, timeout: float, stop: bool) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="tts-sb3-")
-    cmd = [python, str(Path(__file__).with_name("sb3_ppo.py")), "solve", "--seed", str(seed),
-           "--target", str(target)]
+    cmd = [
+        python,
+        str(Path(__file__).with_name("sb3_ppo.py")),
+        "solve",
+        "--seed",
+        str(seed),
+        "--target",
+        str(target),
+    ]
     try:
-        lines, exit_s, code = _timed_lines(cmd, timeout, work,
-                                           lambda line: line.startswith("SOLVED"), stop)
+        lines, exit_s, code = _timed_lines(
+            cmd, timeout, work, lambda line: line.startswith("SOLVED"), stop
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     solve_s = next((at for at, line in lines if line.startswith("SOLVED")), math.inf)
     start_s = next((at for at, line in lines if line.startswith("START")), math.nan)
     result = next((json.loads(line[7:]) for _, line in lines if line.startswith("RESULT ")), {})
     return {
-        "seed": seed, "solved": math.isfinite(solve_s), "solve_s": solve_s,
-        "learn_start_s": start_s, "exit_s": exit_s, "exit_code": code,
+        "seed": seed,
+        "solved": math.isfinite(solve_s),
+        "solve_s": solve_s,
+        "learn_start_s": start_s,
+        "exit_s": exit_s,
+        "exit_code": code,
         "env_steps_at_solve": result.get("env_steps_at_solve"),
-        "eval_seconds": result.get("eval_seconds"), "learn_seconds": result.get("learn_seconds"),
+        "eval_seconds": result.get("eval_seconds"),
+        "learn_seconds": result.get("learn_seconds"),
         "torch_threads": result.get("torch_threads"),
         "tail": [line for _, line in lines[-6:]] if not math.isfinite(solve_s) else [],
     }
@@ -194,16 +232,22 @@ def main(argv: list[str] | None = None) -> int:
             if side == "zmq":
                 res = run_zmq(seed, args.target, args.timeout, args.smoke)
                 zmq_runs.append(res)
-                print(f"seed {seed} zmq-rl run: solved {res['solved']} at {res['solve_s']:.1f}s "
-                      f"(learner bound {res['learner_ready_s']:.1f}s, first update "
-                      f"{res['first_update_s']:.1f}s, exit {res['exit_s']:.1f}s, "
-                      f"{res['env_steps_at_solve']} steps)", flush=True)
+                print(
+                    f"seed {seed} zmq-rl run: solved {res['solved']} at {res['solve_s']:.1f}s "
+                    f"(learner bound {res['learner_ready_s']:.1f}s, first update "
+                    f"{res['first_update_s']:.1f}s, exit {res['exit_s']:.1f}s, "
+                    f"{res['env_steps_at_solve']} steps)",
+                    flush=True,
+                )
             elif sb3_python:
                 res = run_sb3(sb3_python, seed, args.target, args.timeout, args.smoke)
                 sb3_runs.append(res)
-                print(f"seed {seed} SB3 PPO: solved {res['solved']} at {res['solve_s']:.1f}s "
-                      f"(learning from {res['learn_start_s']:.1f}s, exit {res['exit_s']:.1f}s, "
-                      f"{res['env_steps_at_solve']} steps)", flush=True)
+                print(
+                    f"seed {seed} SB3 PPO: solved {res['solved']} at {res['solve_s']:.1f}s "
+                    f"(learning from {res['learn_start_s']:.1f}s, exit {res['exit_s']:.1f}s, "
+                    f"{res['env_steps_at_solve']} steps)",
+                    flush=True,
+                )
 
     zmq_median = _util.median([r["solve_s"] for r in zmq_runs])
     sb3_median = _util.median([r["solve_s"] for r in sb3_runs]) if sb3_runs else math.nan
@@ -215,41 +259,64 @@ def main(argv: list[str] | None = None) -> int:
         "zmq_rl_median_first_update_s": _util.median([r["first_update_s"] for r in zmq_runs]),
         "zmq_rl_median_learner_ready_s": _util.median([r["learner_ready_s"] for r in zmq_runs]),
         "zmq_rl_median_exit_s": _util.median([r["exit_s"] for r in zmq_runs]),
-        "zmq_rl_median_steps": _util.median([r["env_steps_at_solve"] for r in zmq_runs
-                                             if r["env_steps_at_solve"]]),
+        "zmq_rl_median_steps": _util.median(
+            [r["env_steps_at_solve"] for r in zmq_runs if r["env_steps_at_solve"]]
+        ),
         "sb3_median_solve_s": sb3_median,
         "sb3_solved": sum(r["solved"] for r in sb3_runs),
-        "sb3_median_learn_start_s": (_util.median([r["learn_start_s"] for r in sb3_runs])
-                                     if sb3_runs else math.nan),
-        "sb3_median_steps": (_util.median([r["env_steps_at_solve"] for r in sb3_runs
-                                           if r["env_steps_at_solve"]]) if sb3_runs else math.nan),
+        "sb3_median_learn_start_s": (
+            _util.median([r["learn_start_s"] for r in sb3_runs]) if sb3_runs else math.nan
+        ),
+        "sb3_median_steps": (
+            _util.median([r["env_steps_at_solve"] for r in sb3_runs if r["env_steps_at_solve"]])
+            if sb3_runs
+            else math.nan
+        ),
         "zmq_rl_vs_sb3": ratio,
         "seeds": seeds,
     }
     print()
-    rows = [["zmq-rl run", f"{summary['zmq_rl_median_solve_s']:.1f}",
-             f"{summary['zmq_rl_solved']}/{len(zmq_runs)}",
-             f"{summary['zmq_rl_median_steps']:.0f}",
-             f"{summary['zmq_rl_median_first_update_s']:.1f} (first update)"]]
+    rows = [
+        [
+            "zmq-rl run",
+            f"{summary['zmq_rl_median_solve_s']:.1f}",
+            f"{summary['zmq_rl_solved']}/{len(zmq_runs)}",
+            f"{summary['zmq_rl_median_steps']:.0f}",
+            f"{summary['zmq_rl_median_first_update_s']:.1f} (first update)",
+        ]
+    ]
     if sb3_runs:
-        rows.append(["SB3 PPO zoo", f"{sb3_median:.1f}", f"{summary['sb3_solved']}/{len(sb3_runs)}",
-                     f"{summary['sb3_median_steps']:.0f}",
-                     f"{summary['sb3_median_learn_start_s']:.1f} (learn starts)"])
+        rows.append(
+            [
+                "SB3 PPO zoo",
+                f"{sb3_median:.1f}",
+                f"{summary['sb3_solved']}/{len(sb3_runs)}",
+                f"{summary['sb3_median_steps']:.0f}",
+                f"{summary['sb3_median_learn_start_s']:.1f} (learn starts)",
+            ]
+        )
     _util.print_table(["", "median s to solve", "solved", "median steps", "start-up s"], rows)
     if sb3_runs:
         ok = ratio <= 1.0
         print(f"target: zmq-rl <= 1.0 x SB3: {ratio:.2f}x -> {'MET' if ok else 'MISSED'}")
     else:
         print("stable_baselines3 not importable here or in .venv-bench: SB3 side skipped")
-    _util.write_result("time_to_solve", args, {
-        "config": {"seeds": seeds, "target": args.target, "timeout": args.timeout,
-                   "sb3_python": sb3_python},
-        "zmq_rl": zmq_runs,
-        "sb3": sb3_runs,
-        "summary": summary,
-        "target": {"zmq_rl_vs_sb3_max": 1.0,
-                   "met": (ratio <= 1.0) if sb3_runs else None},
-    })
+    _util.write_result(
+        "time_to_solve",
+        args,
+        {
+            "config": {
+                "seeds": seeds,
+                "target": args.target,
+                "timeout": args.timeout,
+                "sb3_python": sb3_python,
+            },
+            "zmq_rl": zmq_runs,
+            "sb3": sb3_runs,
+            "summary": summary,
+            "target": {"zmq_rl_vs_sb3_max": 1.0, "met": (ratio <= 1.0) if sb3_runs else None},
+        },
+    )
     return 0
 
 

@@ -74,13 +74,20 @@ def _arrays(T: int, seed: int) -> dict[str, Any]:
 def _fragment(arrays: dict[str, Any], slot: int, seq: int) -> Any:
     from zmq_rl.protocol import Fragment
 
-    return Fragment(actor_id=0, slot=slot, version=0, seq=seq, run_id=RUN_ID,
-                    sent_at=time.time(), **arrays)
+    return Fragment(
+        actor_id=0, slot=slot, version=0, seq=seq, run_id=RUN_ID, sent_at=time.time(), **arrays
+    )
 
 
 def _raw_map(arrays: dict[str, Any], slot: int, seq: int) -> dict[str, Any]:
-    body: dict[str, Any] = {"actor_id": 0, "slot": slot, "version": 0, "seq": seq,
-                            "run_id": RUN_ID, "sent_at": time.time()}
+    body: dict[str, Any] = {
+        "actor_id": 0,
+        "slot": slot,
+        "version": 0,
+        "seq": seq,
+        "run_id": RUN_ID,
+        "sent_at": time.time(),
+    }
     for name, array in arrays.items():
         body[name] = array.tobytes()
     return body
@@ -101,8 +108,9 @@ def sender(variant: str, endpoint: str, T: int, slots: int, seconds: float, out:
     from zmq_rl.transport import ACTOR_PUSH_LINGER_MS, EXPERIENCE_HWM, SocketOptions, make_socket
 
     ctx = zmq.Context()
-    sock = make_socket(ctx, zmq.PUSH, SocketOptions(linger_ms=ACTOR_PUSH_LINGER_MS,
-                                                     sndhwm=EXPERIENCE_HWM))
+    sock = make_socket(
+        ctx, zmq.PUSH, SocketOptions(linger_ms=ACTOR_PUSH_LINGER_MS, sndhwm=EXPERIENCE_HWM)
+    )
     sock.connect(endpoint)
     pool = [_arrays(T, seed) for seed in range(POOL)]
     raw = variant == "raw"
@@ -130,12 +138,20 @@ def sender(variant: str, endpoint: str, T: int, slots: int, seconds: float, out:
     sock.send(END)
     sock.close()
     ctx.term()  # lingers until every message is delivered
-    out.put({"role": "sender", "sent": sent, "bytes": nbytes, "seconds": elapsed,
-             "frame_bytes": nbytes / max(sent, 1)})
+    out.put(
+        {
+            "role": "sender",
+            "sent": sent,
+            "bytes": nbytes,
+            "seconds": elapsed,
+            "frame_bytes": nbytes / max(sent, 1),
+        }
+    )
 
 
-def receiver(variant: str, port: int, T: int, slots: int, rollout_steps: int, out: Any,
-             ready: Any) -> None:
+def receiver(
+    variant: str, port: int, T: int, slots: int, rollout_steps: int, out: Any, ready: Any
+) -> None:
     import fastproto
     import msgpack
     import zmq
@@ -200,21 +216,33 @@ def receiver(variant: str, port: int, T: int, slots: int, rollout_steps: int, ou
     sock.close(linger=0)
     ctx.term()
     seconds = max(last - first, 1e-9)
-    out.put({"role": "receiver", "received": received, "rows": rows, "seconds": seconds,
-             "rollouts": rollouts, "consumed_rows": consumed, "completed": done,
-             "transitions_per_s": rows / seconds, "messages_per_s": received / seconds})
+    out.put(
+        {
+            "role": "receiver",
+            "received": received,
+            "rows": rows,
+            "seconds": seconds,
+            "rollouts": rollouts,
+            "consumed_rows": consumed,
+            "completed": done,
+            "transitions_per_s": rows / seconds,
+            "messages_per_s": received / seconds,
+        }
+    )
 
 
 def measure(variant: str, T: int, slots: int, seconds: float, rollout_steps: int) -> dict:
     ctx = mp.get_context("spawn")
     port = _util.free_port_block(1)
     out, ready = ctx.Queue(), ctx.Queue()
-    recv_proc = ctx.Process(target=receiver,
-                            args=(variant, port, T, slots, rollout_steps, out, ready))
+    recv_proc = ctx.Process(
+        target=receiver, args=(variant, port, T, slots, rollout_steps, out, ready)
+    )
     recv_proc.start()
     ready.get(timeout=60)
-    send_proc = ctx.Process(target=sender,
-                            args=(variant, f"tcp://127.0.0.1:{port}", T, slots, seconds, out))
+    send_proc = ctx.Process(
+        target=sender, args=(variant, f"tcp://127.0.0.1:{port}", T, slots, seconds, out)
+    )
     send_proc.start()
     results = {}
     for _ in range(2):
@@ -227,8 +255,13 @@ def measure(variant: str, T: int, slots: int, seconds: float, rollout_steps: int
     rx, tx = results["receiver"], results["sender"]
     if not rx["completed"] or rx["received"] != tx["sent"]:
         raise RuntimeError(f"{variant} T={T}: sent {tx['sent']}, received {rx['received']}")
-    return {"variant": variant, "T": T, **rx, "sender_messages_per_s": tx["sent"] / tx["seconds"],
-            "frame_bytes": tx["frame_bytes"]}
+    return {
+        "variant": variant,
+        "T": T,
+        **rx,
+        "sender_messages_per_s": tx["sent"] / tx["seconds"],
+        "frame_bytes": tx["frame_bytes"],
+    }
 
 
 # ------------------------------------------------------------------ single-process stage costs
@@ -284,8 +317,11 @@ def packed_costs(T: int, number: int) -> dict[str, float]:
     def us(fn: Any) -> float:
         return min(timeit.repeat(fn, number=number, repeat=3)) / number * 1e6
 
-    return {"encode_us": us(lambda: fastproto.encode_packed(fragment)),
-            "decode_us": us(lambda: fastproto.decode_packed(frame)), "frame_bytes": len(frame)}
+    return {
+        "encode_us": us(lambda: fastproto.encode_packed(fragment)),
+        "decode_us": us(lambda: fastproto.decode_packed(frame)),
+        "frame_bytes": len(frame),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,16 +331,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="sending time per measurement")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--slots", type=int, default=32, help="slots the sender round-robins")
-    parser.add_argument("--rollout-steps", type=int, default=64,
-                        help="rows per slot in the rollouts the receiver takes")
-    parser.add_argument("--no-prototype", action="store_true",
-                        help="skip the project+fastproto variant")
+    parser.add_argument(
+        "--rollout-steps",
+        type=int,
+        default=64,
+        help="rows per slot in the rollouts the receiver takes",
+    )
+    parser.add_argument(
+        "--no-prototype", action="store_true", help="skip the project+fastproto variant"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.lengths, args.seconds, args.rounds = "64", 0.4, 1
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = ["raw", "project"] + (
-        [] if args.no_prototype else ["project+fastproto", "project+packed"])
+        [] if args.no_prototype else ["project+fastproto", "project+packed"]
+    )
 
     runs = []
     for T in lengths:
@@ -314,27 +356,35 @@ def main(argv: list[str] | None = None) -> int:
                 res = measure(variant, T, args.slots, args.seconds, args.rollout_steps)
                 res["round"] = r
                 runs.append(res)
-                print(f"T={T:<4} round {r} {variant:<18} "
-                      f"{_util.fmt_rate(res['transitions_per_s'])} transitions/s "
-                      f"({_util.fmt_rate(res['messages_per_s'])} msg/s; sender "
-                      f"{_util.fmt_rate(res['sender_messages_per_s'])} msg/s)", flush=True)
+                print(
+                    f"T={T:<4} round {r} {variant:<18} "
+                    f"{_util.fmt_rate(res['transitions_per_s'])} transitions/s "
+                    f"({_util.fmt_rate(res['messages_per_s'])} msg/s; sender "
+                    f"{_util.fmt_rate(res['sender_messages_per_s'])} msg/s)",
+                    flush=True,
+                )
 
     summary = []
     for T in lengths:
         row: dict[str, Any] = {"T": T}
         for variant in variants:
-            rates = [x["transitions_per_s"] for x in runs
-                     if x["T"] == T and x["variant"] == variant]
+            rates = [
+                x["transitions_per_s"] for x in runs if x["T"] == T and x["variant"] == variant
+            ]
             row[f"{variant}_transitions_per_s"] = _util.median(rates)
         for variant in variants[1:]:
             ratios = []
             for r in range(args.rounds):
-                by = {x["variant"]: x["transitions_per_s"] for x in runs
-                      if x["T"] == T and x["round"] == r}
+                by = {
+                    x["variant"]: x["transitions_per_s"]
+                    for x in runs
+                    if x["T"] == T and x["round"] == r
+                }
                 ratios.append(by[variant] / by["raw"])
             row[f"{variant}_vs_raw"] = _util.median(ratios)
-        row["frame_bytes"] = next(x["frame_bytes"] for x in runs
-                                  if x["T"] == T and x["variant"] == "project")
+        row["frame_bytes"] = next(
+            x["frame_bytes"] for x in runs if x["T"] == T and x["variant"] == "project"
+        )
         summary.append(row)
 
     number = 200 if args.smoke else 3000
@@ -348,8 +398,7 @@ def main(argv: list[str] | None = None) -> int:
 
             fastproto.install()
             try:
-                stages[str(T)]["fastproto"] = stage_costs(T, args.slots, args.rollout_steps,
-                                                          number)
+                stages[str(T)]["fastproto"] = stage_costs(T, args.slots, args.rollout_steps, number)
             finally:
                 fastproto.uninstall()
 
@@ -359,14 +408,20 @@ def main(argv: list[str] | None = None) -> int:
         headers += ["fastproto tr/s", "fastproto/raw", "packed tr/s", "packed/raw"]
     rows = []
     for row in summary:
-        cells = [row["T"], int(row["frame_bytes"]), _util.fmt_rate(row["raw_transitions_per_s"]),
-                 _util.fmt_rate(row["project_transitions_per_s"]),
-                 f"{row['project_vs_raw']:.1%}"]
+        cells = [
+            row["T"],
+            int(row["frame_bytes"]),
+            _util.fmt_rate(row["raw_transitions_per_s"]),
+            _util.fmt_rate(row["project_transitions_per_s"]),
+            f"{row['project_vs_raw']:.1%}",
+        ]
         if not args.no_prototype:
-            cells += [_util.fmt_rate(row["project+fastproto_transitions_per_s"]),
-                      f"{row['project+fastproto_vs_raw']:.1%}",
-                      _util.fmt_rate(row["project+packed_transitions_per_s"]),
-                      f"{row['project+packed_vs_raw']:.1%}"]
+            cells += [
+                _util.fmt_rate(row["project+fastproto_transitions_per_s"]),
+                f"{row['project+fastproto_vs_raw']:.1%}",
+                _util.fmt_rate(row["project+packed_transitions_per_s"]),
+                f"{row['project+packed_vs_raw']:.1%}",
+            ]
         rows.append(cells)
     _util.print_table(headers, rows)
     print("\nper-fragment stage costs in one process (us):")
@@ -374,25 +429,46 @@ def main(argv: list[str] | None = None) -> int:
     for T, by in stages.items():
         for codec, s in by.items():
             if codec == "packed":
-                stage_rows.append([T, codec, "", f"{s['encode_us']:.1f}", f"{s['decode_us']:.1f}",
-                                   "", "", ""])
+                stage_rows.append(
+                    [T, codec, "", f"{s['encode_us']:.1f}", f"{s['decode_us']:.1f}", "", "", ""]
+                )
                 continue
-            stage_rows.append([T, codec, f"{s['fragment_build_us']:.1f}", f"{s['encode_us']:.1f}",
-                               f"{s['decode_us']:.1f}", f"{s['push_and_take_us']:.1f}",
-                               f"{s['raw_pack_us']:.1f}", f"{s['raw_unpack_us']:.1f}"])
-    _util.print_table(["T", "codec", "build", "encode", "decode", "push+take", "raw pack",
-                       "raw unpack"], stage_rows)
+            stage_rows.append(
+                [
+                    T,
+                    codec,
+                    f"{s['fragment_build_us']:.1f}",
+                    f"{s['encode_us']:.1f}",
+                    f"{s['decode_us']:.1f}",
+                    f"{s['push_and_take_us']:.1f}",
+                    f"{s['raw_pack_us']:.1f}",
+                    f"{s['raw_unpack_us']:.1f}",
+                ]
+            )
+    _util.print_table(
+        ["T", "codec", "build", "encode", "decode", "push+take", "raw pack", "raw unpack"],
+        stage_rows,
+    )
     target_ok = all(row["project_vs_raw"] >= 0.5 for row in summary)
     print(f"\ntarget: project >= 50% of raw for every T: {'MET' if target_ok else 'MISSED'}")
-    _util.write_result("transport", args, {
-        "config": {"lengths": lengths, "seconds": args.seconds, "rounds": args.rounds,
-                   "slots": args.slots, "rollout_steps": args.rollout_steps,
-                   "variants": variants},
-        "summary": summary,
-        "stages_us": stages,
-        "runs": runs,
-        "target": {"project_vs_raw_min": 0.5, "met": target_ok},
-    })
+    _util.write_result(
+        "transport",
+        args,
+        {
+            "config": {
+                "lengths": lengths,
+                "seconds": args.seconds,
+                "rounds": args.rounds,
+                "slots": args.slots,
+                "rollout_steps": args.rollout_steps,
+                "variants": variants,
+            },
+            "summary": summary,
+            "stages_us": stages,
+            "runs": runs,
+            "target": {"project_vs_raw_min": 0.5, "met": target_ok},
+        },
+    )
     return 0
 
 
