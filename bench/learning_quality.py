@@ -323,6 +323,40 @@ def plot(result: dict[str, Any], out: Path) -> None:
     )
 
 
+def overlay(envs: list[str]) -> int:
+    """One PNG per env with its three variants overlaid (mean over seeds with a
+    min-max band) and the target and the zoo's score as reference lines; prints the
+    equivalent ``zmq-rl plot`` command of each."""
+    from zmq_rl.cli.plot import plot_runs
+
+    for env in envs:
+        target = TARGETS[env]
+        dirs: list[Path] = []
+        labels: list[str] = []
+        for variant in VARIANT_ORDER[:3]:
+            path = RESULTS / f"quality-{env}-{variant}.json"
+            if not path.is_file():
+                continue
+            for seed in json.loads(path.read_text())["seeds"]:
+                if (ROOT / seed["run_dir"] / "metrics.jsonl").is_file():
+                    dirs.append(ROOT / seed["run_dir"])
+                    labels.append(variant)
+        if not dirs:
+            print(f"{env}: no stored runs")
+            continue
+        references = [
+            (target.threshold, f"target {target.threshold:g}"),
+            (target.reference_value, target.reference),
+        ]
+        out = IMAGES / f"quality-{env}.png"
+        plot_runs(dirs, out, labels=labels, reference=references, title=f"{env}: mean over seeds")
+        flags = " ".join(f"--label {label}" for label in labels)
+        refs = " ".join(f"--reference '{value:g}={text}'" for value, text in references)
+        rel_dirs = " ".join(str(d.relative_to(ROOT)) for d in dirs)
+        print(f"{out.relative_to(ROOT)}: zmq-rl plot {rel_dirs} {flags} {refs} --out {out.name}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", help="a shipped preset name, e.g. LunarLander-v3")
@@ -350,10 +384,18 @@ def main(argv: list[str] | None = None) -> int:
         "copy keeps hour-long rows immune to edits of the working tree",
     )
     parser.add_argument("--table", action="store_true", help="print every stored row; run nothing")
+    parser.add_argument(
+        "--overlay",
+        action="store_true",
+        help="draw docs/img/quality-<env>.png, the variants of --env (default: every env) "
+        "overlaid with the target and the zoo's score; run nothing",
+    )
     parser.add_argument("extra", nargs="*", help="after --: more zmq-rl run flags")
     args = parser.parse_args(argv)
     if args.table:
         return print_table()
+    if args.overlay:
+        return overlay([args.env] if args.env else list(TARGETS))
     if not args.env:
         parser.error("--env is required (or --table)")
     target = TARGETS.get(args.env)

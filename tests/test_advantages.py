@@ -166,14 +166,9 @@ def test_gae_hand_computed_two_envs_independent():
     np.testing.assert_allclose(out.returns, [[2.0, 6.5], [2.0, 9.0]], rtol=1e-6)
 
 
-def test_vtrace_hand_computed():
-    # ratios [2, .5, 1]; rho_bar=1, c_bar=.8 -> rho=[1, .5, 1], c=[.8, .5, .8]
-    # delta = [1 + .9*1 - .5, 2 + .9*1.5 - 1, 3 + .9*2 - 1.5] = [1.4, 2.35, 3.3]
-    # vs_2 - V_2 = 3.3
-    # vs_1 - V_1 = .5*2.35 + .9*.5*3.3 = 2.66
-    # vs_0 - V_0 = 1*1.4 + .9*.8*2.66 = 3.3152
-    # pg: [1*(1 + .9*3.66 - .5), .5*(2 + .9*4.8 - 1), 1*(3 + .9*2 - 1.5)] = [3.794, 2.66, 3.3]
-    out = vtrace(
+def hand_vtrace(**kw) -> VTraceOutput:
+    """V-trace of the hand-computed three-step example (ratios 2, .5, 1; c_bar .8)."""
+    return vtrace(
         log_rhos=np.log(np.array([[2.0], [0.5], [1.0]], np.float32)),
         discounts=np.full((3, 1), 0.9, np.float32),
         rewards=np.array([[1.0], [2.0], [3.0]], np.float32),
@@ -181,7 +176,18 @@ def test_vtrace_hand_computed():
         bootstrap_value=np.array([2.0], np.float32),
         rho_bar=1.0,
         c_bar=0.8,
+        **kw,
     )
+
+
+def test_vtrace_hand_computed():
+    # ratios [2, .5, 1]; rho_bar=1, c_bar=.8 -> rho=[1, .5, 1], c=[.8, .5, .8]
+    # delta = [1 + .9*1 - .5, 2 + .9*1.5 - 1, 3 + .9*2 - 1.5] = [1.4, 2.35, 3.3]
+    # vs_2 - V_2 = 3.3
+    # vs_1 - V_1 = .5*2.35 + .9*.5*3.3 = 2.66
+    # vs_0 - V_0 = 1*1.4 + .9*.8*2.66 = 3.3152
+    # pg: [1*(1 + .9*3.66 - .5), .5*(2 + .9*4.8 - 1), 1*(3 + .9*2 - 1.5)] = [3.794, 2.66, 3.3]
+    out = hand_vtrace()
     assert isinstance(out, VTraceOutput)
     np.testing.assert_allclose(out.vs, [[3.8152], [3.66], [4.8]], rtol=1e-6)
     np.testing.assert_allclose(out.pg_advantages, [[3.794], [2.66], [3.3]], rtol=1e-6)
@@ -194,16 +200,7 @@ def test_vtrace_hand_computed_with_lambda():
     # vs_0 - V_0 = 1*1.4 + .9*.4*1.9175 = 2.0903
     # q_1 = .5*2.9175 + .5*1 = 1.95875, q_2 = .5*4.8 + .5*1.5 = 3.15, q_3 = V(x_3) = 2
     # pg: [1*(1 + .9*1.95875 - .5), .5*(2 + .9*3.15 - 1), 1*(3 + .9*2 - 1.5)]
-    out = vtrace(
-        log_rhos=np.log(np.array([[2.0], [0.5], [1.0]], np.float32)),
-        discounts=np.full((3, 1), 0.9, np.float32),
-        rewards=np.array([[1.0], [2.0], [3.0]], np.float32),
-        values=np.array([[0.5], [1.0], [1.5]], np.float32),
-        bootstrap_value=np.array([2.0], np.float32),
-        rho_bar=1.0,
-        c_bar=0.8,
-        lam=0.5,
-    )
+    out = hand_vtrace(lam=0.5)
     np.testing.assert_allclose(out.vs, [[2.5903], [2.9175], [4.8]], rtol=1e-6)
     np.testing.assert_allclose(
         out.pg_advantages, [[0.5 + 0.9 * 1.95875], [0.5 * (1 + 0.9 * 3.15)], [3.3]], rtol=1e-6

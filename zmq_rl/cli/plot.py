@@ -193,6 +193,7 @@ def plot_runs(
     ax = fig.add_subplot()
     several = len(groups) > 1
     band_name = "min-max" if band == "minmax" else "± std"
+    means: list[float] = []  # the groups' mean curves: a band may not stretch the y axis
     for i, (key, members) in enumerate(groups.items()):
         color = f"C{i % 10}"
         name = key if labels is not None else members[0].label
@@ -204,6 +205,7 @@ def plot_runs(
         train = [(c.train_steps, c.train_return) for c in members if c.train_steps]
         if train:
             x, mean, low, high = _aggregate(train, band)
+            means.extend(mean)
             ax.plot(
                 x,
                 mean,
@@ -216,6 +218,7 @@ def plot_runs(
         evals = [(c.eval_steps, c.eval_mean) for c in members if c.eval_steps]
         if evals:
             x, mean, low, high = _aggregate(evals, band)
+            means.extend(mean)
             ax.plot(
                 x,
                 mean,
@@ -236,8 +239,8 @@ def plot_runs(
                 lines.append((float(item[0]), item[1]))
             else:
                 lines.append((float(item), reference_label or f"reference {float(item):g}"))
-    for value, label in lines:
-        ax.axhline(value, color="k", ls=":", lw=1.2, label=label)
+    for k, (value, label) in enumerate(lines):
+        ax.axhline(value, color="k", ls=(":", "--", "-.")[k % 3], lw=1.2, label=label)
     targets = {c.target_return for c in curves if math.isfinite(c.target_return)}
     for target in sorted(targets - {v for v, _ in lines}):
         ax.axhline(target, color="0.5", ls="--", lw=1, label=f"target return {target:g}")
@@ -247,6 +250,13 @@ def plot_runs(
         if not several:
             first = next(iter(groups.values()))
             title += f" ({first[0].label})" if len(first) == 1 else f" ({len(first)} runs)"
+    if means:
+        # One seed's early outlier (a -2000 first evaluation) would squash every curve
+        # into a line: clip the axis a little below the lowest *mean* point.
+        low_mean, top = min(means), ax.get_ylim()[1]
+        floor = low_mean - 0.15 * (max(top, max(means)) - low_mean)
+        if ax.get_ylim()[0] < floor:
+            ax.set_ylim(bottom=floor)
     ax.set_title(title)
     ax.set_xlabel("env steps")
     ax.set_ylabel("episode return")
