@@ -191,6 +191,7 @@ def test_vtrace_hand_computed():
     assert isinstance(out, VTraceOutput)
     np.testing.assert_allclose(out.vs, [[3.8152], [3.66], [4.8]], rtol=1e-6)
     np.testing.assert_allclose(out.pg_advantages, [[3.794], [2.66], [3.3]], rtol=1e-6)
+    np.testing.assert_allclose(out.advantages, [[3.794], [5.32], [3.3]], rtol=1e-6)
 
 
 def test_vtrace_hand_computed_with_lambda():
@@ -254,6 +255,9 @@ def test_vtrace_matches_eq1_reference(seed, T, B, rho_bar, c_bar, pg_rho_bar, la
     vs, pg = _ref_vtrace(d, rho_bar, c_bar, pg_rho_bar, lam)
     np.testing.assert_allclose(out.vs, vs, rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(out.pg_advantages, pg, rtol=RTOL, atol=ATOL)
+    # The unweighted advantages are the weighted ones divided by the clipped weight.
+    weights = np.minimum(rho_bar if pg_rho_bar is None else pg_rho_bar, np.exp(d["log_rhos"]))
+    np.testing.assert_allclose(out.advantages * weights, pg, rtol=RTOL, atol=ATOL)
 
 
 @settings(max_examples=40, deadline=None)
@@ -266,6 +270,7 @@ def test_vtrace_on_policy_equals_gae(seed, T, B, clip, lam):
     g = _gae(d, lam)
     np.testing.assert_allclose(out.vs, g.returns, rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(out.pg_advantages, g.advantages, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out.advantages, g.advantages, rtol=RTOL, atol=ATOL)
 
 
 # --------------------------------------------------------------------------- targeted cases

@@ -62,11 +62,16 @@ class VTraceOutput(NamedTuple):
     Attributes:
       vs: ``[T, B]`` float32 V-trace value targets ``v_s``.
       pg_advantages: ``[T, B]`` float32 importance-weighted advantages for the
-        policy-gradient term, ``rho_s (r_s + discount_s v_{s+1} - V(x_s))``.
+        policy-gradient term, ``rho_s (r_s + discount_s q_{s+1} - V(x_s))``.
+      advantages: ``[T, B]`` float32 the same without the weight ``rho_s``:
+        ``r_s + discount_s q_{s+1} - V(x_s)``. For a surrogate that already
+        importance-weights each sample, such as PPO's ratio ``pi / mu`` taken
+        against the behaviour policy.
     """
 
     vs: np.ndarray
     pg_advantages: np.ndarray
+    advantages: np.ndarray
 
 
 def _as_float_array(name: str, x: ArrayLike, ndim: int) -> np.ndarray:
@@ -226,10 +231,11 @@ def vtrace(
 
     where `pg_rho_bar` defaults to `rho_bar` (the lambda-mixed bootstrap ``q`` is
     rlax's ``vtrace_td_error_and_advantage``; with ``lam = 1`` it is the paper's
-    ``v_{s+1}``). On-policy (``log_rhos = 0``) with ``rho_bar, c_bar >= 1`` both
-    outputs equal GAE with the same ``lam``: ``vs`` its returns and ``pg_advantages``
-    its advantages, so V-trace is GAE plus an off-policy correction. Computed in
-    float64, returned as float32.
+    ``v_{s+1}``). ``advantages`` is ``pg_adv_s`` without its weight
+    ``min(pg_rho_bar, rho_s)``. On-policy (``log_rhos = 0``) with ``rho_bar, c_bar >= 1``
+    the outputs equal GAE with the same ``lam``: ``vs`` its returns, ``pg_advantages``
+    and ``advantages`` its advantages, so V-trace is GAE plus an off-policy
+    correction. Computed in float64, returned as float32.
 
     Args:
       log_rhos: ``[T, B]`` log importance ratios ``log pi(a_t|x_t) - log mu(a_t|x_t)``
@@ -246,7 +252,7 @@ def vtrace(
       lam: the trace lambda in ``[0, 1]``; 1 is the paper's eq. 1 as written.
 
     Returns:
-      VTraceOutput(vs ``[T, B]``, pg_advantages ``[T, B]``), both float32.
+      VTraceOutput(vs, pg_advantages, advantages), each ``[T, B]`` float32.
 
     Raises:
       ValueError: on a non-float or wrongly shaped argument, a clipping
@@ -284,9 +290,10 @@ def vtrace(
     # q_{s+1} = lam v_{s+1} + (1 - lam) V(x_{s+1}), with v_T = V(x_T).
     vs_tp1 = np.concatenate([vs[1:], bootstrap[None]], axis=0)  # [T, B]
     q_tp1 = lam * vs_tp1 + (1.0 - lam) * v_t  # [T, B]
+    advantages = r_t + discount_t * q_tp1 - v_tm1  # [T, B]
     pg_rhos = np.minimum(pg_rho_bar, rhos)  # [T, B]
-    pg_advantages = pg_rhos * (r_t + discount_t * q_tp1 - v_tm1)  # [T, B]
     return VTraceOutput(
         vs=vs.astype(np.float32),
-        pg_advantages=pg_advantages.astype(np.float32),
+        pg_advantages=(pg_rhos * advantages).astype(np.float32),
+        advantages=advantages.astype(np.float32),
     )

@@ -146,6 +146,7 @@ class Learner:
             rho_bar=cfg.vtrace_rho_bar,
             c_bar=cfg.vtrace_c_bar,
             vtrace_lambda=cfg.vtrace_lambda,
+            vtrace_weight_advantages=cfg.vtrace_weight_advantages,
         )
         self.reward_scaler = RewardScaler(cfg.gamma) if cfg.normalize_reward else None
         self.run_id = uuid.uuid4().hex[:12]

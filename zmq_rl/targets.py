@@ -32,6 +32,7 @@ class TargetSettings:
     rho_bar: float = 1.0
     c_bar: float = 1.0
     vtrace_lambda: float = 1.0
+    vtrace_weight_advantages: bool = False
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -84,12 +85,15 @@ def rollout_to_batch(
             c_bar=settings.c_bar,
             lam=settings.vtrace_lambda,
         )
-        advantages, returns = out.pg_advantages, out.vs
+        returns = out.vs
         # PPO's trust region stays around the behaviour policy mu (as APPO): the
         # ratio pi/mu limits how far an update moves from what acted, while the
         # clipped rhos inside V-trace correct the targets. Measured against taking
         # the ratio from the current policy: Pendulum-v1 at broadcast_every 4 reaches
-        # -184 instead of -1206 (docs/learning-quality.md).
+        # -184 instead of -1206 (docs/learning-quality.md). That ratio already
+        # importance-weights each sample, so by default the advantages do not carry
+        # IMPALA's min(rho_bar, rho_s) a second time.
+        advantages = out.pg_advantages if settings.vtrace_weight_advantages else out.advantages
         old_log_probs = behaviour_log_probs
         old_values = rollout.values.astype(np.float32)
         rhos = np.exp(log_rhos)
