@@ -370,6 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per seed")
     parser.add_argument("--skip-done", action="store_true", help="reuse seeds with a report")
     parser.add_argument(
+        "--add-seeds",
+        action="store_true",
+        help="add these seeds to the stored row (replacing any with the same number) "
+        "instead of starting the row afresh",
+    )
+    parser.add_argument(
         "--plot",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -416,10 +422,19 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": [],
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.add_seeds and out.is_file():
+        stored = json.loads(out.read_text())
+        result["seeds"] = [s for s in stored["seeds"] if s["seed"] not in args.seeds]
+        args.seeds = sorted({s["seed"] for s in result["seeds"]} | set(args.seeds))
+        result["public_command"] = public_command(args)
+        if stored.get("note"):
+            result["note"] = stored["note"]
+        args.seeds = [s for s in args.seeds if s not in {e["seed"] for e in result["seeds"]}]
     for seed in args.seeds:
         run_dir = RUNS / f"{args.env}-{variant}" / f"seed{seed}"
         entry = run_seed(args, seed, run_dir)
         result["seeds"].append(entry)
+        result["seeds"].sort(key=lambda e: e["seed"])
         result["summary"] = summarize(result)
         out.write_text(json.dumps(result, indent=2) + "\n")
         if entry.get("failed"):

@@ -254,7 +254,7 @@ class LearnerConfig:
     vtrace_lambda: float = _f(
         1.0,
         "V-trace trace lambda, c_t = lambda*min(c_bar, rho_t) (IMPALA sec. 4.1); 1 = eq. 1; "
-        "equal to gae_lambda, on-policy V-trace equals GAE",
+        "with it equal to gae_lambda, V-trace on fresh data gives exactly GAE's targets",
     )
     seed: int = _f(0, "base seed: learner uses seed, actor i samples with seed + 1 + i")
 
