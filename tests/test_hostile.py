@@ -1665,7 +1665,7 @@ def test_registered_peer_ignoring_the_staleness_valve_is_capped(ctx, learner_por
             ).run()
         )
         peer = RegisteredPeer(ctx, learner_port)
-        sent = max_queued = 0
+        sent = confirmed = max_queued = 0
 
         def accounted() -> bool:
             rec = learner.members.get(peer.actor_id)
@@ -1677,6 +1677,8 @@ def test_registered_peer_ignoring_the_staleness_valve_is_capped(ctx, learner_por
                 peer.send(peer.fragment(4))
                 sent += 1
             wait_until(lambda: accounted() or not run.alive(), TIMEOUT, "the burst counted")
+            if accounted():
+                confirmed = sent  # (a burst sent as the run ends may never be read)
             max_queued = max(max_queued, learner.queues.rows((peer.actor_id, 0)))
             updates = learner.report.updates_completed
             wait_until(
@@ -1701,7 +1703,10 @@ def test_registered_peer_ignoring_the_staleness_valve_is_capped(ctx, learner_por
     )
     assert report.stop_reason == "budget spent"
     assert counters["rejected/experience/over_lead"] > sent // 2
-    assert summary["fragments_received"] + counters["rejected/experience/over_lead"] == sent
+    counted = summary["fragments_received"] + counters["rejected/experience/over_lead"]
+    # Nothing the learner read was lost or counted twice; at most the last burst, sent
+    # while the learner was finishing, went unread.
+    assert sent - 20 <= confirmed <= counted <= sent
     assert 0 < max_queued <= cap
     good_summary = next(s for a, s in report.actor_stats.items() if a != str(peer.actor_id))
     assert good_summary["steps_received"] == good_summary["actor/steps_sent"] == stats["steps_sent"]
