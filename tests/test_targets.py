@@ -241,15 +241,13 @@ def test_vtrace_with_another_behaviour_policy_corrects_with_clipped_ratios():
         c_bar=0.9,
         lam=LAM,
     )
-    # PPO's ratio pi/mu weights each sample, so the advantages carry no second rho ...
-    np.testing.assert_allclose(batch.advantages.numpy(), flat(ref.advantages), atol=1e-5)
+    # The advantages are IMPALA's, weighted by the clipped rho ...
+    np.testing.assert_allclose(batch.advantages.numpy(), flat(ref.pg_advantages), atol=1e-5)
     np.testing.assert_allclose(batch.returns.numpy(), flat(ref.vs), atol=1e-5)
-    # ... unless asked for IMPALA's weighted policy-gradient advantages.
-    weighted = dataclasses.replace(settings, vtrace_weight_advantages=True)
-    weighted_batch, _ = rollout_to_batch(rollout, current, weighted)
-    np.testing.assert_allclose(
-        weighted_batch.advantages.numpy(), flat(ref.pg_advantages), atol=1e-5
-    )
+    # ... unless only PPO's ratio is to weight them.
+    unweighted = dataclasses.replace(settings, vtrace_weight_advantages=False)
+    unweighted_batch, _ = rollout_to_batch(rollout, current, unweighted)
+    np.testing.assert_allclose(unweighted_batch.advantages.numpy(), flat(ref.advantages), atol=1e-5)
     assert np.abs(flat(ref.pg_advantages) - flat(ref.advantages)).max() > 1e-3
     # The correction is not a no-op: on-policy targets would differ.
     on_policy, _ = hand_gae(

@@ -357,7 +357,7 @@ def load_factory(spec: str):  # -> Callable[..., nn.Module]
 
     The working directory is searched last (as ``python -m`` would search it
     first): a console script's ``sys.path`` starts at its own bin folder, and a user
-    running ``zmq-learner --policy my_policy:make`` from their project expects their
+    running ``zmq-learner --factory my_policy:make`` from their project expects their
     ``my_policy.py`` to be found, while an installed package of the same name wins.
     """
     import importlib
