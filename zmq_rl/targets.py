@@ -92,7 +92,7 @@ def rollout_to_batch(
         # the ratio from the current policy: Pendulum-v1 at broadcast_every 4 reaches
         # -184 instead of -1206 (docs/learning-quality.md). The advantages carry
         # IMPALA's min(rho_bar, rho_s) on top of that ratio unless told otherwise:
-        # without it LunarLander-v3 ended at 169 instead of 224 over 5 seeds.
+        # without it LunarLander-v3 ended at 169 instead of 224 over seeds 0-4.
         advantages = out.pg_advantages if settings.vtrace_weight_advantages else out.advantages
         old_log_probs = behaviour_log_probs
         old_values = rollout.values.astype(np.float32)
