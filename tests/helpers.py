@@ -6,7 +6,31 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from tests.conftest import STUB_ENV_ID
+from zmq_rl.config import LearnerConfig
+
 JOIN_TIMEOUT = 30.0
+STARVATION_TIMEOUT = 30.0
+
+
+def stub_learner_config(port: int, **changes: Any) -> LearnerConfig:
+    """A small learner on the stub env, bound at ``port``: one actor with one slot,
+    8-step rollouts sent as one fragment, 10 updates, a one-episode evaluation, seed 0,
+    no periodic checkpoints. ``changes`` override any field."""
+    base: dict[str, Any] = dict(
+        env_id=STUB_ENV_ID,
+        port=port,
+        num_actors=1,
+        envs_per_actor=1,
+        num_steps=8,
+        fragment_length=8,
+        total_env_steps=8 * 10,
+        eval_episodes=1,
+        seed=0,
+        starvation_timeout=STARVATION_TIMEOUT,
+        checkpoint_every=0,
+    )
+    return LearnerConfig(**{**base, **changes})
 
 
 class Background:

@@ -49,6 +49,7 @@ import zmq.utils.monitor
 
 from tests.conftest import STUB_ENV_ID, free_port_block
 from tests.helpers import CheckedBackground as Background
+from tests.helpers import stub_learner_config
 from tests.stub_env import StubEnv
 from zmq_rl import actor as actor_module
 from zmq_rl.actor import GymActor
@@ -220,16 +221,7 @@ class ExperienceFuzzer:
                 "seq",
                 "run_id",
                 "sent_at",
-                "obs",
-                "actions",
-                "rewards",
-                "terminated",
-                "truncated",
-                "values",
-                "log_probs",
-                "next_obs",
-                "final_obs_index",
-                "final_obs",
+                *Fragment.ARRAYS,
             ]
         )
         if name in ("actor_id", "slot", "version", "seq"):
@@ -703,19 +695,7 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port):
     learner = Learner(cfg, PPOConfig(num_epochs=10), PolicyConfig(), context=ctx)
     try:
         run = Background(learner.run)
-        actors = [
-            Background(
-                lambda: GymActor(
-                    ActorConfig(
-                        learner=f"127.0.0.1:{learner_port}",
-                        env_id="CartPole-v1",
-                        register_timeout=TIMEOUT,
-                    ),
-                    context=ctx,
-                ).run()
-            )
-            for _ in range(2)
-        ]
+        actors = [gym_actor(ctx, learner_port, env_id="CartPole-v1") for _ in range(2)]
 
         def every_slot_sent() -> bool:
             records = list(learner.members)
@@ -1210,17 +1190,7 @@ def test_fuzz_actor_sub_and_dealer(ctx, learner_port, recorded_clients):
     fake = FakeLearner(ctx, learner_port)
     policy_v0, policy_v1 = stub_policy(1), stub_policy(2)
     try:
-        actor = Background(
-            lambda: GymActor(
-                ActorConfig(
-                    learner=f"127.0.0.1:{learner_port}",
-                    env_id=STUB_ENV_ID,
-                    register_timeout=TIMEOUT,
-                    learner_timeout=TIMEOUT,
-                ),
-                context=ctx,
-            ).run()
-        )
+        actor = gym_actor(ctx, learner_port, learner_timeout=TIMEOUT)
         routing_id, hello = fake.recv_control(Hello)
         fake.welcome(routing_id, stub_weights(policy_v0, 0))
         fake.wait_subscription()
@@ -1354,17 +1324,7 @@ def test_forged_weights_with_wrong_tensors_are_rejected_not_fatal(
     fake = FakeLearner(ctx, learner_port)
     policy_v0, policy_v2 = stub_policy(1), stub_policy(2)
     try:
-        actor = Background(
-            lambda: GymActor(
-                ActorConfig(
-                    learner=f"127.0.0.1:{learner_port}",
-                    env_id=STUB_ENV_ID,
-                    register_timeout=TIMEOUT,
-                    learner_timeout=TIMEOUT,
-                ),
-                context=ctx,
-            ).run()
-        )
+        actor = gym_actor(ctx, learner_port, learner_timeout=TIMEOUT)
         routing_id, _ = fake.recv_control(Hello)
         fake.welcome(routing_id, stub_weights(policy_v0, 0))
         fake.wait_subscription()
@@ -1392,21 +1352,21 @@ def test_forged_weights_with_wrong_tensors_are_rejected_not_fatal(
 # ----------------------------------------------------------------------------- registration
 
 
-def stub_learner(port: int, **changes: Any) -> LearnerConfig:
-    base = dict(
-        env_id=STUB_ENV_ID,
-        port=port,
-        num_actors=1,
-        envs_per_actor=1,
-        num_steps=8,
-        fragment_length=8,
-        total_env_steps=8 * 10,
-        eval_episodes=1,
-        seed=0,
-        starvation_timeout=TIMEOUT,
-        checkpoint_every=0,
+stub_learner = stub_learner_config
+
+
+def gym_actor(ctx: zmq.Context, port: int, **changes: Any) -> Background:
+    """The built-in actor on the stub env (unless ``env_id`` says otherwise), running
+    in a thread against the learner at ``port``; ``changes`` override its config."""
+    config = ActorConfig(
+        **{
+            "learner": f"127.0.0.1:{port}",
+            "env_id": STUB_ENV_ID,
+            "register_timeout": TIMEOUT,
+            **changes,
+        }
     )
-    return LearnerConfig(**{**base, **changes})
+    return Background(lambda: GymActor(config, context=ctx).run())
 
 
 def stub_hello(**changes: Any) -> Hello:
@@ -1654,16 +1614,7 @@ def test_registered_peer_ignoring_the_staleness_valve_is_capped(ctx, learner_por
     learner = Learner(cfg, PPOConfig(num_epochs=1), STUB_POLICY, context=ctx)
     try:
         run = Background(learner.run)
-        good = Background(
-            lambda: GymActor(
-                ActorConfig(
-                    learner=f"127.0.0.1:{learner_port}",
-                    env_id=STUB_ENV_ID,
-                    register_timeout=TIMEOUT,
-                ),
-                context=ctx,
-            ).run()
-        )
+        good = gym_actor(ctx, learner_port)
         peer = RegisteredPeer(ctx, learner_port)
         sent = confirmed = max_queued = 0
 
@@ -1727,17 +1678,7 @@ def test_registered_peer_sending_only_heartbeats_cannot_stall_the_run(ctx, learn
     learner = Learner(cfg, PPOConfig(num_epochs=1), STUB_POLICY, context=ctx)
     try:
         run = Background(learner.run)
-        good = Background(
-            lambda: GymActor(
-                ActorConfig(
-                    learner=f"127.0.0.1:{learner_port}",
-                    env_id=STUB_ENV_ID,
-                    register_timeout=TIMEOUT,
-                    learner_timeout=10.0,
-                ),
-                context=ctx,
-            ).run()
-        )
+        good = gym_actor(ctx, learner_port, learner_timeout=10.0)
         wait_until(lambda: learner.report.updates_completed >= 1, TIMEOUT, "training")
         peer = RegisteredPeer(ctx, learner_port)
         deadline = time.monotonic() + TIMEOUT
@@ -1920,15 +1861,7 @@ def junk_flood(tmp_path_factory) -> dict[str, Any]:
     actors = []
     try:
         actors = [
-            Background(
-                lambda: GymActor(
-                    ActorConfig(
-                        learner=f"127.0.0.1:{port}", env_id="CartPole-v1", register_timeout=60.0
-                    ),
-                    context=context,
-                ).run()
-            )
-            for _ in range(2)
+            gym_actor(context, port, env_id="CartPole-v1", register_timeout=60.0) for _ in range(2)
         ]
         wait_until(
             lambda: (p := read_progress(progress_path)) and p[-1]["steps"] >= 3000,

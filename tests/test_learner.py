@@ -21,7 +21,7 @@ import torch
 import zmq
 
 from tests.conftest import STUB_ENV_ID
-from tests.helpers import Background
+from tests.helpers import Background, stub_learner_config
 from tests.stub_env import StubEnv
 from zmq_rl.actor import GymActor
 from zmq_rl.config import ActorConfig, LearnerConfig, PolicyConfig, PPOConfig
@@ -50,20 +50,14 @@ OBS_SPACE, ACT_SPACE = StubEnv.observation_space, StubEnv.action_space
 
 def learner_config(port: int, **changes: Any) -> LearnerConfig:
     base = dict(
-        env_id=STUB_ENV_ID,
-        port=port,
         num_actors=2,
-        num_steps=8,
-        envs_per_actor=1,
         fragment_length=4,
         total_env_steps=8 * 2 * 3,
         gamma=0.99,
         gae_lambda=0.95,
-        eval_episodes=1,
-        starvation_timeout=TIMEOUT,
-        seed=0,
+        checkpoint_every=LearnerConfig.checkpoint_every,
     )
-    return LearnerConfig(**{**base, **changes})
+    return stub_learner_config(port, **{**base, **changes})
 
 
 def run_with_actors(

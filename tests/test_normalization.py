@@ -25,6 +25,7 @@ import torch
 import zmq
 
 from tests.conftest import STUB_ENV_ID, free_port_block
+from tests.helpers import stub_learner_config
 from tests.stub_env import StubEnv
 from zmq_rl.client import ActorClient
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
@@ -181,18 +182,13 @@ def test_shipped_statistics_give_bit_identical_outputs(action_space) -> None:
 
 def learner_config(port: int, **changes: Any) -> LearnerConfig:
     base = dict(
-        env_id=STUB_ENV_ID,
-        port=port,
-        num_actors=1,
         envs_per_actor=2,
-        num_steps=8,
         fragment_length=4,
         total_env_steps=8 * 2 * 4,
-        eval_episodes=1,
-        starvation_timeout=TIMEOUT,
         actor_timeout=TIMEOUT,
+        checkpoint_every=LearnerConfig.checkpoint_every,
     )
-    return LearnerConfig(**{**base, **changes})
+    return stub_learner_config(port, **{**base, **changes})
 
 
 def test_statistics_survive_checkpoint_and_resume(tmp_path) -> None:

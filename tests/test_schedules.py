@@ -22,10 +22,10 @@ import pytest
 import torch
 import zmq
 
-from tests.conftest import STUB_ENV_ID
+from tests.helpers import stub_learner_config
 from tests.stub_env import StubEnv
 from zmq_rl.actor import GymActor
-from zmq_rl.config import ActorConfig, LearnerConfig, PolicyConfig, PPOConfig
+from zmq_rl.config import ActorConfig, PolicyConfig, PPOConfig
 from zmq_rl.learner import Learner
 from zmq_rl.policy import build_policy
 from zmq_rl.ppo import PPOTrainer, RolloutBatch, ppo_loss
@@ -37,18 +37,12 @@ ROWS = 8 * 2  # num_steps * slots
 
 def run_and_read_metrics(port: int, run_dir: Path, ppo: PPOConfig) -> list[dict[str, Any]]:
     """A real run of UPDATES updates; the rows of its metrics.jsonl."""
-    cfg = LearnerConfig(
-        env_id=STUB_ENV_ID,
-        port=port,
-        num_actors=1,
+    cfg = stub_learner_config(
+        port,
         envs_per_actor=2,
-        num_steps=8,
         fragment_length=4,
         total_env_steps=ROWS * UPDATES,
-        eval_episodes=1,
-        starvation_timeout=TIMEOUT,
         run_dir=str(run_dir),
-        checkpoint_every=0,
     )
     ctx = zmq.Context()
     learner = Learner(cfg, ppo, PolicyConfig(hidden_sizes=(8,)), context=ctx)

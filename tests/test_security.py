@@ -30,6 +30,7 @@ import zmq.auth
 
 from tests.conftest import STUB_ENV_ID
 from tests.helpers import CheckedBackground as Background
+from tests.helpers import stub_learner_config
 from tests.stub_env import StubEnv
 from zmq_rl.actor import GymActor, curve_client_keys
 from zmq_rl.client import ActorClient, LearnerRefused
@@ -89,22 +90,10 @@ def keys(tmp_path: Path) -> Keys:
 
 
 def learner_config(port: int, keys: Keys | None, **changes: Any) -> LearnerConfig:
-    base = dict(
-        env_id=STUB_ENV_ID,
-        port=port,
-        num_actors=1,
-        envs_per_actor=1,
-        num_steps=8,
-        fragment_length=4,
-        total_env_steps=8 * 60,
-        eval_episodes=1,
-        seed=0,
-        starvation_timeout=TIMEOUT,
-        checkpoint_every=0,
-    )
+    base: dict[str, Any] = dict(fragment_length=4, total_env_steps=8 * 60)
     if keys is not None:
         base.update(curve_secret_key=keys.learner_secret, curve_authorized_keys=keys.authorized)
-    return LearnerConfig(**{**base, **changes})
+    return stub_learner_config(port, **{**base, **changes})
 
 
 def actor_config(port: int, secret: str = "", server: str = "", **changes: Any) -> ActorConfig:
