@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zmq_rl.transport import free_port_block  # noqa: F401  (used as _util.free_port_block)
-
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 BENCH_VENV_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 
 if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
+
+from tests.ports import free_port_block  # noqa: E402, F401  (used as _util.free_port_block)
 
 
 def add_common_flags(parser: Any) -> None:

@@ -5,7 +5,7 @@ after the new weights are loaded into their policy (``zmq_rl.actor.load_weights`
 decode + ``import_weights``). The latency of version ``v`` is the latest of the
 actors' first report of a version >= ``v`` (an actor that finds several versions
 queued loads only the newest) minus the learner's ``time.time()`` when it started
-publishing ``v`` (``Learner._publish_weights``: export, encode, PUB send). All
+publishing ``v`` (``Learner.publish_weights``: export, encode, PUB send). All
 processes share one clock (one machine). Two modes:
 
 * ``idle``: a real :class:`~zmq_rl.learner.Learner` registers ``--actors``
@@ -188,15 +188,15 @@ def run_idle(actors: int, hidden: tuple[int, ...], broadcasts: int, timeout: flo
     send_s: list[float] = []
     acks: list[tuple[int, int, float]] = []
     try:
-        learner._wait_for_actors(time.monotonic())
+        learner.wait_for_actors(time.monotonic())
         ready: set[int] = set()  # every actor built its policy (ortho init of a big net: s)
         deadline = time.monotonic() + 300
         while len(ready) < actors and time.monotonic() < deadline:
             if back.poll(20):
                 ready.add(back.recv_pyobj()[0])
-            learner._pump(0)
+            learner.pump(0)
         for _ in range(25):  # let every SUB finish connecting
-            learner._pump(20)
+            learner.pump(20)
         first_param = next(learner.policy.parameters())
         for _ in range(broadcasts):
             with torch.no_grad():
@@ -204,13 +204,13 @@ def run_idle(actors: int, hidden: tuple[int, ...], broadcasts: int, timeout: flo
             learner.version += 1
             version = learner.version
             t_pub = time.time()
-            learner._publish_weights()
+            learner.publish_weights()
             send_s.append(time.time() - t_pub)
             published[version] = t_pub
             if not frame_bytes:
                 from zmq_rl.protocol import encode
 
-                frame_bytes = len(encode(learner._current_weights))
+                frame_bytes = len(encode(learner.current_weights))
             seen: set[int] = set()
             deadline = time.monotonic() + timeout
             while len(seen) < actors and time.monotonic() < deadline:
@@ -220,9 +220,9 @@ def run_idle(actors: int, hidden: tuple[int, ...], broadcasts: int, timeout: flo
                         acks.append(item)
                         if item[1] >= version:
                             seen.add(item[0])
-                learner._pump(0)
+                learner.pump(0)
             time.sleep(random.uniform(0.0, 0.02))
-        learner._shutdown_actors("broadcast benchmark done")
+        learner.shutdown_actors("broadcast benchmark done")
     finally:
         learner.close()
         for p in procs:
@@ -283,7 +283,7 @@ def run_busy(actors: int, seconds: float) -> dict:
             learner.request_stop("broadcast benchmark done")
 
     learner = Learner(cfg, ppo, PolicyConfig(), on_update=on_update)
-    original = learner._publish_weights
+    original = learner.publish_weights
 
     def publish(publish: bool = True) -> None:
         t_pub = time.time()
@@ -291,7 +291,7 @@ def run_busy(actors: int, seconds: float) -> dict:
         if publish:
             published[learner.version] = t_pub
 
-    learner._publish_weights = publish
+    learner.publish_weights = publish
     ctx = zmq.Context()
     back = ctx.socket(zmq.PULL)
     back.bind(ack)

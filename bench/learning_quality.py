@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zmq_rl.transport import free_port_block
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _util import free_port_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

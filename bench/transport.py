@@ -7,7 +7,7 @@ PUSH -> PULL, one message per fragment, round-robin over ``--slots`` slots:
 
 * ``project``: ``Fragment(...)`` -> ``protocol.encode`` -> PUSH (send as
   ``ActorClient`` does: copy below 64 KiB) -> PULL ``recv(copy=False)`` (as the
-  learner's ``_pump``) -> ``protocol.decode(frame, (Fragment,))`` (full
+  learner's ``pump``) -> ``protocol.decode(frame, (Fragment,))`` (full
   validation) -> ``SlotQueues.push``, and after every drained batch the receiver
   takes every complete ``[--rollout-steps, slots]`` rollout (``SlotQueues.take``).
 * ``raw``: the same arrays as one msgpack map of scalars and ``bytes`` values

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from zmq_rl.transport import free_port_block
+from tests.ports import free_port_block
 
 STUB_ENV_ID = "tests.stub_env:Stub-v0"
 

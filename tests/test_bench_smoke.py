@@ -264,7 +264,7 @@ def test_pyspy_summary_parses_raw(tmp_path: Path) -> None:
     raw.write_text(
         'process 1:"python bench/throughput.py";process 2:"python -c from multiprocessing.spawn '
         'import spawn_main; spawn_main(1)";run (zmq_rl/actor.py:10);step (gym/core.py:5) 30\n'
-        'process 1:"python bench/throughput.py";_pump (zmq_rl/learner.py:3);'
+        'process 1:"python bench/throughput.py";pump (zmq_rl/learner.py:3);'
         "Poller.poll (zmq/sugar/poll.py:9) 10\n"
     )
     stacks = pyspy_summary.parse(str(raw))

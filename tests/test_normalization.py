@@ -215,7 +215,7 @@ def test_statistics_survive_checkpoint_and_resume(tmp_path) -> None:
             assert float(after["obs_count"]) == 16.0
             assert resumed.reward_scaler.state() == scaler_before
             # What a (re)joining actor is welcomed with carries the restored statistics.
-            shipped = dict(resumed._current_weights.tensors)
+            shipped = dict(resumed.current_weights.tensors)
             np.testing.assert_array_equal(shipped["obs_mean"], before["obs_mean"].numpy())
             np.testing.assert_array_equal(shipped["obs_var"], before["obs_var"].numpy())
         finally:

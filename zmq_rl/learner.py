@@ -168,7 +168,7 @@ class Learner:
         self._last_heartbeat = 0.0
         self._ctx = context or zmq.Context.instance()
         self._bind()
-        self._publish_weights(publish=False)
+        self.publish_weights(publish=False)
         self._metrics_file = None
         if cfg.run_dir:
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
@@ -250,7 +250,7 @@ class Learner:
         start = time.monotonic()
         stop_reason = "budget spent"
         try:
-            self._wait_for_actors(start)
+            self.wait_for_actors(start)
             while not self._budget_spent():
                 metrics = self._one_update()
                 solved = self._maybe_evaluate(start, metrics)
@@ -273,7 +273,7 @@ class Learner:
             stop_reason = str(stop)
             log.warning("stopping: %s", stop_reason)
         self.report.stop_reason = stop_reason
-        self._shutdown_actors(stop_reason)
+        self.shutdown_actors(stop_reason)
         self.report.wall_seconds = time.monotonic() - start
         self._finish()
         return self.report
@@ -314,12 +314,12 @@ class Learner:
         metrics["charts/policy_lag_max"] = float(self.version - rollout.versions.min())
         if self.report.updates_completed % cfg.broadcast_every == 0:
             self.version += 1
-            self._publish_weights()
+            self.publish_weights()
             self._admit_new_actors()
         self.report.final_stats = metrics
         return metrics
 
-    def _wait_for_actors(self, start: float) -> None:
+    def wait_for_actors(self, start: float) -> None:
         cfg = self.cfg
         log.info("waiting for %d actor(s) to register", cfg.num_actors)
         while self.members.live_count() < cfg.num_actors:
@@ -330,7 +330,7 @@ class Learner:
                     f"only {self.members.live_count()} of num_actors={cfg.num_actors} actors "
                     f"registered within starvation_timeout={cfg.starvation_timeout}s"
                 )
-            self._pump(POLL_MS)
+            self.pump(POLL_MS)
         self.started = True
         log.info("%d actor(s) registered; training starts", len(self.members))
 
@@ -338,7 +338,7 @@ class Learner:
         """Receive until every member slot holds ``num_steps`` rows."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.starvation_timeout
-        self._pump(0)  # control and heartbeats are served even when data is backlogged
+        self.pump(0)  # control and heartbeats are served even when data is backlogged
         while True:
             slots = self.members.member_slots()
             if slots and self.queues.ready(slots, cfg.num_steps):
@@ -348,13 +348,13 @@ class Learner:
                 # (same weights) starts their accounting from here, so their
                 # valve, which counts from base_version = version + 1, stays exact.
                 self.version += 1
-                self._publish_weights()
+                self.publish_weights()
                 self._admit_new_actors()
             if self._stop_reason:
                 raise StopRequested(self._stop_reason)
             if time.monotonic() > deadline:
                 raise LearnerStarved(self._starvation_message(slots))
-            self._pump(POLL_MS)
+            self.pump(POLL_MS)
 
     def _starvation_message(self, slots: list[SlotKey]) -> str:
         short = self.queues.short_slots(slots, self.cfg.num_steps)
@@ -395,7 +395,7 @@ class Learner:
 
     # ------------------------------------------------------------------ receiving
 
-    def _pump(self, timeout_ms: int) -> None:
+    def pump(self, timeout_ms: int) -> None:
         """Handle every message that arrives within ``timeout_ms``.
 
         Silent actors are evicted only after what arrived was read: while the
@@ -603,7 +603,7 @@ class Learner:
             experience_port=cfg.experience_port(),
             weights_port=cfg.weights_port(),
             config=config,
-            weights=self._current_weights,
+            weights=self.current_weights,
         )
 
     def _send_control(self, routing_id: bytes, message: Any) -> bool:
@@ -676,12 +676,12 @@ class Learner:
 
     # ------------------------------------------------------------------ weights
 
-    def _publish_weights(self, publish: bool = True) -> None:
-        self._current_weights = Weights(
+    def publish_weights(self, publish: bool = True) -> None:
+        self.current_weights = Weights(
             version=self.version, run_id=self.run_id, tensors=export_weights(self.policy)
         )
         if publish:
-            self.weights.send(encode(self._current_weights), copy=False)
+            self.weights.send(encode(self.current_weights), copy=False)
             self.report.broadcasts_sent += 1
             self.report.last_policy_version = self.version
 
@@ -749,7 +749,7 @@ class Learner:
             metrics.get("losses/entropy", math.nan),
         )
 
-    def _shutdown_actors(self, reason: str) -> None:
+    def shutdown_actors(self, reason: str) -> None:
         """Tell every actor to stop; collect byes and trailing fragments (bounded)."""
         self.shutting_down = True
         message = Shutdown(reason=reason, run_id=self.run_id)
@@ -759,7 +759,7 @@ class Learner:
         while time.monotonic() < deadline:
             if all(rec.said_bye and rec.caught_up() for rec in self.members):
                 break
-            self._pump(POLL_MS)
+            self.pump(POLL_MS)
         missing = [rec.actor_id for rec in self.members if not rec.said_bye]
         if missing:
             log.warning("no bye from actor(s) %s within %.1fs", missing, SHUTDOWN_GRACE_S)
@@ -857,7 +857,7 @@ class Learner:
         scaler_state = json.loads(state.get("reward_scaler", "null"))
         if learner.reward_scaler is not None and scaler_state:
             learner.reward_scaler.load(scaler_state)
-        learner._publish_weights(publish=False)
+        learner.publish_weights(publish=False)
         log.info(
             "resumed %s at update %d, version %d, %d env steps consumed",
             path,

@@ -15,8 +15,6 @@ explicit linger and high-water mark. The chosen behaviour at the HWM:
 from __future__ import annotations
 
 import logging
-import random
-import socket
 from dataclasses import dataclass
 
 import zmq
@@ -175,24 +173,3 @@ def start_authenticator(ctx: zmq.Context, keys: CurveServerKeys):  # -> ThreadAu
 def readable(sock: zmq.Socket) -> bool:
     """Whether a message can be received now (cheaper than a poll)."""
     return bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
-
-
-def free_port_block(size: int = 3, start: int = 20000, stop: int = 60000) -> int:
-    """The first port of ``size`` consecutive free TCP ports on 127.0.0.1 (for
-    tests and benchmarks that start learners: a learner binds port .. port + 2)."""
-    for _ in range(200):
-        base = random.randrange(start, stop - size)
-        socks = []
-        try:
-            for port in range(base, base + size):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports found")
