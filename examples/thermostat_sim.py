@@ -71,7 +71,7 @@ def run(
         welcome = client.register()
         policy = policy_from_welcome(welcome)
         if seed < 0:  # as the built-in actor: the run's seed + 1 + this actor's id
-            seed = int(welcome.config.get("seed", 0)) + 1 + client.actor_id
+            seed = welcome.settings.seed + 1 + client.actor_id
         generator = torch.Generator().manual_seed(seed)
         building = Building(num_rooms, seed)
         log.info("actor %d: %d rooms, seed %d", client.actor_id, num_rooms, seed)

@@ -33,6 +33,7 @@ from zmq_rl.protocol import (
     Refuse,
     Shutdown,
     Weights,
+    RunSettings,
     Welcome,
     decode,
     encode,
@@ -55,7 +56,7 @@ def make_policy(seed: int):
 
 
 def welcome_config(**changes: Any) -> dict[str, Any]:
-    """The config map ``Learner._welcome`` builds, for the stub env."""
+    """The welcome's config map (RunSettings on the wire) for the stub env."""
     policy = dataclasses.asdict(POLICY_CFG)
     policy["hidden_sizes"] = list(POLICY_CFG.hidden_sizes)
     config = {
@@ -116,7 +117,7 @@ class FakeLearner:
             base_version=0,
             experience_port=self.port + 1,
             weights_port=self.port + 2,
-            config=welcome_config(**config),
+            settings=RunSettings.from_map(welcome_config(**config)),
             weights=weights,
         )
         self.router.send_multipart([routing_id, encode(message)])

@@ -29,6 +29,17 @@ def reference_config(**changes) -> LearnerConfig:
     return LearnerConfig(**{**REF, **changes})
 
 
+def throttle_of(cfg: LearnerConfig, base_version: int = 0) -> ActorThrottle:
+    """The valve an actor of ``cfg``'s run builds from its welcome's settings."""
+    from gymnasium import spaces
+
+    from zmq_rl.learner import run_settings
+
+    box = spaces.Box(-1.0, 1.0, (4,))
+    settings = run_settings(cfg, box, spaces.Discrete(2), PolicyConfig())
+    return ActorThrottle.from_settings(settings, base_version)
+
+
 # -- defaults and derivations ------------------------------------------------------------
 
 
@@ -62,7 +73,7 @@ def test_num_updates_counts_every_env_slot():
 
 
 def test_reference_throttle_pause_points():
-    throttle = reference_config().actor_throttle()
+    throttle = throttle_of(reference_config())
     assert throttle == ActorThrottle(steps_per_broadcast=256, max_lead_steps=512, base_version=0)
     # The lead budget is cumulative: version v proves v * 256 steps consumed.
     assert not throttle.should_pause(511, 0)
@@ -84,7 +95,7 @@ def test_disabled_throttle_never_pauses():
 def test_late_joiner_budget_counts_from_base_version():
     cfg = reference_config()
     spb, lead = 256, 512
-    throttle = cfg.actor_throttle(base_version=5)
+    throttle = throttle_of(cfg, base_version=5)
     assert throttle.base_version == 5
     assert throttle.budget(5) == lead
     assert throttle.budget(6) == spb + lead

@@ -199,12 +199,12 @@ def test_statistics_survive_checkpoint_and_resume(tmp_path) -> None:
         try:
             rng = np.random.default_rng(3)
             learner.policy.update_obs_stats(rng.normal(4.0, 2.0, (8, 2, 2)).astype(np.float32))
-            learner.reward_scaler.scale(
+            learner.trainer.reward_scaler.scale(
                 rng.normal(size=(8, 2)).astype(np.float32), np.zeros((8, 2), bool), [(0, 0), (0, 1)]
             )
             learner.checkpoint()
             before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
-            scaler_before = learner.reward_scaler.state()
+            scaler_before = learner.trainer.reward_scaler.state()
         finally:
             learner.close()
         resumed = Learner.resume(tmp_path, context=ctx, port=free_port_block())
@@ -213,7 +213,7 @@ def test_statistics_survive_checkpoint_and_resume(tmp_path) -> None:
             for name in ("obs_mean", "obs_var", "obs_count"):
                 assert torch.equal(after[name], before[name]), name
             assert float(after["obs_count"]) == 16.0
-            assert resumed.reward_scaler.state() == scaler_before
+            assert resumed.trainer.reward_scaler.state() == scaler_before
             # What a (re)joining actor is welcomed with carries the restored statistics.
             shipped = dict(resumed.current_weights.tensors)
             np.testing.assert_array_equal(shipped["obs_mean"], before["obs_mean"].numpy())

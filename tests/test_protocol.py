@@ -22,6 +22,7 @@ from zmq_rl.protocol import (
     ProtocolError,
     ProtocolVersionMismatch,
     Refuse,
+    RunSettings,
     Shutdown,
     Weights,
     Welcome,
@@ -80,6 +81,24 @@ def make_weights(version: int = 3) -> Weights:
         ],
         extras={"obs_mean": np.arange(3, dtype=np.float64)},
     )
+
+
+def make_run_settings(**changes) -> RunSettings:
+    base = dict(
+        env_id="CartPole-v1",
+        observation_space=spaces.Box(-1.0, 1.0, (4,), np.float32),
+        action_space=spaces.Discrete(2),
+        policy={"hidden_sizes": [8, 8]},
+        num_steps=32,
+        broadcast_every=2,
+        steps_per_broadcast=64,
+        max_lead_steps=128,
+        fragment_length=16,
+        num_envs=4,
+        seed=7,
+        heartbeat_interval=1.0,
+    )
+    return RunSettings(**{**base, **changes})
 
 
 def body_of(message) -> dict:
@@ -169,7 +188,7 @@ def test_control_messages_round_trip():
         base_version=2,
         experience_port=6001,
         weights_port=6002,
-        config={"num_steps": 32, "policy": {"hidden_sizes": [8, 8]}, "gamma": 0.98},
+        settings=make_run_settings(),
         weights=make_weights(2),
     )
     plain = [
@@ -187,7 +206,7 @@ def test_control_messages_round_trip():
     assert isinstance(got, Welcome)
     assert (got.actor_id, got.run_id, got.base_version) == (3, "run-abc", 2)
     assert (got.experience_port, got.weights_port) == (6001, 6002)
-    assert got.config == welcome.config
+    assert got.settings == welcome.settings
     assert got.weights.version == 2
     for (na, a), (nb, b) in zip(got.weights.tensors, welcome.weights.tensors, strict=True):
         assert na == nb
@@ -440,7 +459,7 @@ VALID_BODIES = [
             base_version=0,
             experience_port=1,
             weights_port=2,
-            config={},
+            settings=make_run_settings(),
             weights=make_weights(),
         )
     ),
@@ -506,3 +525,79 @@ def test_mutated_messages_only_raise_protocol_error(body, changes, removals):
 def test_arbitrary_maps_only_raise_protocol_error(body, kind):
     body = {**body, "proto": PROTOCOL_VERSION, "type": kind}
     decode_only_protocol_errors(frame_of(body))
+
+
+# -- the welcome's run settings -----------------------------------------------------------
+
+RUN_SETTINGS_FIELDS = [f for f in make_run_settings().to_map()]
+
+
+def welcome_body(config: dict) -> bytes:
+    body = body_of(
+        Welcome(
+            actor_id=1,
+            run_id="r",
+            base_version=0,
+            experience_port=1,
+            weights_port=2,
+            settings=make_run_settings(),
+            weights=make_weights(),
+        )
+    )
+    body["config"] = config
+    return frame_of(body)
+
+
+def test_run_settings_round_trip_as_typed_fields():
+    settings = make_run_settings()
+    got = RunSettings.from_map(msgpack.unpackb(msgpack.packb(settings.to_map()), raw=False))
+    assert got == settings
+    assert got.observation_space == spaces.Box(-1.0, 1.0, (4,), np.float32)
+    assert (got.max_lead_steps, got.num_envs, got.heartbeat_interval) == (128, 4, 1.0)
+
+
+@pytest.mark.parametrize("name", RUN_SETTINGS_FIELDS)
+def test_each_missing_run_setting_is_refused_by_name(name):
+    config = make_run_settings().to_map()
+    del config[name]
+    with pytest.raises(ProtocolError, match=rf"welcome\.config\.{name}: missing") as info:
+        decode(welcome_body(config))
+    assert info.value.reason == "bad_field"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max_lead_steps", -1),
+        ("max_lead_steps", "128"),
+        ("num_steps", 0),
+        ("steps_per_broadcast", 16),  # less than one rollout
+        ("fragment_length", 1.5),
+        ("num_envs", 0),
+        ("num_envs", 5000),
+        ("seed", -3),
+        ("heartbeat_interval", 0),
+        ("heartbeat_interval", float("nan")),
+        ("env_id", 5),
+        ("policy", [1, 2]),
+        ("observation_space", {"kind": "torus"}),
+    ],
+)
+def test_an_ill_typed_run_setting_is_refused_by_name(name, value):
+    config = {**make_run_settings().to_map(), name: value}
+    with pytest.raises(ProtocolError, match=rf"welcome\.config\.{name}") as info:
+        decode(welcome_body(config))
+    assert info.value.reason == "bad_field"
+
+
+def test_an_integer_heartbeat_interval_is_a_number():
+    """A msgpack encoder may write 1.0 as 1: a number field takes either."""
+    config = {**make_run_settings().to_map(), "heartbeat_interval": 2}
+    assert decode(welcome_body(config)).settings.heartbeat_interval == 2.0
+
+
+def test_welcome_config_still_reads_as_a_map_with_a_deprecation_warning():
+    welcome = decode(welcome_body(make_run_settings().to_map()))
+    with pytest.warns(DeprecationWarning, match="Welcome.settings"):
+        config = welcome.config
+    assert config["max_lead_steps"] == 128 and config["seed"] == 7

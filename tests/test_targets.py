@@ -223,7 +223,7 @@ def test_vtrace_with_another_behaviour_policy_corrects_with_clipped_ratios():
     assert np.abs(behaviour_lp - target_lp).max() > 0.05
     rollout = make_rollout(T=6, B=2, seed=8, log_probs=behaviour_lp)
     settings = TargetSettings(
-        GAMMA, LAM, use_vtrace=True, rho_bar=1.0, c_bar=0.9, vtrace_lambda=LAM
+        GAMMA, LAM, use_vtrace=True, vtrace_rho_bar=1.0, vtrace_c_bar=0.9, vtrace_lambda=LAM
     )
     batch, diagnostics = rollout_to_batch(rollout, current, settings)
     rhos = np.exp(target_lp.astype(np.float64) - behaviour_lp)

@@ -21,23 +21,26 @@ import torch
 
 from .client import ActorClient
 from .config import ActorConfig
-from .policy import WeightsMismatch, build_policy, import_weights, policy_config_from
-from .protocol import space_from_spec, spaces_equal
+from .policy import (
+    Policy,
+    WeightsMismatch,
+    build_policy,
+    import_weights,
+    policy_config_from,
+)
+from .protocol import Weights, Welcome
+from .seeding import env_seeds
 from .transport import CurveClientKeys, load_public_certificate, load_secret_certificate
 
 log = logging.getLogger(__name__)
 
 PAUSE_WAIT_S = 0.05
-"""How long a paused actor blocks on SUB before re-checking control (reference: 50 ms)."""
+"""How long a paused actor blocks on SUB before re-checking control: short, so a
+shutdown or a learner restart is noticed within a step's time."""
 
 
 class SpaceMismatch(RuntimeError):
     """The actor's env spaces differ from the learner's."""
-
-
-def env_seeds(seed: int, num_envs: int) -> list[int]:
-    """Independent reset seeds for ``num_envs`` slots derived from one seed."""
-    return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(num_envs)]
 
 
 def curve_client_keys(cfg: ActorConfig) -> CurveClientKeys | None:
@@ -49,7 +52,7 @@ def curve_client_keys(cfg: ActorConfig) -> CurveClientKeys | None:
     return CurveClientKeys(public=public, secret=secret, server_public=server)
 
 
-def load_weights(client: ActorClient, policy: torch.nn.Module, weights: Any) -> None:
+def load_weights(client: ActorClient, policy: Policy, weights: Weights) -> None:
     """Load broadcast weights into the policy; weights whose tensors do not fit the
     network are rejected (counted by the client) and the old ones stay in use."""
     try:
@@ -90,26 +93,22 @@ class GymActor:
         finally:
             client.close()
 
-    def _collect(self, client: ActorClient, welcome: Any) -> dict[str, float]:
+    def _collect(self, client: ActorClient, welcome: Welcome) -> dict[str, float]:
         cfg = self.cfg
-        config = welcome.config
-        env_id = cfg.env_id or config["env_id"]
+        settings = welcome.settings
+        env_id = cfg.env_id or settings.env_id
         num_envs = client.num_envs
         envs = [gym.make(env_id) for _ in range(num_envs)]
-        obs_space = space_from_spec(config["observation_space"])
-        act_space = space_from_spec(config["action_space"])
-        if not (
-            spaces_equal(envs[0].observation_space, obs_space)
-            and spaces_equal(envs[0].action_space, act_space)
-        ):
+        obs_space, act_space = settings.observation_space, settings.action_space
+        if envs[0].observation_space != obs_space or envs[0].action_space != act_space:
             raise SpaceMismatch(
                 f"env {env_id} has spaces {envs[0].observation_space} / "
                 f"{envs[0].action_space}, the learner's are {obs_space} / {act_space}"
             )
-        policy = build_policy(obs_space, act_space, policy_config_from(config))
+        policy = build_policy(obs_space, act_space, policy_config_from(settings))
         policy.eval()
         import_weights(policy, welcome.weights.tensors)
-        seed = cfg.seed if cfg.seed >= 0 else int(config.get("seed", 0)) + 1 + client.actor_id
+        seed = cfg.seed if cfg.seed >= 0 else settings.seed + 1 + client.actor_id
         generator = torch.Generator().manual_seed(seed)
         discrete = isinstance(act_space, gym.spaces.Discrete)
         low = None if discrete else act_space.low

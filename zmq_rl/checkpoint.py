@@ -1,13 +1,17 @@
-"""Checkpoint files: atomic writes, finding the newest, and the configs inside.
+"""Checkpoint and policy files: their layout, atomic writes, finding the newest.
 
 A checkpoint is a ``torch.save`` of tensors, numbers and JSON strings only, so it
-loads with ``torch.load(weights_only=True)``: nothing executable is unpickled.
+loads with ``torch.load(weights_only=True)``: nothing executable is unpickled. It
+holds the trainer's :meth:`~zmq_rl.trainer.Trainer.state_dict` (policy, optimiser,
+version, episode returns in progress, RNG, reward scaler) plus the run's part
+(:func:`run_state`: configs, report, counters, rows still queued).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -70,6 +74,73 @@ def newest_checkpoint(run_dir: str | Path) -> Path:
     if not found:
         raise FileNotFoundError(f"no checkpoint in {Path(run_dir) / 'checkpoints'}")
     return found[-1]
+
+
+def checkpoint_name(updates_completed: int) -> str:
+    """The file name of the checkpoint written after ``updates_completed`` updates."""
+    return f"ckpt-{updates_completed:08d}.pt"
+
+
+def run_state(
+    configs: tuple[Any, Any, Any],
+    report: Any,
+    counters: dict[str, int],
+    queued: tuple[int, int],
+) -> dict[str, Any]:
+    """The learner's part of a checkpoint: its (learner, ppo, policy) configs, the
+    report so far, the counters, and (rows, fragments) received but not yet consumed."""
+    learner_cfg, ppo_cfg, policy_cfg = configs
+    return {
+        "learner_config": json.dumps(config_dict(learner_cfg)),
+        "ppo_config": json.dumps(config_dict(ppo_cfg)),
+        "policy_config": json.dumps(config_dict(policy_cfg)),
+        "report": json.dumps(asdict(report), default=float),
+        "counters": json.dumps(counters),
+        "queued": json.dumps(list(queued)),
+    }
+
+
+def save_learner_checkpoint(
+    run_dir: str | Path,
+    trainer_state: dict[str, Any],
+    configs: tuple[Any, Any, Any],
+    report: Any,
+    counters: dict[str, int],
+    queued: tuple[int, int],
+) -> Path:
+    """Write ``run_dir/checkpoints/ckpt-<updates>.pt``: the trainer's state plus the
+    run's (:func:`run_state`), atomically; the newest few are kept."""
+    state = {**trainer_state, **run_state(configs, report, counters, queued)}
+    name = checkpoint_name(report.updates_completed)
+    return write_checkpoint(Path(run_dir) / "checkpoints", name, state)
+
+
+def restore_run_state(state: dict[str, Any], report: Any, counters: Counter[str]) -> None:
+    """Put a checkpoint's report and counters back (the new run keeps its own run id
+    and actor lines); rows that were queued when it was written died with the old
+    learner and are counted as ``discarded/.../learner_restart``, so that received =
+    consumed + discarded still holds."""
+    for key, value in json.loads(state["report"]).items():
+        if key not in ("run_id", "actor_stats"):
+            setattr(report, key, value)
+    counters.update(json.loads(state["counters"]))
+    counters["learner/resumes"] += 1
+    rows, fragments = json.loads(state.get("queued", "[0, 0]"))
+    if rows:
+        counters["discarded/steps/learner_restart"] += rows
+        counters["discarded/fragments/learner_restart"] += fragments
+
+
+def save_policy(path: Path, policy: Any, policy_cfg: Any, env_id: str, version: int) -> None:
+    """Write ``policy.pt``: the policy's tensors plus what rebuilds it (its config as
+    JSON, the env id, the version), atomically; ``zmq-rl eval`` reads it."""
+    state = {
+        "policy": policy.state_dict(),
+        "policy_config": json.dumps(config_dict(policy_cfg)),
+        "env_id": env_id,
+        "version": version,
+    }
+    atomic_torch_save(state, path)
 
 
 def config_dict(cfg: Any) -> dict[str, Any]:

@@ -18,6 +18,11 @@ a simulator with its own main loop uses it the same way::
         client.step(obs, actions, rewards, terminated, truncated, values, log_probs, next_obs)
     client.close(stats)
 
+The client is the connection (register, control, heartbeats, the weights version);
+its :attr:`ActorClient.sender` (:class:`~zmq_rl.sender.ExperienceSender`) is the
+experience side (lockstep buffer, fragments, back-pressure, the staleness valve) and
+its :attr:`ActorClient.subscriber` (:class:`~zmq_rl.subscriber.WeightsSubscriber`)
+reads the weights broadcast, newest first.
 No RL here: the client moves arrays and counts steps; it never looks inside them.
 """
 
@@ -29,39 +34,43 @@ import math
 import os
 import socket as pysocket
 import time
+import warnings
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .config import ActorThrottle
 from .protocol import (
     PROTOCOL_VERSION,
     Bye,
-    Fragment,
     Heartbeat,
     Hello,
     ProtocolError,
     ProtocolVersionMismatch,
     Refuse,
+    RunSettings,
     Shutdown,
+    StepArrays,
     Weights,
     Welcome,
     decode,
     encode,
-    space_from_spec,
     space_spec,
 )
+from .sender import ExperienceSender
+from .subscriber import WeightsSubscriber
 from .transport import (
     ACTOR_PUSH_LINGER_MS,
     EXPERIENCE_HWM,
+    HANDSHAKE_FAILED_EVENTS,
     WEIGHTS_HWM,
     CurveClientKeys,
     SocketOptions,
     apply_curve_client,
+    handshake_failure,
     make_socket,
     parse_learner_address,
     readable,
@@ -91,14 +100,9 @@ class LearnerLost(TimeoutError):
     """The learner has been silent for longer than ``learner_timeout``."""
 
 
-class ActorClient:
-    """Register with a learner, send experience, receive weights and control.
-
-    ``num_envs`` slots step in lockstep through :meth:`step` (0: as many as the
-    learner's welcome says); :meth:`send_fragment` sends any T >= 1 steps of one
-    slot directly. Counters for the ``bye`` message
-    are kept in :attr:`stats`.
-    """
+class LearnerConnection:
+    """The control side of an actor: register, serve control and heartbeats, follow
+    the weights version. :class:`ActorClient` adds the experience API on top."""
 
     def __init__(
         self,
@@ -131,31 +135,35 @@ class ActorClient:
         self.max_message_bytes = int(max_message_bytes)
         self._ctx = context or zmq.Context.instance()
         self._control: zmq.Socket | None = None
-        self._experience: zmq.Socket | None = None
-        self._weights: zmq.Socket | None = None
         self.welcome: Welcome | None = None
         self.actor_id = -1
         self.run_id = ""
         self.version = 0
-        self.config: dict[str, Any] = {}
-        self.throttle = ActorThrottle.disabled()
-        self.fragment_length = 1
+        self.settings: RunSettings | None = None
         self.heartbeat_interval = 1.0
         self.shutdown_requested = False
         self.shutdown_reason = ""
         self.rejects: Counter[str] = Counter()
-        self.stats: dict[str, float] = {
-            "steps_sent": 0,
-            "fragments_sent": 0,
-            "episodes_completed": 0,
-            "policy_updates_received": 0,
-            "last_policy_version": 0,
-        }
-        self._slot_steps = np.zeros(self.num_envs, np.int64)  # since the welcome
-        self._seq = np.zeros(self.num_envs, np.int64)
-        self._buffer: _LockstepBuffer | None = None
+        self.stats: dict[str, float] = {"policy_updates_received": 0, "last_policy_version": 0}
+        self.sender = ExperienceSender(self.stats, self.rejects, self._wait_for_room, self.num_envs)
+        self.subscriber = WeightsSubscriber(self.rejects, self._reject, self.max_message_bytes)
         self._last_heartbeat = 0.0
         self.last_heard = time.monotonic()
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """Deprecated: the welcome's settings as an untyped map; use :attr:`settings`."""
+        warnings.warn(
+            "ActorClient.config is deprecated; use ActorClient.settings (a RunSettings)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.settings.to_map() if self.settings is not None else {}
+
+    @property
+    def fragment_length(self) -> int:
+        """Steps per fragment, as the welcome said (1 before registration)."""
+        return self.sender.fragment_length
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -169,27 +177,23 @@ class ActorClient:
         """
         timeout = self.register_timeout if timeout is None else timeout
         if self._control is None:
-            self._control = self._socket(
-                zmq.DEALER, SocketOptions(linger_ms=500, max_message_bytes=self.max_message_bytes)
-            )
-            self._monitor = self._control.get_monitor_socket(
-                zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-            )
+            options = SocketOptions(linger_ms=500, max_message_bytes=self.max_message_bytes)
+            self._control = self._socket(zmq.DEALER, options)
+            self._monitor = self._control.get_monitor_socket(HANDSHAKE_FAILED_EVENTS)
             self._control.connect(tcp_endpoint(self.host, self.control_port))
+        spaces = [
+            {} if s is None else space_spec(s) for s in (self.observation_space, self.action_space)
+        ]
         hello = Hello(
             actor_id=self.requested_id if self.actor_id < 0 else self.actor_id,
             env_id=self.env_id,
-            observation_space=(
-                space_spec(self.observation_space) if self.observation_space is not None else {}
-            ),
-            action_space=space_spec(self.action_space) if self.action_space is not None else {},
+            observation_space=spaces[0],
+            action_space=spaces[1],
             num_envs=self.num_envs,
             host=pysocket.gethostname()[:200],
             pid=os.getpid(),
             rejoin_run_id=self.run_id,
-            next_seq=[int(s) for s in self._seq],
+            next_seq=[int(s) for s in self.sender.seq],
         )
         self._control.send(encode(hello))
         deadline = time.monotonic() + timeout
@@ -200,7 +204,9 @@ class ActorClient:
             remaining = deadline - time.monotonic()
             events = dict(poller.poll(int(remaining * 1000) + 1)) if remaining > 0 else {}
             if self._monitor in events:
-                self._raise_handshake_failure()
+                event = recv_monitor_message(self._monitor)
+                where = tcp_endpoint(self.host, self.control_port)
+                raise LearnerRefused("auth_failed", handshake_failure(event, where))
             if self._control not in events:
                 if time.monotonic() < deadline:
                     continue
@@ -233,20 +239,6 @@ class ActorClient:
             apply_curve_client(sock, self.curve)
         return sock
 
-    def _raise_handshake_failure(self) -> None:
-        assert self._monitor is not None
-        event = recv_monitor_message(self._monitor)
-        detail = {
-            zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the learner refused this actor's CURVE key",
-            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mismatch (one side uses CURVE, "
-            "the other not, or the learner's public key is wrong)",
-        }.get(event["event"], "the security handshake failed (wrong learner key?)")
-        raise LearnerRefused(
-            "auth_failed",
-            f"{detail} at {tcp_endpoint(self.host, self.control_port)} "
-            f"(handshake event {event['event']}, value {event['value']})",
-        )
-
     def _accept(self, welcome: Welcome) -> None:
         self.welcome = welcome
         self.registrations += 1
@@ -255,42 +247,35 @@ class ActorClient:
             self.stats["reregistrations"] = self.registrations - 1
         self.actor_id = welcome.actor_id
         self.run_id = welcome.run_id
-        self.config = dict(welcome.config)
-        if self.observation_space is None and "observation_space" in self.config:
-            self.observation_space = space_from_spec(self.config["observation_space"])
-            self.action_space = space_from_spec(self.config["action_space"])
+        settings = self.settings = welcome.settings
+        if self.observation_space is None:
+            self.observation_space = settings.observation_space
+            self.action_space = settings.action_space
         self.version = welcome.weights.version
-        self.throttle = ActorThrottle(
-            steps_per_broadcast=int(self.config.get("steps_per_broadcast", 0)),
-            max_lead_steps=int(self.config.get("max_lead_steps", 0)),
-            base_version=welcome.base_version,
-        )
-        self.fragment_length = max(1, int(self.config.get("fragment_length", 1)))
-        if int(self.config.get("num_envs", self.num_envs)) != self.num_envs:
-            self.num_envs = int(self.config["num_envs"])
-            self._seq = np.zeros(self.num_envs, np.int64)
-        self._slot_steps = np.zeros(self.num_envs, np.int64)
-        self.heartbeat_interval = float(self.config.get("heartbeat_interval", 1.0))
-        self._buffer = None
+        self.num_envs = settings.num_envs
+        self.heartbeat_interval = settings.heartbeat_interval
         self.last_heard = time.monotonic()
-        for sock in (self._experience, self._weights):
-            if sock is not None:
-                sock.close(linger=0)
-        self._experience = self._socket(
+        push = self._socket(
             zmq.PUSH, SocketOptions(linger_ms=ACTOR_PUSH_LINGER_MS, sndhwm=EXPERIENCE_HWM)
         )
-        self._experience.connect(tcp_endpoint(self.host, welcome.experience_port))
-        self._weights = self._socket(
+        push.connect(tcp_endpoint(self.host, welcome.experience_port))
+        self.sender.start(
+            push,
+            settings,
+            actor_id=self.actor_id,
+            run_id=self.run_id,
+            base_version=welcome.base_version,
+            observation_space=self.observation_space,
+        )
+        sub = self._socket(
             zmq.SUB, SocketOptions(rcvhwm=WEIGHTS_HWM, max_message_bytes=self.max_message_bytes)
         )
-        self._weights.setsockopt(zmq.SUBSCRIBE, b"")
-        self._weights.connect(tcp_endpoint(self.host, welcome.weights_port))
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(tcp_endpoint(self.host, welcome.weights_port))
+        self.subscriber.start(sub)
         log.info(
             "registered as actor %d of run %s (version %d, base version %d)",
-            self.actor_id,
-            self.run_id,
-            self.version,
-            welcome.base_version,
+            *(self.actor_id, self.run_id, self.version, welcome.base_version),
         )
 
     def close(self, extra_stats: Mapping[str, float] | None = None) -> None:
@@ -301,19 +286,23 @@ class ActorClient:
                 for k, v in {**self.stats, **(extra_stats or {})}.items()
                 if isinstance(v, (int, float)) and math.isfinite(v)
             }
-            bye = Bye(actor_id=self.actor_id, stats=stats, last_seq=[int(s) - 1 for s in self._seq])
+            bye = Bye(
+                actor_id=self.actor_id, stats=stats, last_seq=[int(s) - 1 for s in self.sender.seq]
+            )
             try:
                 self._control.send(encode(bye), zmq.NOBLOCK)
             except zmq.ZMQError:
                 log.warning("could not send bye to the learner")
         if self._control is not None:
             self._control.disable_monitor()
-        for sock in (self._experience, self._weights, self._control, self._monitor):
+        self.sender.close()
+        self.subscriber.close()
+        for sock in (self._control, self._monitor):
             if sock is not None:
                 sock.close()
-        self._experience = self._weights = self._control = self._monitor = None
+        self._control = self._monitor = None
 
-    def __enter__(self) -> ActorClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -337,52 +326,34 @@ class ActorClient:
         if self.needs_reregister:
             log.warning("learner restarted or forgot this actor; registering again")
             return self.register().weights
-        silent = time.monotonic() - self.last_heard
-        if silent > self.learner_timeout:
-            raise LearnerLost(
-                f"no message from the learner at {tcp_endpoint(self.host, self.control_port)} "
-                f"for {silent:.0f}s (learner_timeout={self.learner_timeout:g}s)"
-            )
+        self._check_learner_alive("no message from the learner")
         self._maybe_heartbeat()
-        if self._weights is None or not readable(self._weights):
+        if not self.subscriber.pending():
             return None
-        frames = []
-        while readable(self._weights):
-            frames.append(self._weights.recv(copy=False).buffer)
-        return self._newest_weights(frames)
+        weights = self.subscriber.newest(self.run_id)
+        if self.subscriber.saw_other_run:
+            self.needs_reregister = True
+        if weights is None:
+            return None
+        self.last_heard = time.monotonic()
+        if weights.version <= self.version:
+            return None
+        self.flush()  # rows collected under the old version leave tagged with it
+        self._version_before = self.version
+        self.version = weights.version
+        self.stats["policy_updates_received"] += 1
+        self.stats["last_policy_version"] = weights.version
+        return weights
 
     def wait_for_weights(self, timeout: float) -> Weights | None:
         """Block up to ``timeout`` seconds for new weights (or a control message)."""
-        if self._weights is None or self._control is None:
+        if self.subscriber.socket is None or self._control is None:
             raise RuntimeError("register() first")
         poller = zmq.Poller()
-        poller.register(self._weights, zmq.POLLIN)
+        poller.register(self.subscriber.socket, zmq.POLLIN)
         poller.register(self._control, zmq.POLLIN)
         poller.poll(int(timeout * 1000))
         return self.poll()
-
-    def _newest_weights(self, frames: list[memoryview]) -> Weights | None:
-        for frame in reversed(frames):
-            try:
-                weights = decode(frame, (Weights,), self.max_message_bytes)
-            except ProtocolError as exc:
-                self._reject("weights", exc)
-                continue
-            assert isinstance(weights, Weights)
-            if weights.run_id != self.run_id:
-                self.rejects["weights:other_run"] += 1
-                self.needs_reregister = True
-                continue
-            self.last_heard = time.monotonic()
-            if weights.version <= self.version:
-                return None
-            self.flush()  # rows collected under the old version leave tagged with it
-            self._version_before = self.version
-            self.version = weights.version
-            self.stats["policy_updates_received"] += 1
-            self.stats["last_policy_version"] = weights.version
-            return weights
-        return None
 
     def reject_weights(self, weights: Weights, error: Exception) -> None:
         """Undo accepting ``weights`` the policy could not load (wrong tensors): the
@@ -430,20 +401,21 @@ class ActorClient:
         if self.rejects[f"{where}:{exc.reason}"] in (1, 10, 100, 1000, 10000):
             log.warning("rejected a %s message (%s): %s", where, exc.reason, exc)
 
-    # ------------------------------------------------------------------ sending
+
+class ActorClient(LearnerConnection):
+    """Register with a learner, send experience, receive weights and control.
+
+    ``num_envs`` slots step in lockstep through :meth:`step` (0: as many as the
+    learner's welcome says); :meth:`send_fragment` sends any T >= 1 steps of one
+    slot directly. Counters for the ``bye`` message are kept in :attr:`stats`;
+    :attr:`settings` holds the welcome's :class:`~zmq_rl.protocol.RunSettings`.
+    The experience side is :attr:`sender` (:class:`~zmq_rl.sender.ExperienceSender`).
+    """
 
     def should_pause(self) -> bool:
-        """Whether the staleness valve says: wait for newer weights.
-
-        Counts the steps of the least-advanced slot, so a slot that lags can
-        always catch up (the learner never waits on a paused slot). A pausing
-        client first flushes its partly filled fragments: the learner may need
-        those rows before it can publish the version that lets the actor go on.
-        """
-        paused = self.throttle.should_pause(int(self._slot_steps.min()), self.version)
-        if paused:
-            self.flush()
-        return paused
+        """Whether the staleness valve says: wait for newer weights (see
+        :meth:`ExperienceSender.should_pause`; a pausing client flushes first)."""
+        return self.sender.should_pause(self.version)
 
     def step(
         self,
@@ -465,207 +437,54 @@ class ActorClient:
         last observation of that episode. A full fragment of every slot is sent
         once ``fragment_length`` steps are buffered.
         """
-        if self._buffer is None:
-            self._buffer = _LockstepBuffer(
-                self.fragment_length, self.num_envs, np.asarray(obs), np.asarray(actions)
-            )
-        buffer = self._buffer
-        buffer.add(obs, actions, rewards, terminated, truncated, values, log_probs, final_obs)
-        buffer.next_obs[...] = next_obs
-        done = np.asarray(terminated) | np.asarray(truncated)
-        self.stats["episodes_completed"] += int(done.sum())
-        self._slot_steps += 1
-        if buffer.size == self.fragment_length:
-            self.flush()
+        steps = StepArrays.coerce(obs, actions, rewards, terminated, truncated, values, log_probs)
+        self.sender.step(steps, next_obs, final_obs, self.version)
 
     def flush(self) -> None:
         """Send whatever :meth:`step` has buffered as one fragment per slot."""
-        buffer = self._buffer
-        if buffer is None or buffer.size == 0:
-            return
-        n = buffer.size
-        for slot in range(self.num_envs):
-            final = buffer.final_for(slot)
-            self._send(
-                slot,
-                buffer.obs[:n, slot],
-                buffer.actions[:n, slot],
-                buffer.rewards[:n, slot],
-                buffer.terminated[:n, slot],
-                buffer.truncated[:n, slot],
-                buffer.values[:n, slot],
-                buffer.log_probs[:n, slot],
-                buffer.next_obs[slot],
-                final,
-            )
-        buffer.reset()
+        self.sender.flush(self.version)
 
     def send_fragment(
         self,
         slot: int,
-        obs: np.ndarray,
-        actions: np.ndarray,
-        rewards: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-        values: np.ndarray,
-        log_probs: np.ndarray,
-        next_obs: np.ndarray,
+        *arrays: np.ndarray,
         final_obs: Mapping[int, np.ndarray] | None = None,
+        **named: np.ndarray,
     ) -> None:
         """Send T >= 1 consecutive steps of one slot now (rows are time).
 
-        ``final_obs`` maps row numbers of truncated, non-terminated rows to the
-        episode's true last observation. Use either this or :meth:`step` for a
-        slot, not both.
+        The arrays are :meth:`step`'s, in its order or by its names (``obs, actions,
+        rewards, terminated, truncated, values, log_probs, next_obs``), each with a
+        leading dimension T instead of ``num_envs``; ``next_obs`` is the one
+        observation after the last row. ``final_obs`` maps row numbers of truncated,
+        non-terminated rows to the episode's true last observation. Use either this
+        or :meth:`step` for a slot, not both.
         """
-        terminated = np.asarray(terminated, bool)
-        truncated = np.asarray(truncated, bool)
-        self.stats["episodes_completed"] += int((terminated | truncated).sum())
-        self._slot_steps[slot] += len(terminated)
-        self._send(
-            slot,
-            obs,
-            actions,
-            rewards,
-            terminated,
-            truncated,
-            values,
-            log_probs,
-            next_obs,
-            final_obs or {},
-        )
+        names = (*StepArrays.STEP_FIELDS, "next_obs")
+        given = dict(zip(names, arrays, strict=False)) | named
+        if len(arrays) > len(names) or set(given) != set(names):
+            raise TypeError(f"send_fragment takes slot and the arrays {', '.join(names)}")
+        next_obs = given.pop("next_obs")
+        steps = StepArrays.coerce(**given)
+        self.sender.send_fragment(slot, steps, next_obs, final_obs, self.version)
 
-    def _send(
-        self,
-        slot,
-        obs,
-        actions,
-        rewards,
-        terminated,
-        truncated,
-        values,
-        log_probs,
-        next_obs,
-        final: Mapping[int, np.ndarray],
-    ) -> None:
-        if self._experience is None:
-            raise RuntimeError("register() first")
-        rows = sorted(final)
-        obs = np.asarray(obs)
-        self._check_outgoing(slot, obs, terminated, truncated, rows)
-        fragment = Fragment(
-            actor_id=self.actor_id,
-            slot=slot,
-            version=self.version,
-            seq=int(self._seq[slot]),
-            run_id=self.run_id,
-            obs=obs,
-            actions=np.asarray(actions),
-            rewards=np.asarray(rewards, np.float32),
-            terminated=np.asarray(terminated, bool),
-            truncated=np.asarray(truncated, bool),
-            values=np.asarray(values, np.float32),
-            log_probs=np.asarray(log_probs, np.float32),
-            next_obs=np.asarray(next_obs, obs.dtype),
-            final_obs_index=np.asarray(rows, np.int32),
-            final_obs=(
-                np.stack([np.asarray(final[r], obs.dtype) for r in rows])
-                if rows
-                else np.zeros((0, *obs.shape[1:]), obs.dtype)
-            ),
-            sent_at=time.time(),
-        )
-        if not self._send_experience(encode(fragment)):
-            return
-        self._seq[slot] += 1
-        self.stats["steps_sent"] += fragment.length
-        self.stats["fragments_sent"] += 1
+    def _wait_for_room(self) -> bool:
+        """While PUSH is full: serve control and heartbeats; False (give up on the
+        fragment) once the learner asked for shutdown or restarted; LearnerLost
+        when it has been silent for ``learner_timeout``."""
+        self._poll_control()
+        if self.shutdown_requested or self.needs_reregister:
+            self.rejects["unsent:" + ("shutdown" if self.shutdown_requested else "restart")] += 1
+            return False
+        self._check_learner_alive("experience undeliverable; no message from the learner")
+        self._maybe_heartbeat()
+        return True
 
-    def _check_outgoing(
-        self,
-        slot: int,
-        obs: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-        final_rows: list[int],
-    ) -> None:
-        """Catch here, with a clear error, what the learner would reject silently."""
-        space = self.observation_space
-        if space is not None and (obs.shape[1:] != space.shape or obs.dtype != space.dtype):
-            raise ValueError(
-                f"slot {slot}: observations {obs.shape[1:]} {obs.dtype} do not match the "
-                f"observation space {space.shape} {space.dtype} (the learner would reject them)"
+    def _check_learner_alive(self, what: str) -> None:
+        """Raise :class:`LearnerLost` once the learner was silent for ``learner_timeout``."""
+        silent = time.monotonic() - self.last_heard
+        if silent > self.learner_timeout:
+            raise LearnerLost(
+                f"{what} at {tcp_endpoint(self.host, self.control_port)} for {silent:.0f}s "
+                f"(learner_timeout={self.learner_timeout:g}s)"
             )
-        needs = np.flatnonzero(np.asarray(truncated) & ~np.asarray(terminated)).tolist()
-        if needs != final_rows:
-            raise ValueError(
-                f"slot {slot}: rows {needs} are truncated (not terminated) and need a final "
-                f"observation each; got final_obs for rows {final_rows}"
-            )
-
-    def _send_experience(self, frame: bytes) -> bool:
-        """Send a fragment, waiting while PUSH is at its HWM (never dropping it).
-
-        Gives up (False) only when the learner asked for shutdown or restarted.
-        """
-        sock = self._experience
-        assert sock is not None
-        while True:
-            try:
-                sock.send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
-                return True
-            except zmq.Again:
-                pass
-            self._poll_control()
-            if self.shutdown_requested or self.needs_reregister:
-                self.rejects[
-                    "unsent:" + ("shutdown" if self.shutdown_requested else "restart")
-                ] += 1
-                return False
-            silent = time.monotonic() - self.last_heard
-            if silent > self.learner_timeout:
-                raise LearnerLost(
-                    f"experience undeliverable and the learner silent for {silent:.0f}s"
-                )
-            self._maybe_heartbeat()
-            sock.poll(100, zmq.POLLOUT)
-
-
-class _LockstepBuffer:
-    """Preallocated ``[T, num_envs]`` arrays that :meth:`ActorClient.step` fills."""
-
-    def __init__(self, length: int, num_envs: int, obs: np.ndarray, actions: np.ndarray) -> None:
-        self.obs = np.empty((length, *obs.shape), obs.dtype)
-        self.actions = np.empty((length, *actions.shape), actions.dtype)
-        self.rewards = np.empty((length, num_envs), np.float32)
-        self.terminated = np.empty((length, num_envs), bool)
-        self.truncated = np.empty((length, num_envs), bool)
-        self.values = np.empty((length, num_envs), np.float32)
-        self.log_probs = np.empty((length, num_envs), np.float32)
-        self.next_obs = np.empty_like(obs)
-        self.final: list[dict[int, np.ndarray]] = [{} for _ in range(num_envs)]
-        self.size = 0
-
-    def add(self, obs, actions, rewards, terminated, truncated, values, log_probs, final_obs):
-        t = self.size
-        self.obs[t] = obs
-        self.actions[t] = actions
-        self.rewards[t] = rewards
-        self.terminated[t] = terminated
-        self.truncated[t] = truncated
-        self.values[t] = values
-        self.log_probs[t] = log_probs
-        if final_obs:
-            for slot, last in final_obs.items():
-                if self.truncated[t, slot] and not self.terminated[t, slot]:
-                    self.final[slot][t] = np.array(last)
-        self.size = t + 1
-
-    def final_for(self, slot: int) -> dict[int, np.ndarray]:
-        return self.final[slot]
-
-    def reset(self) -> None:
-        self.size = 0
-        for entry in self.final:
-            entry.clear()

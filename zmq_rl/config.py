@@ -3,16 +3,16 @@
 Every field carries its help text in ``metadata["help"]`` so that the command-line
 flags (:mod:`zmq_rl.cli.flags`) and TOML files are generated from the dataclasses:
 a field cannot exist in one place and not the other. Derived sizes come from
-methods (``num_updates()``, ``effective_max_lead_steps()``, ``actor_throttle()``),
+methods (``num_updates()``, ``effective_max_lead_steps()``, ``steps_per_broadcast()``),
 never by writing back into the config.
 
 ``validate()`` on each dataclass is the one place where values are checked. It
 raises :class:`ConfigError`, whose message names the field and the offending value.
 
-The rules of :class:`LearnerConfig.validate` port those of the reference module's
-``AsyncActorLearnerConfig::validate`` (zero counts, a budget below one update,
-gamma / gae_lambda outside (0, 1], non-positive V-trace clips checked even when
-V-trace is off, and a lead budget too tight for the broadcast cadence).
+The learner's rules: counts are >= 1, the budget covers at least one update,
+``gamma``, ``gae_lambda`` and ``vtrace_lambda`` lie in (0, 1], the V-trace clips are
+positive even when V-trace is off (a config must not become invalid by switching it
+on), and a lead budget is 0 (derived) or at least one broadcast cycle.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from .valve import ActorThrottle  # noqa: F401  (moved to zmq_rl.valve; re-exported)
 
 __all__ = [
     "ActorConfig",
@@ -113,42 +115,6 @@ def _non_negative(cfg: Any, *names: str) -> None:
 
 
 @dataclass(frozen=True)
-class ActorThrottle:
-    """The staleness valve of one actor (the reference's ``ActorThrottle``).
-
-    Policy version ``v`` proves that the learner consumed
-    ``(v - base_version) * steps_per_broadcast`` steps from every slot of this actor,
-    so the actor pauses once its steps per slot reach that mark plus
-    ``max_lead_steps`` and waits for the next broadcast. The budget is cumulative:
-    a per-version allowance would let production outpace consumption and grow the
-    backlog (and the staleness) linearly over the run.
-
-    ``base_version`` is the version from which the learner consumes this actor's
-    slots: 0 for the actors present at the start, later for an actor that joins a
-    running learner (its welcome says which). ``max_lead_steps == 0`` disables the
-    valve (unbounded lead).
-    """
-
-    steps_per_broadcast: int
-    max_lead_steps: int
-    base_version: int = 0
-
-    @classmethod
-    def disabled(cls) -> ActorThrottle:
-        """A throttle that never pauses (unbounded lead)."""
-        return cls(steps_per_broadcast=0, max_lead_steps=0)
-
-    def budget(self, version: int) -> int:
-        """Steps per slot this actor may have sent while running ``version``."""
-        proven = max(0, version - self.base_version) * self.steps_per_broadcast
-        return proven + self.max_lead_steps
-
-    def should_pause(self, steps_sent: int, version: int) -> bool:
-        """Whether an actor that sent ``steps_sent`` steps per slot must wait."""
-        return self.max_lead_steps != 0 and steps_sent >= self.budget(version)
-
-
-@dataclass(frozen=True)
 class PolicyConfig:
     """The actor-critic network: the built-in MLP (zmq_rl/policy.py) or a custom factory."""
 
@@ -224,7 +190,6 @@ class PPOConfig:
 class LearnerConfig:
     """The learner's run: budget, rollout shape, advantages, staleness and sockets.
 
-    The first eleven fields are the reference module's ``AsyncActorLearnerConfig``.
     A *slot* is one environment instance of one actor; a rollout is
     ``[num_steps, slots]`` where ``slots = sum of every member actor's num_envs``.
     """
@@ -249,7 +214,7 @@ class LearnerConfig:
     vtrace_weight_advantages: bool = _f(
         True,
         "multiply PPO's V-trace advantages by min(rho_bar, rho_s) as IMPALA's policy gradient "
-        "does (off: only PPO's ratio pi/mu weights them; measured worse on LunarLander)",
+        "does (off: only PPO's ratio pi/mu weights them; see docs/learning-quality.md)",
     )
     vtrace_lambda: float = _f(
         1.0,
@@ -290,7 +255,7 @@ class LearnerConfig:
     )
 
     def validate(self) -> LearnerConfig:
-        """Check every field (the reference's rules first); return self so calls chain."""
+        """Check every field; return self so calls chain."""
         _positive_int(self, "num_actors", "num_steps", "broadcast_every")
         _non_negative_int(self, "total_env_steps", "max_lead_steps", "seed")
         _positive_int(self, "envs_per_actor", "fragment_length", "eval_episodes")
@@ -350,7 +315,7 @@ class LearnerConfig:
         return self
 
     def num_updates(self) -> int:
-        """PPO updates the budget buys at the nominal membership, as in the reference:
+        """PPO updates the budget buys at the nominal membership:
         ``total_env_steps // (num_steps * nominal_slots())``, at least 1."""
         return max(1, self.total_env_steps // (self.num_steps * self.nominal_slots()))
 
@@ -366,15 +331,6 @@ class LearnerConfig:
         """``max_lead_steps`` when nonzero, else ``2 * broadcast_every * num_steps``:
         one broadcast cycle of lead for overlap plus one cycle in flight."""
         return self.max_lead_steps or 2 * self.steps_per_broadcast()
-
-    def actor_throttle(self, base_version: int = 0) -> ActorThrottle:
-        """The staleness valve for an actor whose slots are consumed from
-        ``base_version`` on."""
-        return ActorThrottle(
-            steps_per_broadcast=self.steps_per_broadcast(),
-            max_lead_steps=self.effective_max_lead_steps(),
-            base_version=base_version,
-        )
 
     def experience_port(self) -> int:
         """The PULL port for experience fragments."""

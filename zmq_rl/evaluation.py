@@ -6,13 +6,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from .actor import env_seeds
-from .policy import ActorCritic
+from .policy import Policy
+from .seeding import env_seeds
 
 
 @torch.no_grad()
 def evaluate_policy(
-    policy: ActorCritic, env_id: str, episodes: int, seed: int = 0
+    policy: Policy, env_id: str, episodes: int, seed: int = 0
 ) -> tuple[float, float]:
     """Mean and std of the return of ``episodes`` deterministic episodes.
 

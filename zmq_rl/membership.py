@@ -1,5 +1,6 @@
-"""Membership: who is registered, whose slots are in the rollout, and checks of what
-registered actors send. Pure bookkeeping: the learner does the sockets.
+"""Membership: who is registered, whose slots are in the rollout, and every check of
+what registered actors send (:meth:`Membership.admit`, :func:`check_hello`). Pure
+bookkeeping: the learner does the sockets.
 
 An actor that registers before training starts (or when no member is left) joins
 the rollout being filled: its slots are consumed from the current version on. A
@@ -10,6 +11,7 @@ consumed from each of its slots, which keeps its staleness valve exact.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,8 +19,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .protocol import Fragment, Hello, space_from_spec, spaces_equal
+from .protocol import Fragment, Hello, space_from_spec
 from .rollout import SlotKey
+
+RunSpaces = tuple[Any, Any]
+"""The run's ``(observation_space, action_space)`` (gymnasium spaces)."""
 
 
 @dataclass
@@ -55,6 +60,17 @@ class ActorRecord:
             for nxt, last in zip(self.next_seq, self.bye_last_seq, strict=False)
         )
 
+    def death_line(self, now: float, updates: int, version: int) -> dict[str, Any]:
+        """The actor's entry in the report's ``dead_actors``."""
+        return {
+            "actor_id": self.actor_id,
+            "host": self.host,
+            "pid": self.pid,
+            "silent_seconds": round(now - self.last_seen, 3),
+            "at_update": updates,
+            "at_version": version,
+        }
+
     def summary(self) -> dict[str, Any]:
         """The actor's line in the report."""
         return {
@@ -76,6 +92,7 @@ class Membership:
     def __init__(self) -> None:
         self.actors: dict[int, ActorRecord] = {}
         self.by_routing: dict[bytes, int] = {}
+        self._short_since: dict[int, float] = {}  # member -> since when the rollout waits on it
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -180,6 +197,107 @@ class Membership:
             )
         ]
 
+    def evict_silent(
+        self, now: float, timeout: float, short: set[int]
+    ) -> list[tuple[ActorRecord, str]]:
+        """Remove and return every actor that is dead by :meth:`silent`, each with why.
+
+        ``short`` are the members whose slots the rollout being filled still waits
+        on; how long each has been waited on is tracked here, from when it first
+        fell short (a member paused by its valve while the learner waited on someone
+        else becomes short only when that rollout is taken, and resumes at once).
+        """
+        self._short_since = {a: self._short_since.get(a, now) for a in short}
+        dead = []
+        for rec in self.silent(now, timeout, self._short_since):
+            heard = now - rec.last_seen
+            if heard > timeout:
+                why = f"silent for {heard:.1f}s"
+            else:  # heartbeats alone do not hold a rollout
+                waited = now - max(self._short_since[rec.actor_id], rec.last_fragment)
+                why = f"no fragment for {waited:.1f}s while the rollout waited on it"
+            dead.append((self.remove(rec.actor_id), why))
+        return dead
+
+    def describe_waiting(self, short: list[SlotKey], dead: list[dict[str, Any]]) -> str:
+        """Who a starved rollout waits on (for the LearnerStarved message): the actors
+        owning the ``short`` slots with how long each has been silent, else that no
+        actor is left (naming the last ones declared ``dead``)."""
+        now = time.monotonic()
+        recs = [self.actors.get(a) for a in sorted({actor_id for actor_id, _ in short})]
+        described = ", ".join(
+            f"actor {rec.actor_id} ({rec.host} pid {rec.pid}, "
+            f"silent for {now - rec.last_seen:.1f}s)"
+            for rec in recs
+            if rec is not None
+        )
+        if described:
+            return described
+        gone = ", ".join(f"actor {d['actor_id']} ({d['host']} pid {d['pid']})" for d in dead[-8:])
+        return "no live actor" + (f" (declared dead: {gone})" if gone else "")
+
+    def admit(
+        self,
+        fragment: Fragment,
+        sender_key: str,
+        *,
+        run_id: str,
+        version: int,
+        spaces: RunSpaces,
+        queued_rows: int,
+        slot_cap: int,
+        now: float,
+    ) -> tuple[ActorRecord, int]:
+        """Every check of a decoded fragment against the run and its sender, in one place.
+
+        The fragment must be of this run, of a version the learner published, from a
+        registered actor through the CURVE key it registered with (``sender_key``,
+        empty without CURVE), for one of its slots, fit the run's ``spaces``, not go
+        back in ``seq``, and not push the slot's queue (``queued_rows`` already
+        there) past ``slot_cap`` (an actor that follows the staleness valve never
+        does). Raises :class:`FragmentRejected`; on success records the fragment
+        (next ``seq``, last seen, counts) and returns the record and the number of
+        sequence numbers skipped before it (lost fragments).
+        """
+        if fragment.run_id != run_id:
+            raise FragmentRejected("other_run", f"run_id {fragment.run_id!r} is not {run_id!r}")
+        if fragment.version > version:
+            raise FragmentRejected(
+                "bad_version", f"version {fragment.version} > the learner's {version}"
+            )
+        rec = self.actors.get(fragment.actor_id)
+        if rec is None:
+            raise FragmentRejected(
+                "unknown_actor", f"actor_id {fragment.actor_id} is not registered"
+            )
+        problem = _fit_problem(fragment, rec, spaces)
+        if problem:
+            raise FragmentRejected(*problem)
+        if rec.key != sender_key:
+            raise FragmentRejected(
+                "wrong_sender", f"fragment for actor {rec.actor_id} sent with another CURVE key"
+            )
+        expected = rec.next_seq[fragment.slot]
+        if expected is not None and fragment.seq < expected:
+            raise FragmentRejected(
+                "old_seq",
+                f"actor {rec.actor_id} slot {fragment.slot} seq {fragment.seq} "
+                f"< expected {expected}",
+            )
+        if queued_rows + fragment.length > slot_cap:
+            raise FragmentRejected(
+                "over_lead",
+                f"actor {rec.actor_id} slot {fragment.slot} would queue "
+                f"{queued_rows + fragment.length} rows > {slot_cap}: it ignores the "
+                "staleness valve",
+            )
+        gap = fragment.seq - expected if expected is not None else 0
+        rec.next_seq[fragment.slot] = fragment.seq + 1
+        rec.last_seen = rec.last_fragment = now
+        rec.fragments_received += 1
+        rec.steps_received += fragment.length
+        return rec, gap
+
 
 MAX_ABS_VALUE = 1e9
 """Rewards, values and log-probs beyond this magnitude are rejected: finite but
@@ -202,9 +320,7 @@ def check_hello(
             theirs_act = space_from_spec(hello.action_space, "hello.action_space")
         except Exception as exc:  # noqa: BLE001 - a peer's input must never stop the run
             return "bad_hello", f"unusable space in hello: {exc}"
-        if not (
-            spaces_equal(theirs_obs, observation_space) and spaces_equal(theirs_act, action_space)
-        ):
+        if theirs_obs != observation_space or theirs_act != action_space:
             return "space_mismatch", (
                 f"env spaces differ: actor ({hello.env_id}) has observation {theirs_obs} "
                 f"and action {theirs_act}; learner ({env_id}) has observation "
@@ -221,25 +337,20 @@ def check_hello(
     return None
 
 
-def check_fragment(
-    fragment: Fragment,
-    membership: Membership,
-    run_id: str,
-    version: int,
-    observation_space: Any,
-    action_space: Any,
-) -> tuple[str, str] | None:
-    """Check a decoded fragment against the run; (reject reason, detail) when it
-    must go, None when it fits."""
-    if fragment.run_id != run_id:
-        return "other_run", f"run_id {fragment.run_id!r} is not {run_id!r}"
-    if fragment.version > version:
-        return "bad_version", f"version {fragment.version} > the learner's {version}"
-    rec = membership.get(fragment.actor_id)
-    if rec is None:
-        return "unknown_actor", f"actor_id {fragment.actor_id} is not registered"
+class FragmentRejected(Exception):
+    """A fragment that does not fit the run or its sender; ``reason`` is the reject
+    counter's code (``rejected/experience/<reason>``), the message says what exactly."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _fit_problem(fragment: Fragment, rec: ActorRecord, spaces: RunSpaces) -> tuple[str, str] | None:
+    """Whether a decoded fragment's arrays fit the run's spaces and the actor's slots."""
     if fragment.slot >= rec.num_envs:
         return "bad_slot", f"slot {fragment.slot} >= actor's num_envs {rec.num_envs}"
+    observation_space, action_space = spaces
     if fragment.obs.shape[1:] != observation_space.shape or (
         fragment.obs.dtype != observation_space.dtype
     ):

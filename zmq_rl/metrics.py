@@ -1,8 +1,8 @@
-"""Per-update metrics to ``metrics.csv`` and, when installed, TensorBoard.
+"""Per-update metrics: ``metrics.jsonl``, ``metrics.csv`` and, when installed, TensorBoard.
 
-The learner already appends every update's row to ``metrics.jsonl`` in its run
-directory; :class:`MetricsWriter` is the sink for the learner's ``on_update`` hook
-that adds a spreadsheet-friendly CSV and TensorBoard event files::
+The learner appends every update's row to ``metrics.jsonl`` in its run directory
+(:class:`JsonlMetrics`); :class:`MetricsWriter` is the sink for the learner's
+``on_update`` hook that adds a spreadsheet-friendly CSV and TensorBoard event files::
 
     with MetricsWriter(run_dir) as metrics:
         Learner(cfg, on_update=metrics.write).run()
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -31,12 +32,34 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MetricsWriter", "tensorboard_available"]
+__all__ = ["JsonlMetrics", "MetricsWriter", "tensorboard_available"]
 
 CSV_NAME = "metrics.csv"
+JSONL_NAME = "metrics.jsonl"
 STEP_KEY = "env_steps"
 """The x axis of TensorBoard scalars."""
 _NOT_SCALARS = frozenset({"update", STEP_KEY})
+
+
+class JsonlMetrics:
+    """``run_dir/metrics.jsonl``: one JSON object per update, flushed at once (the
+    learner's own record; ``zmq-rl plot`` reads it)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        self._file: Any = open(Path(run_dir) / JSONL_NAME, "a")  # noqa: SIM115 (closed in close())
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append one row."""
+        if self._file is not None:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        """Close the file (later writes are ignored)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def tensorboard_available() -> bool:

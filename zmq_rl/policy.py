@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import gymnasium
 import numpy as np
@@ -36,6 +37,7 @@ from zmq_rl.normalization import merge_moments
 
 __all__ = [
     "ActorCritic",
+    "Policy",
     "WeightsMismatch",
     "build_policy",
     "export_weights",
@@ -273,7 +275,7 @@ class ActorCritic(nn.Module):
 
 def build_policy(
     observation_space: gymnasium.Space, action_space: gymnasium.Space, cfg: PolicyConfig
-) -> ActorCritic:
+) -> Policy:
     """Build the actor-critic for an environment's spaces.
 
     The architecture is a function of the spaces and ``cfg`` alone, which is what
@@ -317,32 +319,60 @@ def build_policy(
     )
 
 
-def policy_config_from(config: dict) -> PolicyConfig:
-    """The :class:`PolicyConfig` in a welcome's ``config["policy"]`` (lists -> tuples)."""
-    raw = dict(config.get("policy", {}))
+def policy_config_from(settings: Any) -> PolicyConfig:
+    """The :class:`PolicyConfig` of a welcome's :class:`~zmq_rl.protocol.RunSettings`
+    (its ``policy`` map; lists become tuples), validated."""
+    raw = dict(settings.policy)
     if "hidden_sizes" in raw:
         raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
     return PolicyConfig(**raw).validate()
 
 
-def policy_from_welcome(welcome) -> nn.Module:  # welcome: zmq_rl.protocol.Welcome
-    """Build the learner's network from a welcome and load its weights: what an
-    embedding actor needs to start acting."""
-    from zmq_rl.protocol import space_from_spec
-
-    config = welcome.config
+def policy_from_welcome(welcome: Any) -> Policy:
+    """Build the learner's network from a :class:`~zmq_rl.protocol.Welcome` and load
+    its weights: what an embedding actor needs to start acting."""
+    settings = welcome.settings
     policy = build_policy(
-        space_from_spec(config["observation_space"]),
-        space_from_spec(config["action_space"]),
-        policy_config_from(config),
+        settings.observation_space, settings.action_space, policy_config_from(settings)
     )
     import_weights(policy, welcome.weights.tensors)
     policy.eval()
     return policy
 
 
-POLICY_METHODS = ("act", "evaluate_actions", "value")
-"""What a custom policy must provide (see :class:`ActorCritic` for the signatures)."""
+@runtime_checkable
+class Policy(Protocol):
+    """What the learner and the actors need of a network (a ``torch.nn.Module``):
+    :class:`ActorCritic` is one, a ``--factory`` may return another.
+
+    Everything in its ``state_dict`` is broadcast to actors (parameters and persistent
+    buffers). Optional: ``update_obs_stats(obs_batch)``, called by the learner on every
+    rollout before the update.
+    """
+
+    def act(
+        self,
+        obs: torch.Tensor,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample (or, deterministic, take the mode of) actions: (action, log_prob, value)."""
+        ...
+
+    def evaluate_actions(
+        self, obs: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log_prob, entropy, value) of given actions, with grad."""
+        ...
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """State values ``V(obs)``, ``[B]``."""
+        ...
+
+
+_POLICY_METHODS = tuple(
+    name for name, member in vars(Policy).items() if callable(member) and not name.startswith("_")
+)
 
 
 class FactoryError(ConfigError):
@@ -381,20 +411,18 @@ def load_factory(spec: str):  # -> Callable[..., nn.Module]
 def check_policy_interface(module: object, spec: str) -> None:
     """Raise :class:`FactoryError` naming what ``module`` lacks to serve as a policy.
 
-    A policy is an ``nn.Module`` with ``act(obs, generator=None, deterministic=False)
-    -> (action, log_prob, value)``, ``evaluate_actions(obs, actions) -> (log_prob,
-    entropy, value)`` and ``value(obs) -> value``; everything in its ``state_dict``
-    is broadcast to actors (parameters and persistent buffers). Optional:
-    ``update_obs_stats(obs_batch)``, called by the learner on every rollout.
+    A policy is an ``nn.Module`` that satisfies :class:`Policy`.
     """
     if not isinstance(module, nn.Module):
         raise FactoryError(spec, f"returned {type(module).__name__}, not a torch.nn.Module")
-    missing = [m for m in POLICY_METHODS if not callable(getattr(module, m, None))]
+    if isinstance(module, Policy):
+        return
+    missing = [m for m in _POLICY_METHODS if not callable(getattr(module, m, None))]
     if missing:
         raise FactoryError(
             spec,
             f"returned {type(module).__name__}, which lacks "
-            f"{', '.join(missing)}; a policy needs {', '.join(POLICY_METHODS)} "
+            f"{', '.join(missing)}; a policy needs {', '.join(_POLICY_METHODS)} "
             "(see docs/embedding.md, 'Custom policies')",
         )
 

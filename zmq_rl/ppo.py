@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from zmq_rl.config import PPOConfig
-from zmq_rl.policy import ActorCritic
+from zmq_rl.policy import Policy
 
 __all__ = [
     "PPOLoss",
@@ -170,14 +170,14 @@ _MEAN_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fractio
 
 
 class PPOTrainer:
-    """Runs PPO updates of an :class:`ActorCritic` with Adam.
+    """Runs PPO updates of a :class:`~zmq_rl.policy.Policy` with Adam.
 
     ``seed`` seeds the private ``torch.Generator`` that shuffles minibatches, so two
     trainers built from identical policies and seeds take identical steps (on the
     same device and torch build). The global RNG is not touched.
     """
 
-    def __init__(self, policy: ActorCritic, cfg: PPOConfig, seed: int = 0) -> None:
+    def __init__(self, policy: Policy, cfg: PPOConfig, seed: int = 0) -> None:
         cfg.validate()
         self.policy = policy
         self.cfg = cfg

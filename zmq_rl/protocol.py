@@ -20,6 +20,7 @@ points the socket code needs. ``decode`` raises :class:`ProtocolError` (with a
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -43,6 +44,9 @@ ARRAY_DTYPES = (
 """The only dtypes an array may declare (little-endian for multi-byte types)."""
 
 MAX_ARRAY_DIMS = 8
+
+MAX_ENVS_PER_ACTOR = 4096
+"""The most env slots one actor may run (hello ``num_envs``, welcome ``num_envs``)."""
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -186,11 +190,6 @@ def space_from_spec(spec: Any, where: str = "space") -> Any:
     raise ProtocolError("bad_field", f"{where}: unknown space kind {kind!r}")
 
 
-def spaces_equal(a: Any, b: Any) -> bool:
-    """Whether two gymnasium spaces are the same (kind, shape, dtype and bounds)."""
-    return a == b
-
-
 # --------------------------------------------------------------------------- field checks
 
 
@@ -215,6 +214,14 @@ def _int_list(value: Any, where: str, lo: int = 0) -> list[int]:
 def _finite_float(value: Any, where: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):
         raise ProtocolError("bad_value", f"{where}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _positive_float(value: Any, where: str) -> float:
+    """A finite number > 0; an int is accepted where a float is meant (msgpack encoders
+    may write 1.0 as 1)."""
+    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+        raise ProtocolError("bad_field", f"{where}: expected a number > 0, got {value!r}")
     return float(value)
 
 
@@ -271,15 +278,124 @@ ACTION_DTYPES = ("int64", "int32", "float32", "float64")
 
 
 @dataclass
-class Fragment(Message):
-    """T >= 1 consecutive steps of one env slot of one actor.
+class StepArrays:
+    """The arrays of a block of env steps, one row per step, named once.
 
-    Row ``t`` holds the observation the action was taken in, the action, and what
-    the step returned. ``next_obs`` is the observation after the last row (the
-    reset observation when the last row ended an episode). For every row that was
-    truncated (and not terminated) ``final_obs`` holds the true last observation of
-    that episode, in row order, and ``final_obs_index`` the row numbers, so the
-    learner can bootstrap V(final observation).
+    The same record is a fragment's rows (``[T, ...]``), the client's lockstep
+    buffer (``[T, num_envs, ...]``) and a learner rollout (``[T, B, ...]``): adding
+    a field to experience means adding it here (with its row in :data:`STEP_WIRE`)
+    and in ``docs/protocol.md``. Row ``t`` holds the observation the action was
+    taken in, the action, and what the step returned.
+    """
+
+    obs: np.ndarray  # [*lead, *obs_shape]
+    actions: np.ndarray  # [*lead] (discrete) or [*lead, act_dim] (continuous)
+    rewards: np.ndarray  # [*lead] float32
+    terminated: np.ndarray  # [*lead] bool
+    truncated: np.ndarray  # [*lead] bool
+    values: np.ndarray  # [*lead] float32, behaviour V(obs_t)
+    log_probs: np.ndarray  # [*lead] float32, behaviour log mu(a_t | obs_t)
+
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = (
+        "obs",
+        "actions",
+        "rewards",
+        "terminated",
+        "truncated",
+        "values",
+        "log_probs",
+    )
+
+    @property
+    def length(self) -> int:
+        """T, the number of rows (the leading dimension)."""
+        return int(self.rewards.shape[0])
+
+    def step_arrays(self) -> dict[str, np.ndarray]:
+        """The step fields by name (what ``StepArrays(**...)`` takes)."""
+        return {name: getattr(self, name) for name in self.STEP_FIELDS}
+
+    def select(self, index: Any) -> StepArrays:
+        """The same rows of every field (``index`` as for numpy), as views where
+        numpy gives views: ``steps.select((slice(0, n), slot))`` is one slot's rows."""
+        return StepArrays(**{name: getattr(self, name)[index] for name in self.STEP_FIELDS})
+
+    def write(self, index: Any, source: StepArrays) -> None:
+        """Copy ``source``'s fields into rows ``index`` of this record's arrays."""
+        for name in self.STEP_FIELDS:
+            getattr(self, name)[index] = getattr(source, name)
+
+    @classmethod
+    def coerce(
+        cls,
+        obs: Any,
+        actions: Any,
+        rewards: Any,
+        terminated: Any,
+        truncated: Any,
+        values: Any,
+        log_probs: Any,
+    ) -> StepArrays:
+        """Arrays as they travel: observations and actions keep their dtype, the
+        other fields take their fixed dtype from :data:`STEP_DTYPES`."""
+        given = dict(
+            obs=obs,
+            actions=actions,
+            rewards=rewards,
+            terminated=terminated,
+            truncated=truncated,
+            values=values,
+            log_probs=log_probs,
+        )
+        return cls(**{name: np.asarray(v, STEP_DTYPES.get(name)) for name, v in given.items()})
+
+    @classmethod
+    def allocate(
+        cls,
+        lead: tuple[int, ...],
+        obs_shape: tuple[int, ...],
+        obs_dtype: Any,
+        action_shape: tuple[int, ...],
+        action_dtype: Any,
+    ) -> StepArrays:
+        """Uninitialised arrays of leading shape ``lead`` (``(T, B)`` for a rollout)."""
+        arrays = {name: np.empty(lead, dtype) for name, dtype in STEP_DTYPES.items()}
+        arrays["obs"] = np.empty((*lead, *obs_shape), obs_dtype)
+        arrays["actions"] = np.empty((*lead, *action_shape), action_dtype)
+        return cls(**arrays)
+
+
+STEP_DTYPES: dict[str, Any] = {
+    "rewards": np.float32,
+    "terminated": np.bool_,
+    "truncated": np.bool_,
+    "values": np.float32,
+    "log_probs": np.float32,
+}
+"""The fixed dtype of each step field (observations and actions keep the env's)."""
+
+STEP_WIRE: dict[str, tuple[tuple[str, ...], int | None]] = {
+    "obs": (OBS_DTYPES, None),
+    "actions": (ACTION_DTYPES, None),
+    "rewards": (FLOAT_DTYPES, 1),
+    "terminated": (("bool",), 1),
+    "truncated": (("bool",), 1),
+    "values": (FLOAT_DTYPES, 1),
+    "log_probs": (FLOAT_DTYPES, 1),
+}
+"""Per step field of a fragment: the dtypes it may travel as, and its rank when fixed."""
+
+
+@dataclass
+class Fragment(StepArrays, Message):
+    """T >= 1 consecutive steps of one env slot of one actor: :class:`StepArrays`
+    plus where they come from and what follows them.
+
+    ``next_obs`` is the observation after the last row (the reset observation when
+    the last row ended an episode). For every row that was truncated (and not
+    terminated) ``final_obs`` holds the true last observation of that episode, in
+    row order, and ``final_obs_index`` the row numbers, so the learner can
+    bootstrap V(final observation).
     """
 
     TYPE: ClassVar[str] = "fragment"
@@ -289,35 +405,17 @@ class Fragment(Message):
     version: int
     seq: int
     run_id: str
-    obs: np.ndarray  # [T, *obs_shape]
-    actions: np.ndarray  # [T] (discrete) or [T, act_dim] (continuous)
-    rewards: np.ndarray  # [T] float32
-    terminated: np.ndarray  # [T] bool
-    truncated: np.ndarray  # [T] bool
-    values: np.ndarray  # [T] float32, behaviour V(obs_t)
-    log_probs: np.ndarray  # [T] float32, behaviour log mu(a_t | obs_t)
     next_obs: np.ndarray  # [*obs_shape]
     final_obs_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [K]
     final_obs: np.ndarray | None = None  # [K, *obs_shape]
     sent_at: float = 0.0
 
     ARRAYS: ClassVar[tuple[str, ...]] = (
-        "obs",
-        "actions",
-        "rewards",
-        "terminated",
-        "truncated",
-        "values",
-        "log_probs",
+        *StepArrays.STEP_FIELDS,
         "next_obs",
         "final_obs_index",
         "final_obs",
     )
-
-    @property
-    def length(self) -> int:
-        """T, the number of steps."""
-        return int(self.rewards.shape[0])
 
     def to_map(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -337,14 +435,10 @@ class Fragment(Message):
 
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Fragment:
-        arrays = {}
-        arrays["obs"] = _array(body.get("obs"), "fragment.obs", OBS_DTYPES)
-        arrays["actions"] = _array(body.get("actions"), "fragment.actions", ACTION_DTYPES)
-        arrays["rewards"] = _array(body.get("rewards"), "fragment.rewards", FLOAT_DTYPES, 1)
-        arrays["terminated"] = _array(body.get("terminated"), "fragment.terminated", ("bool",), 1)
-        arrays["truncated"] = _array(body.get("truncated"), "fragment.truncated", ("bool",), 1)
-        arrays["values"] = _array(body.get("values"), "fragment.values", FLOAT_DTYPES, 1)
-        arrays["log_probs"] = _array(body.get("log_probs"), "fragment.log_probs", FLOAT_DTYPES, 1)
+        arrays = {
+            name: _array(body.get(name), f"fragment.{name}", dtypes, ndim)
+            for name, (dtypes, ndim) in STEP_WIRE.items()
+        }
         arrays["next_obs"] = _array(body.get("next_obs"), "fragment.next_obs", OBS_DTYPES)
         arrays["final_obs_index"] = _array(
             body.get("final_obs_index"), "fragment.final_obs_index", ("int32", "int64"), 1
@@ -353,7 +447,7 @@ class Fragment(Message):
         length = arrays["rewards"].shape[0]
         if length < 1:
             raise ProtocolError("bad_shape", "fragment: T must be >= 1")
-        for name in ("obs", "actions", "terminated", "truncated", "values", "log_probs"):
+        for name in StepArrays.STEP_FIELDS:
             if arrays[name].ndim < 1 or arrays[name].shape[0] != length:
                 raise ProtocolError(
                     "bad_shape",
@@ -394,8 +488,8 @@ class Fragment(Message):
                 f"fragment.final_obs_index: {index.tolist()} must list exactly the truncated, "
                 f"non-terminated rows {needs_final.tolist()}",
             )
-        for name in ("obs", "actions", "rewards", "values", "log_probs", "next_obs", "final_obs"):
-            _require_finite(arrays[name], f"fragment.{name}")
+        for name, array in arrays.items():
+            _require_finite(array, f"fragment.{name}")
         return cls(
             actor_id=_int(body.get("actor_id"), "fragment.actor_id"),
             slot=_int(body.get("slot"), "fragment.slot", 0, 65535),
@@ -494,11 +588,72 @@ class Hello(Message):
             env_id=_str(body.get("env_id"), "hello.env_id"),
             observation_space=_map(body.get("observation_space"), "hello.observation_space"),
             action_space=_map(body.get("action_space"), "hello.action_space"),
-            num_envs=_int(body.get("num_envs"), "hello.num_envs", 0, 4096),
+            num_envs=_int(body.get("num_envs"), "hello.num_envs", 0, MAX_ENVS_PER_ACTOR),
             host=_str(body.get("host", ""), "hello.host"),
             pid=_int(body.get("pid", 0), "hello.pid"),
             rejoin_run_id=_str(body.get("rejoin_run_id", ""), "hello.rejoin_run_id"),
             next_seq=_int_list(body.get("next_seq", []), "hello.next_seq"),
+        )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The run's settings that an actor obeys: the ``config`` map of a welcome.
+
+    Every field is required on the wire and checked by :meth:`from_map`; a missing
+    or ill-typed one is a ``bad_field`` error naming it (never a silent default: a
+    learner that left out ``max_lead_steps`` would otherwise turn the staleness
+    valve off). ``docs/protocol.md`` §4.4 specifies each field.
+    """
+
+    env_id: str
+    observation_space: Any  # a gymnasium space (a space map on the wire)
+    action_space: Any
+    policy: dict[str, Any]  # the PolicyConfig fields (zmq_rl.policy.policy_config_from)
+    num_steps: int
+    broadcast_every: int
+    steps_per_broadcast: int
+    max_lead_steps: int  # 0 = no valve (unbounded lead)
+    fragment_length: int
+    num_envs: int
+    seed: int
+    heartbeat_interval: float
+
+    def to_map(self) -> dict[str, Any]:
+        """The msgpack map of these settings (spaces as space maps)."""
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body["observation_space"] = space_spec(self.observation_space)
+        body["action_space"] = space_spec(self.action_space)
+        body["heartbeat_interval"] = float(self.heartbeat_interval)
+        return body
+
+    @classmethod
+    def from_map(cls, body: Any, where: str = "welcome.config") -> RunSettings:
+        """Validate every field of ``body`` and build the settings."""
+        body = _map(body, where)
+        missing = [f.name for f in fields(cls) if f.name not in body]
+        if missing:
+            raise ProtocolError("bad_field", f"{where}.{missing[0]}: missing")
+        num_steps = _int(body["num_steps"], f"{where}.num_steps", 1)
+        return cls(
+            env_id=_str(body["env_id"], f"{where}.env_id"),
+            observation_space=space_from_spec(
+                body["observation_space"], f"{where}.observation_space"
+            ),
+            action_space=space_from_spec(body["action_space"], f"{where}.action_space"),
+            policy=_map(body["policy"], f"{where}.policy"),
+            num_steps=num_steps,
+            broadcast_every=_int(body["broadcast_every"], f"{where}.broadcast_every", 1),
+            steps_per_broadcast=_int(
+                body["steps_per_broadcast"], f"{where}.steps_per_broadcast", num_steps
+            ),
+            max_lead_steps=_int(body["max_lead_steps"], f"{where}.max_lead_steps"),
+            fragment_length=_int(body["fragment_length"], f"{where}.fragment_length", 1),
+            num_envs=_int(body["num_envs"], f"{where}.num_envs", 1, MAX_ENVS_PER_ACTOR),
+            seed=_int(body["seed"], f"{where}.seed"),
+            heartbeat_interval=_positive_float(
+                body["heartbeat_interval"], f"{where}.heartbeat_interval"
+            ),
         )
 
 
@@ -507,9 +662,10 @@ class Welcome(Message):
     """Learner → actor on ROUTER: registration accepted.
 
     Carries the actor's id, the run id, the ports of the data sockets, the run's
-    settings the actor needs (``config``), the version from which its slots are
-    consumed (``base_version``, for the staleness valve) and the current weights,
-    so an actor never acts on random or stale weights.
+    settings the actor obeys (``settings``, a :class:`RunSettings`; ``"config"`` on
+    the wire), the version from which its slots are consumed (``base_version``, for
+    the staleness valve) and the current weights, so an actor never acts on random
+    or stale weights.
     """
 
     TYPE: ClassVar[str] = "welcome"
@@ -519,8 +675,19 @@ class Welcome(Message):
     base_version: int
     experience_port: int
     weights_port: int
-    config: dict[str, Any]
+    settings: RunSettings
     weights: Weights
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """Deprecated: the settings as the untyped map of earlier releases; read the
+        typed fields of :attr:`settings` instead."""
+        warnings.warn(
+            "Welcome.config is deprecated; use Welcome.settings (a RunSettings)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.settings.to_map()
 
     def to_map(self) -> dict[str, Any]:
         return {
@@ -529,7 +696,7 @@ class Welcome(Message):
             "base_version": self.base_version,
             "experience_port": self.experience_port,
             "weights_port": self.weights_port,
-            "config": self.config,
+            "config": self.settings.to_map(),
             "weights": self.weights.to_map(),
         }
 
@@ -541,7 +708,7 @@ class Welcome(Message):
             base_version=_int(body.get("base_version"), "welcome.base_version"),
             experience_port=_int(body.get("experience_port"), "welcome.experience_port", 1, 65535),
             weights_port=_int(body.get("weights_port"), "welcome.weights_port", 1, 65535),
-            config=_map(body.get("config"), "welcome.config"),
+            settings=RunSettings.from_map(body.get("config")),
             weights=Weights.from_map(_map(body.get("weights"), "welcome.weights")),
         )
 
@@ -633,6 +800,15 @@ class Heartbeat(Message):
             run_id=_str(body.get("run_id"), "heartbeat.run_id"),
             version=_int(body.get("version", 0), "heartbeat.version"),
         )
+
+
+def largest_fragment_bytes(observation_space: Any, action_space: Any, fragment_length: int) -> int:
+    """Twice the encoded size of the largest legitimate fragment, plus 64 KB: the
+    default message limit of the learner's receiving sockets (``max_message_bytes``)."""
+    obs = int(np.prod(observation_space.shape)) * observation_space.dtype.itemsize
+    act = 8 * max(1, int(np.prod(action_space.shape or (1,))))
+    row = 2 * obs + act + 4 + 1 + 1 + 4 + 4  # obs (+ a final obs), action, r, done x2, v, logp
+    return 2 * (fragment_length * row + obs) + 64 * 1024
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {

@@ -1,5 +1,7 @@
-"""The learner's report: the reference module's ``LearnerReport`` fields plus what a
-distributed run adds (actors' stats, counters, evaluations, dead actors)."""
+"""The learner's report: what a run consumed and produced (updates, env steps,
+episodes, broadcasts, episode returns), plus what a distributed run adds (actors'
+stats, counters, evaluations, dead and departed actors). ``report.json`` is this
+dataclass as JSON."""
 
 from __future__ import annotations
 
@@ -7,10 +9,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+EPISODE_REWARDS_KEPT = 10_000
+"""The report keeps the returns of (at least) the most recent this many episodes, so a
+long run's memory stays flat; ``episodes_completed`` counts them all."""
+
 
 @dataclass
 class LearnerReport:
-    """The reference's ``LearnerReport`` fields, plus what a distributed run adds."""
+    """A run's outcome; ``to_json()`` is what ``report.json`` holds."""
 
     updates_completed: int = 0
     env_steps_consumed: int = 0
@@ -32,6 +38,14 @@ class LearnerReport:
     """Report lines of registrations that ended before the run did (declared dead,
     replaced by a re-registration); ``actor_stats`` holds the final ones."""
     resumed_from: str = ""
+
+    def add_episodes(self, returns: list[float]) -> None:
+        """Count finished episodes and keep their returns (the newest
+        :data:`EPISODE_REWARDS_KEPT` or more: memory stays flat on long runs)."""
+        self.episode_rewards.extend(returns)
+        self.episodes_completed += len(returns)
+        if len(self.episode_rewards) > 2 * EPISODE_REWARDS_KEPT:
+            del self.episode_rewards[:-EPISODE_REWARDS_KEPT]
 
     def mean_recent_episode_reward(self, n: int) -> float:
         """Mean total reward of the last ``n`` completed episodes (0.0 before any)."""

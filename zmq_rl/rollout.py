@@ -13,24 +13,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .protocol import Fragment
+from .protocol import Fragment, StepArrays
 
 SlotKey = tuple[int, int]
 """``(actor_id, slot)``."""
 
 
 @dataclass
-class Rollout:
-    """One ``[T, B]`` batch, time-major; column ``b`` is ``slots[b]``."""
+class Rollout(StepArrays):
+    """One ``[T, B]`` batch of step arrays, time-major; column ``b`` is ``slots[b]``."""
 
     slots: list[SlotKey]
-    obs: np.ndarray  # [T, B, *obs_shape]
-    actions: np.ndarray  # [T, B] or [T, B, act_dim]
-    rewards: np.ndarray  # [T, B] float32
-    terminated: np.ndarray  # [T, B] bool
-    truncated: np.ndarray  # [T, B] bool
-    values: np.ndarray  # [T, B] float32 behaviour values
-    log_probs: np.ndarray  # [T, B] float32 behaviour log-probs
     versions: np.ndarray  # [T, B] int64 policy version that acted
     bootstrap_obs: np.ndarray  # [B, *obs_shape] observation after row T-1
     final_t: np.ndarray  # [K] rows of truncated steps with a final observation
@@ -141,29 +134,19 @@ class SlotQueues:
             columns.append((queue, pieces))
         first = columns[0][1][0][0]
         T, B = num_steps, len(slots)
-        obs = np.empty((T, B, *first.obs.shape[1:]), first.obs.dtype)
-        actions = np.empty((T, B, *first.actions.shape[1:]), first.actions.dtype)
-        rewards = np.empty((T, B), np.float32)
-        terminated = np.empty((T, B), bool)
-        truncated = np.empty((T, B), bool)
-        values = np.empty((T, B), np.float32)
-        log_probs = np.empty((T, B), np.float32)
+        obs_shape = first.obs.shape[1:]
+        steps = StepArrays.allocate(
+            (T, B), obs_shape, first.obs.dtype, first.actions.shape[1:], first.actions.dtype
+        )
         versions = np.empty((T, B), np.int64)
-        bootstrap_obs = np.empty((B, *first.obs.shape[1:]), first.obs.dtype)
+        bootstrap_obs = np.empty((B, *obs_shape), first.obs.dtype)
         final_t, final_b, final_obs = [], [], []
         for b, (queue, pieces) in enumerate(columns):
             t = 0
             for fragment, start, stop in pieces:
                 n = stop - start
-                rows = slice(t, t + n)
-                obs[rows, b] = fragment.obs[start:stop]
-                actions[rows, b] = fragment.actions[start:stop]
-                rewards[rows, b] = fragment.rewards[start:stop]
-                terminated[rows, b] = fragment.terminated[start:stop]
-                truncated[rows, b] = fragment.truncated[start:stop]
-                values[rows, b] = fragment.values[start:stop]
-                log_probs[rows, b] = fragment.log_probs[start:stop]
-                versions[rows, b] = fragment.version
+                steps.write((slice(t, t + n), b), fragment.select(slice(start, stop)))
+                versions[t : t + n, b] = fragment.version
                 for k, row in enumerate(fragment.final_obs_index):
                     if start <= row < stop:
                         final_t.append(t + int(row) - start)
@@ -172,16 +155,9 @@ class SlotQueues:
                 t += n
             fragment, _, stop = pieces[-1]
             bootstrap_obs[b] = queue.peek_next_obs(fragment, stop)
-        obs_shape = first.obs.shape[1:]
         return Rollout(
+            **steps.step_arrays(),
             slots=list(slots),
-            obs=obs,
-            actions=actions,
-            rewards=rewards,
-            terminated=terminated,
-            truncated=truncated,
-            values=values,
-            log_probs=log_probs,
             versions=versions,
             bootstrap_obs=bootstrap_obs,
             final_t=np.asarray(final_t, np.int64),

@@ -11,28 +11,35 @@ end), a terminated one is not. No sockets here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import torch
 
 from .advantages import gae, vtrace
-from .policy import ActorCritic
+from .policy import Policy
 from .ppo import RolloutBatch
 from .rollout import Rollout
 
 
 @dataclass(frozen=True)
 class TargetSettings:
-    """What :func:`rollout_to_batch` needs of the run's configuration."""
+    """What :func:`rollout_to_batch` needs of the run's configuration; each field has
+    the name of the :class:`~zmq_rl.config.LearnerConfig` field it comes from."""
 
     gamma: float
     gae_lambda: float
     use_vtrace: bool = False
-    rho_bar: float = 1.0
-    c_bar: float = 1.0
+    vtrace_rho_bar: float = 1.0
+    vtrace_c_bar: float = 1.0
     vtrace_lambda: float = 1.0
     vtrace_weight_advantages: bool = True
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> TargetSettings:
+        """The settings of a :class:`~zmq_rl.config.LearnerConfig` (same field names)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -45,7 +52,7 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
 
 @torch.no_grad()
 def rollout_to_batch(
-    rollout: Rollout, policy: ActorCritic, settings: TargetSettings
+    rollout: Rollout, policy: Policy, settings: TargetSettings
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """Compute advantages and returns for ``rollout`` and flatten it (time-major).
 
@@ -81,24 +88,24 @@ def rollout_to_batch(
             rewards,
             values,
             bootstrap,
-            rho_bar=settings.rho_bar,
-            c_bar=settings.c_bar,
+            rho_bar=settings.vtrace_rho_bar,
+            c_bar=settings.vtrace_c_bar,
             lam=settings.vtrace_lambda,
         )
         returns = out.vs
         # PPO's trust region stays around the behaviour policy mu (as APPO): the
         # ratio pi/mu limits how far an update moves from what acted, while the
-        # clipped rhos inside V-trace correct the targets. Measured against taking
-        # the ratio from the current policy: Pendulum-v1 at broadcast_every 4 reaches
-        # -184 instead of -1206 (docs/learning-quality.md). The advantages carry
-        # IMPALA's min(rho_bar, rho_s) on top of that ratio unless told otherwise:
-        # without it LunarLander-v3 ended at 169 instead of 224 over seeds 0-4.
+        # clipped rhos inside V-trace correct the targets. The advantages carry
+        # IMPALA's min(rho_bar, rho_s) on top of that ratio unless told otherwise.
+        # Both choices were measured: see docs/learning-quality.md.
         advantages = out.pg_advantages if settings.vtrace_weight_advantages else out.advantages
         old_log_probs = behaviour_log_probs
         old_values = rollout.values.astype(np.float32)
         rhos = np.exp(log_rhos)
         diagnostics["charts/importance_ratio_mean"] = float(rhos.mean())
-        diagnostics["charts/importance_ratio_clipped"] = float((rhos > settings.rho_bar).mean())
+        diagnostics["charts/importance_ratio_clipped"] = float(
+            (rhos > settings.vtrace_rho_bar).mean()
+        )
     else:
         values = rollout.values.astype(np.float32)
         advantages, returns = gae(rewards, values, bootstrap, discounts, settings.gae_lambda)

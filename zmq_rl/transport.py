@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
 from .config import DEFAULT_PORT
+
+log = logging.getLogger(__name__)
 
 EXPERIENCE_HWM = 1000
 """Fragments queued per PUSH/PULL pipe before the sender blocks."""
@@ -170,6 +173,88 @@ def start_authenticator(ctx: zmq.Context, keys: CurveServerKeys):  # -> ThreadAu
     return auth
 
 
+HANDSHAKE_FAILED_EVENTS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+"""The socket-monitor events an actor watches to report a failed CURVE handshake."""
+
+
+def handshake_failure(event: dict[str, Any], endpoint: str) -> str:
+    """What a failed security handshake (a socket monitor ``event``) at ``endpoint``
+    means, for the actor's ``auth_failed`` error."""
+    detail = {
+        zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the learner refused this actor's CURVE key",
+        zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mismatch (one side uses CURVE, "
+        "the other not, or the learner's public key is wrong)",
+    }.get(event["event"], "the security handshake failed (wrong learner key?)")
+    return f"{detail} at {endpoint} (handshake event {event['event']}, value {event['value']})"
+
+
 def readable(sock: zmq.Socket) -> bool:
     """Whether a message can be received now (cheaper than a poll)."""
     return bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+
+@dataclass
+class LearnerSockets:
+    """The learner's three bound sockets (and the CURVE authenticator, when on)."""
+
+    control: zmq.Socket  # ROUTER at port
+    experience: zmq.Socket  # PULL at port + 1
+    weights: zmq.Socket  # PUB at port + 2
+    auth: Any = None
+
+    def close(self) -> None:
+        """Close every socket (linger 0) and stop the authenticator."""
+        for sock in (self.control, self.experience, self.weights):
+            sock.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
+
+
+def bind_learner_sockets(ctx: zmq.Context, cfg: Any, max_message_bytes: int) -> LearnerSockets:
+    """Create and bind ROUTER, PULL and PUB for a :class:`~zmq_rl.config.LearnerConfig`,
+    with CURVE when it names a secret key. OSError naming the ports when one is taken.
+
+    HWMs count frames, not bytes: PULL's is chosen so that what a stalled learner
+    buffers per peer stays near :data:`EXPERIENCE_BUFFER_BYTES` (senders block;
+    nothing is dropped).
+    """
+    receive = SocketOptions(max_message_bytes=max_message_bytes)
+    rcvhwm = max(4, min(EXPERIENCE_HWM, EXPERIENCE_BUFFER_BYTES // max_message_bytes))
+    pull = SocketOptions(rcvhwm=rcvhwm, max_message_bytes=max_message_bytes)
+    sockets = LearnerSockets(
+        control=make_socket(ctx, zmq.ROUTER, receive),
+        experience=make_socket(ctx, zmq.PULL, pull),
+        weights=make_socket(ctx, zmq.PUB, SocketOptions(sndhwm=WEIGHTS_HWM)),
+    )
+    try:
+        if cfg.curve_secret_key:
+            public, secret = load_secret_certificate(cfg.curve_secret_key, "curve_secret_key")
+            keys = CurveServerKeys(public, secret, cfg.curve_authorized_keys)
+            sockets.auth = start_authenticator(ctx, keys)
+            for sock in (sockets.control, sockets.experience, sockets.weights):
+                apply_curve_server(sock, keys)
+            log.info("CURVE on: accepting actors whose keys are in %s", cfg.curve_authorized_keys)
+        sockets.control.bind(tcp_endpoint(cfg.host, cfg.port))
+        sockets.experience.bind(tcp_endpoint(cfg.host, cfg.experience_port()))
+        sockets.weights.bind(tcp_endpoint(cfg.host, cfg.weights_port()))
+    except zmq.ZMQError as exc:
+        sockets.close()
+        raise OSError(
+            f"cannot bind {cfg.host} ports {cfg.port}-{cfg.port + 2}: {exc} "
+            "(choose another --port or stop the other learner)"
+        ) from exc
+    except BaseException:
+        sockets.close()
+        raise
+    log.info(
+        "learner listening on %s (control), %d (experience), %d (weights)",
+        tcp_endpoint(cfg.host, cfg.port),
+        cfg.experience_port(),
+        cfg.weights_port(),
+    )
+    return sockets

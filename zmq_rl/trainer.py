@@ -1,0 +1,132 @@
+"""The training side of the learner: one rollout in, one PPO update out. No sockets.
+
+:class:`Trainer` owns the policy, the PPO optimiser, reward scaling, observation
+statistics, the advantage settings, episode accounting and the policy version.
+The learner (:mod:`zmq_rl.learner`) does the plumbing — sockets, membership,
+rollout assembly — and hands each complete rollout to :meth:`Trainer.update`; the
+split follows Sample Factory's ``learner_worker.py`` (plumbing) and ``learner.py``
+(training).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import LearnerConfig, PolicyConfig, PPOConfig
+from .normalization import RewardScaler
+from .policy import Policy, build_policy, export_weights
+from .ppo import PPOTrainer
+from .rollout import Rollout, SlotKey
+from .targets import TargetSettings, rollout_to_batch
+
+__all__ = ["Trainer", "UpdateResult"]
+
+
+@dataclass
+class UpdateResult:
+    """What one update produced: its metrics row and the returns of the episodes
+    that ended in the rollout (in consumption order)."""
+
+    metrics: dict[str, float]
+    episode_returns: list[float]
+
+
+class Trainer:
+    """Policy, optimiser and everything else that one update reads or changes.
+
+    ``version`` counts broadcasts (0 = the initial policy); the learner bumps it
+    with :meth:`next_version` when it publishes. Rollouts must come in consumption
+    order: episode returns run on across rollouts, per slot.
+    """
+
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        ppo_cfg: PPOConfig,
+        policy_cfg: PolicyConfig,
+        observation_space: Any,
+        action_space: Any,
+    ) -> None:
+        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(cfg.torch_threads)
+        self.cfg = cfg
+        self.policy: Policy = build_policy(observation_space, action_space, policy_cfg)
+        self.ppo = PPOTrainer(self.policy, ppo_cfg, seed=cfg.seed)
+        self.targets = TargetSettings.from_config(cfg)
+        self.reward_scaler = RewardScaler(cfg.gamma) if cfg.normalize_reward else None
+        self.version = 0
+        self.running_return: dict[SlotKey, float] = {}
+
+    def next_version(self) -> int:
+        """Start the next policy version (at a broadcast); return it."""
+        self.version += 1
+        return self.version
+
+    def weights(self) -> list[tuple[str, Any]]:
+        """The policy's tensors as broadcast (:func:`zmq_rl.policy.export_weights`)."""
+        return export_weights(self.policy)
+
+    def forget_slots(self, slots: list[SlotKey]) -> None:
+        """Drop the unfinished episodes of slots that left (their rows are gone)."""
+        for key in slots:
+            self.running_return.pop(key, None)
+
+    def update(self, rollout: Rollout, progress: float) -> UpdateResult:
+        """Account the rollout's episodes, update observation statistics, scale
+        rewards, compute targets and run one PPO update; ``progress`` in [0, 1] drives
+        the learning-rate and clip schedules."""
+        returns = self._account(rollout)
+        if hasattr(self.policy, "update_obs_stats"):
+            self.policy.update_obs_stats(rollout.obs)
+        if self.reward_scaler is not None:
+            rollout.rewards = self.reward_scaler.scale(
+                rollout.rewards, rollout.terminated | rollout.truncated, rollout.slots
+            )
+        batch, diagnostics = rollout_to_batch(rollout, self.policy, self.targets)
+        metrics = self.ppo.update(batch, progress)
+        metrics.update(diagnostics)
+        metrics["charts/policy_lag_mean"] = float(self.version - rollout.versions.mean())
+        metrics["charts/policy_lag_max"] = float(self.version - rollout.versions.min())
+        return UpdateResult(metrics, returns)
+
+    def _account(self, rollout: Rollout) -> list[float]:
+        """Episode returns completed in ``rollout``, from unscaled rewards, slot by slot
+        in row order; unfinished episodes carry over to the next rollout."""
+        done = rollout.terminated | rollout.truncated
+        finished: list[float] = []
+        for b, key in enumerate(rollout.slots):
+            running = self.running_return.get(key, 0.0)
+            for t in range(rollout.num_steps):
+                running += float(rollout.rewards[t, b])
+                if done[t, b]:
+                    finished.append(running)
+                    running = 0.0
+            self.running_return[key] = running
+        return finished
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors, numbers and JSON strings only (loads with ``weights_only=True``)."""
+        scaler = self.reward_scaler.state() if self.reward_scaler else None
+        return {
+            "trainer": self.ppo.state_dict(),
+            "version": self.version,
+            "running_reward": json.dumps([[a, b, r] for (a, b), r in self.running_return.items()]),
+            "torch_rng": torch.get_rng_state(),
+            "reward_scaler": json.dumps(scaler),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` output (a checkpoint)."""
+        self.ppo.load_state_dict(state["trainer"])
+        self.version = int(state["version"])
+        self.running_return = {
+            (int(a), int(b)): float(r) for a, b, r in json.loads(state["running_reward"])
+        }
+        torch.set_rng_state(state["torch_rng"])
+        scaler_state = json.loads(state.get("reward_scaler", "null"))
+        if self.reward_scaler is not None and scaler_state:
+            self.reward_scaler.load(scaler_state)

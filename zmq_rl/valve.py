@@ -1,0 +1,58 @@
+"""The staleness valve an actor runs on itself (the client applies it; no sockets).
+
+The learner states the valve's parameters in the welcome's
+:class:`~zmq_rl.protocol.RunSettings`; :meth:`ActorThrottle.from_settings` is the one
+place that turns them into a throttle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ActorThrottle:
+    """The staleness valve of one actor.
+
+    Policy version ``v`` proves that the learner consumed
+    ``(v - base_version) * steps_per_broadcast`` steps from every slot of this actor,
+    so the actor pauses once its steps per slot reach that mark plus
+    ``max_lead_steps`` and waits for the next broadcast. The budget is cumulative:
+    a per-version allowance would let production outpace consumption and grow the
+    backlog (and the staleness) linearly over the run.
+
+    ``base_version`` is the version from which the learner consumes this actor's
+    slots: 0 for the actors present at the start, later for an actor that joins a
+    running learner (its welcome says which). ``max_lead_steps == 0`` disables the
+    valve (unbounded lead).
+    """
+
+    steps_per_broadcast: int
+    max_lead_steps: int
+    base_version: int = 0
+
+    @classmethod
+    def disabled(cls) -> ActorThrottle:
+        """A throttle that never pauses (unbounded lead)."""
+        return cls(steps_per_broadcast=0, max_lead_steps=0)
+
+    def budget(self, version: int) -> int:
+        """Steps per slot this actor may have sent while running ``version``."""
+        proven = max(0, version - self.base_version) * self.steps_per_broadcast
+        return proven + self.max_lead_steps
+
+    def should_pause(self, steps_sent: int, version: int) -> bool:
+        """Whether an actor that sent ``steps_sent`` steps per slot must wait."""
+        return self.max_lead_steps != 0 and steps_sent >= self.budget(version)
+
+    @classmethod
+    def from_settings(cls, settings: Any, base_version: int) -> ActorThrottle:
+        """The valve for an actor welcomed with ``settings`` (a
+        :class:`~zmq_rl.protocol.RunSettings`) whose slots are consumed from
+        ``base_version`` on."""
+        return cls(
+            steps_per_broadcast=settings.steps_per_broadcast,
+            max_lead_steps=settings.max_lead_steps,
+            base_version=base_version,
+        )
