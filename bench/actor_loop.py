@@ -132,7 +132,9 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
         out["policy_act_us"] = 1e6 * _time(lambda: policy.act(obs, generator), seconds)
 
     # ActorClient.step's buffering, without sockets: a client whose flush is a no-op
-    # encode of each slot's fragment (what _send does before the socket).
+    # encode of each slot's fragment (what the client does before the socket).
+    # Private use: ActorClient has no public way to buffer without a connected
+    # experience socket, so this reads and resets client._buffer itself.
     client = ActorClient(
         "127.0.0.1:1",
         env_id="CartPole-v1",

@@ -17,9 +17,14 @@ processes share one clock (one machine). Two modes:
   trunks of 6.6 M parameters each, float32).
 * ``busy`` (default MLP): ``Learner.run`` with the throughput configuration of
   ``bench/throughput.py`` and ``--actors`` real ``GymActor`` processes stepping 4
-  CartPole envs each; every update publishes. On a machine with fewer cores
-  than actors this mostly measures the OS scheduler (an actor sees new weights at
-  its next loop iteration, when it next gets a core).
+  CartPole envs each; every update publishes. The publish time of a version is
+  taken in the learner's public ``on_update`` hook, which ``Learner.run`` calls
+  right after that update's ``publish_weights`` returned (no evaluation, no run
+  directory in between), so this mode counts from the end of the PUB send, not
+  its start (the call itself is timed in idle mode: well under a millisecond for
+  the MLP). On a machine with fewer cores than actors this mostly measures the
+  OS scheduler (an actor sees new weights at its next loop iteration, when it
+  next gets a core).
 
     python bench/broadcast.py
     python bench/broadcast.py --smoke
@@ -266,6 +271,7 @@ def run_busy(actors: int, seconds: float) -> dict:
         num_steps=64,
         fragment_length=64,
         total_env_steps=10**12,
+        broadcast_every=1,  # on_update below relies on it
         eval_every=0,
         eval_episodes=1,
         checkpoint_every=0,
@@ -277,21 +283,14 @@ def run_busy(actors: int, seconds: float) -> dict:
     marks: dict[str, float] = {}
 
     def on_update(row: dict[str, Any]) -> None:
+        # broadcast_every is 1: the row's version was published just before this call.
+        published.setdefault(int(row["version"]), time.time())
         now = time.monotonic()
         marks.setdefault("first", now)
         if now - marks["first"] >= seconds:
             learner.request_stop("broadcast benchmark done")
 
     learner = Learner(cfg, ppo, PolicyConfig(), on_update=on_update)
-    original = learner.publish_weights
-
-    def publish(publish: bool = True) -> None:
-        t_pub = time.time()
-        original(publish)
-        if publish:
-            published[learner.version] = t_pub
-
-    learner.publish_weights = publish
     ctx = zmq.Context()
     back = ctx.socket(zmq.PULL)
     back.bind(ack)

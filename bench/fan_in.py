@@ -246,7 +246,6 @@ def actor_main(port: int, envs: int, seed: int, out: Any) -> None:
     finally:
         stats = dict(client.stats)
         actor_id = client.actor_id
-        seqs = [int(s) for s in client._seq]
         client.close()
         ctx.term()
     out.put(
@@ -254,7 +253,6 @@ def actor_main(port: int, envs: int, seed: int, out: Any) -> None:
             "actor_id": actor_id,
             "fragments_sent": int(stats["fragments_sent"]),
             "steps_sent": int(stats["steps_sent"]),
-            "next_seq": seqs,
             "error": error,
             "rejects": dict(client.rejects),
         }

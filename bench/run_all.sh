@@ -23,7 +23,7 @@ for name in "${names[@]}"; do
             set -- $cfg
             out=bench/results/profile-$1x$2
             "$PY" bench/throughput.py --actors "$1" --envs "$2" --warmup 8 --window 14 \
-                --rounds 0 --ab-rounds 0 --no-baselines --out "$out.json" \
+                --rounds 0 --no-baselines --out "$out.json" \
                 >"$LOGS/profile-$1x$2.log" 2>&1 &
             pid=$!
             sleep 12

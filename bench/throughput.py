@@ -73,23 +73,16 @@ SF_FLAGS = [
 """The CartPole command line in sf_examples/train_gym_env.py (Sample Factory 2.1.1)."""
 
 
-def _actor_main(port: int, num_envs: int, prototype: bool = False) -> None:
+def _actor_main(port: int, num_envs: int) -> None:
     logging.basicConfig(level=logging.WARNING)
-    if prototype:
-        import fastproto
-
-        fastproto.install()
     from zmq_rl.actor import GymActor
     from zmq_rl.config import ActorConfig
 
     GymActor(ActorConfig(learner=f"127.0.0.1:{port}", num_envs=num_envs)).run()
 
 
-def run_project(
-    actors: int, envs: int, warmup: float, window: float, prototype: bool = False
-) -> dict[str, Any]:
-    """One measurement; ``prototype``: bench/fastproto.py installed in the learner and
-    in the actors (the proposed protocol.py change)."""
+def run_project(actors: int, envs: int, warmup: float, window: float) -> dict[str, Any]:
+    """One measurement of ``actors`` x ``envs``."""
     import psutil
 
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
@@ -141,15 +134,9 @@ def run_project(
                 marks["system_cpu_percent"] = psutil.cpu_percent(None)
             learner.request_stop("benchmark window done")
 
-    if prototype:
-        import fastproto
-
-        fastproto.install()
     learner = Learner(cfg, ppo, PolicyConfig(), on_update=on_update)
     ctx = mp.get_context("spawn")
-    procs.extend(
-        ctx.Process(target=_actor_main, args=(port, envs, prototype)) for _ in range(actors)
-    )
+    procs.extend(ctx.Process(target=_actor_main, args=(port, envs)) for _ in range(actors))
     t_launch = time.monotonic()
     for p in procs:
         p.start()
@@ -161,8 +148,6 @@ def run_project(
             p.join(20)
             if p.is_alive():
                 p.kill()
-        if prototype:
-            fastproto.uninstall()
     inside = [r for r in rows if r[0] >= marks.get("window_start", float("inf"))]
     if len(inside) < 2:
         inside = rows[len(rows) // 2 :]
@@ -172,7 +157,6 @@ def run_project(
         "actors": actors,
         "envs_per_actor": envs,
         "slots": actors * envs,
-        "prototype": prototype,
         "steps_per_s": (s1 - s0) / span,
         "window_seconds": span,
         "updates": report.updates_completed,
@@ -297,16 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         help="wall limit of an SF run (its frames/s are taken from its reports)",
     )
     parser.add_argument("--no-baselines", action="store_true", help="skip SB3 and SF")
-    parser.add_argument(
-        "--ab-rounds",
-        type=int,
-        default=2,
-        help="rounds of (current, bench/fastproto.py) on the best configuration",
-    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.actors, args.envs, args.warmup, args.window = "1", "8", 0.5, 1.5
-        args.ab_rounds = 0
         args.rounds, args.sb3_steps = 1, 2048
         args.sf_frames, args.sf_seconds = 30_000, 25.0
     logging.basicConfig(level=logging.WARNING)
@@ -371,20 +348,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         rounds.append(entry)
 
-    ab = []
-    for r in range(args.ab_rounds):
-        pair = {}
-        for proto in (False, True) if r % 2 == 0 else (True, False):
-            pair["fastproto" if proto else "current"] = run_project(
-                best["actors"], best["envs_per_actor"], args.warmup, args.window, prototype=proto
-            )
-        ab.append(pair)
-        print(
-            f"A/B round {r}: current {_util.fmt_rate(pair['current']['steps_per_s'])}, "
-            f"with fastproto {_util.fmt_rate(pair['fastproto']['steps_per_s'])} steps/s",
-            flush=True,
-        )
-
     def ratios(key: str, field: str) -> list[float]:
         return [
             e["project"]["steps_per_s"] / e[key][field]
@@ -402,9 +365,6 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "sb3_steps_per_s": _util.median(
             [e["sb3"]["steps_per_s"] for e in rounds if e.get("sb3", {}).get("ok")]
-        ),
-        "fastproto_vs_current": _util.median(
-            [p["fastproto"]["steps_per_s"] / p["current"]["steps_per_s"] for p in ab]
         ),
         "project_vs_sf": sf_ratio,
         "project_vs_sb3": sb3_ratio,
@@ -457,7 +417,6 @@ def main(argv: list[str] | None = None) -> int:
             },
             "grid": grid,
             "rounds": rounds,
-            "ab_fastproto": ab,
             "baselines": baselines,
             "summary": summary,
             "target": {

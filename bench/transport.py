@@ -13,13 +13,6 @@ PUSH -> PULL, one message per fragment, round-robin over ``--slots`` slots:
 * ``raw``: the same arrays as one msgpack map of scalars and ``bytes`` values
   (``packb``) -> PUSH -> PULL ``recv()`` -> ``unpackb``. No validation, no arrays
   rebuilt, no batching: the ceiling of pyzmq + msgpack for this payload.
-* ``project+fastproto`` (unless ``--no-prototype``): the project path with
-  ``bench/fastproto.py`` installed in both processes: the proposed core change
-  (same wire format, same validation, cheaper code).
-* ``project+packed`` (unless ``--no-prototype``): a wire-format sketch
-  (``fastproto.encode_packed`` / ``decode_packed``): the seven per-row arrays as
-  one record array, validated with a few vectorised checks, then the same
-  ``SlotQueues`` push and take. What a protocol v2 fragment could cost.
 
 The figure is transitions per second at the receiver, from its first to its last
 message (so a backlog that drains after the sender stopped is counted). Variants
@@ -97,13 +90,9 @@ def _raw_map(arrays: dict[str, Any], slot: int, seq: int) -> dict[str, Any]:
 
 
 def sender(variant: str, endpoint: str, T: int, slots: int, seconds: float, out: Any) -> None:
-    import fastproto
     import msgpack
     import zmq
 
-    if variant.endswith("fastproto"):
-        fastproto.install()
-    packed = variant.endswith("packed")
     from zmq_rl.protocol import encode
     from zmq_rl.transport import ACTOR_PUSH_LINGER_MS, EXPERIENCE_HWM, SocketOptions, make_socket
 
@@ -126,9 +115,6 @@ def sender(variant: str, endpoint: str, T: int, slots: int, seconds: float, out:
         if raw:
             frame = msgpack.packb(_raw_map(arrays, slot, sent // slots), use_bin_type=True)
             sock.send(frame)
-        elif packed:
-            frame = fastproto.encode_packed(_fragment(arrays, slot, sent // slots))
-            sock.send(frame, copy=len(frame) < 65536)
         else:
             frame = encode(_fragment(arrays, slot, sent // slots))
             sock.send(frame, copy=len(frame) < 65536)
@@ -152,13 +138,9 @@ def sender(variant: str, endpoint: str, T: int, slots: int, seconds: float, out:
 def receiver(
     variant: str, port: int, T: int, slots: int, rollout_steps: int, out: Any, ready: Any
 ) -> None:
-    import fastproto
     import msgpack
     import zmq
 
-    if variant.endswith("fastproto"):
-        fastproto.install()
-    packed = variant.endswith("packed")
     from zmq_rl.protocol import Fragment, decode
     from zmq_rl.rollout import SlotQueues
     from zmq_rl.transport import SocketOptions, make_socket
@@ -198,10 +180,7 @@ def receiver(
                         break
                     if not received:
                         first = time.perf_counter()
-                    if packed:
-                        fragment = fastproto.decode_packed(buf, MAX_BYTES)
-                    else:
-                        fragment = decode(buf, (Fragment,), MAX_BYTES)
+                    fragment = decode(buf, (Fragment,), MAX_BYTES)
                     queues.push(fragment)
                     rows += fragment.length
             except zmq.Again:
@@ -268,7 +247,7 @@ def measure(variant: str, T: int, slots: int, seconds: float, rollout_steps: int
 
 
 def stage_costs(T: int, slots: int, rollout_steps: int, number: int) -> dict[str, float]:
-    """Microseconds per fragment of each stage, in this process, current codec."""
+    """Microseconds per fragment of each stage, in this process."""
     import msgpack
 
     from zmq_rl.protocol import Fragment, decode, encode
@@ -307,23 +286,6 @@ def stage_costs(T: int, slots: int, rollout_steps: int, number: int) -> dict[str
     }
 
 
-def packed_costs(T: int, number: int) -> dict[str, float]:
-    """Encode / decode of the packed-row sketch, us per fragment (push+take as current)."""
-    import fastproto
-
-    fragment = _fragment(_arrays(T, 0), 0, 0)
-    frame = fastproto.encode_packed(fragment)
-
-    def us(fn: Any) -> float:
-        return min(timeit.repeat(fn, number=number, repeat=3)) / number * 1e6
-
-    return {
-        "encode_us": us(lambda: fastproto.encode_packed(fragment)),
-        "decode_us": us(lambda: fastproto.decode_packed(frame)),
-        "frame_bytes": len(frame),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _util.add_common_flags(parser)
@@ -337,16 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         default=64,
         help="rows per slot in the rollouts the receiver takes",
     )
-    parser.add_argument(
-        "--no-prototype", action="store_true", help="skip the project+fastproto variant"
-    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.lengths, args.seconds, args.rounds = "64", 0.4, 1
     lengths = [int(x) for x in args.lengths.split(",")]
-    variants = ["raw", "project"] + (
-        [] if args.no_prototype else ["project+fastproto", "project+packed"]
-    )
+    variants = ["raw", "project"]
 
     runs = []
     for T in lengths:
@@ -391,48 +348,24 @@ def main(argv: list[str] | None = None) -> int:
     stages: dict[str, Any] = {}
     for T in lengths:
         stages[str(T)] = {"current": stage_costs(T, args.slots, args.rollout_steps, number)}
-        if not args.no_prototype:
-            stages[str(T)]["packed"] = packed_costs(T, number)
-        if not args.no_prototype:
-            import fastproto
-
-            fastproto.install()
-            try:
-                stages[str(T)]["fastproto"] = stage_costs(T, args.slots, args.rollout_steps, number)
-            finally:
-                fastproto.uninstall()
 
     print()
     headers = ["T", "frame B", "raw tr/s", "project tr/s", "project/raw"]
-    if not args.no_prototype:
-        headers += ["fastproto tr/s", "fastproto/raw", "packed tr/s", "packed/raw"]
-    rows = []
-    for row in summary:
-        cells = [
+    rows = [
+        [
             row["T"],
             int(row["frame_bytes"]),
             _util.fmt_rate(row["raw_transitions_per_s"]),
             _util.fmt_rate(row["project_transitions_per_s"]),
             f"{row['project_vs_raw']:.1%}",
         ]
-        if not args.no_prototype:
-            cells += [
-                _util.fmt_rate(row["project+fastproto_transitions_per_s"]),
-                f"{row['project+fastproto_vs_raw']:.1%}",
-                _util.fmt_rate(row["project+packed_transitions_per_s"]),
-                f"{row['project+packed_vs_raw']:.1%}",
-            ]
-        rows.append(cells)
+        for row in summary
+    ]
     _util.print_table(headers, rows)
     print("\nper-fragment stage costs in one process (us):")
     stage_rows = []
     for T, by in stages.items():
         for codec, s in by.items():
-            if codec == "packed":
-                stage_rows.append(
-                    [T, codec, "", f"{s['encode_us']:.1f}", f"{s['decode_us']:.1f}", "", "", ""]
-                )
-                continue
             stage_rows.append(
                 [
                     T,
