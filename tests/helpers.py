@@ -1,16 +1,45 @@
-"""Helpers shared by the socket tests."""
+"""Helpers shared by the socket tests: a small learner config on the stub env, threads,
+and (for the hostile-peer tests, ``tests/test_hostile_*.py``) raw sockets, hand-made
+messages, a registered raw peer and the base of the fuzzers."""
 
 from __future__ import annotations
 
+import random
 import threading
-from collections.abc import Callable
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from tests.conftest import STUB_ENV_ID
-from zmq_rl.config import LearnerConfig
+import msgpack
+import numpy as np
+import pytest
+import zmq
 
+from tests.stub_env import StubEnv
+from zmq_rl.actor import GymActor
+from zmq_rl.client import ActorClient
+from zmq_rl.config import ActorConfig, LearnerConfig, PolicyConfig
+from zmq_rl.protocol import (
+    PROTOCOL_VERSION,
+    Bye,
+    Fragment,
+    Hello,
+    Message,
+    Shutdown,
+    Welcome,
+    decode,
+    encode,
+    space_spec,
+)
+
+STUB_ENV_ID = "tests.stub_env:Stub-v0"
 JOIN_TIMEOUT = 30.0
 STARVATION_TIMEOUT = 30.0
+TIMEOUT = 30.0
+"""Bound of every wait in the hostile tests (a send, an answer, a condition)."""
+STUB_POLICY = PolicyConfig(hidden_sizes=(8,), ortho_init=False)
+OBS_SPACE, ACT_SPACE = StubEnv.observation_space, StubEnv.action_space
 
 
 def stub_learner_config(port: int, **changes: Any) -> LearnerConfig:
@@ -67,3 +96,232 @@ class CheckedBackground(Background):
         if self.error is not None:
             raise self.error
         return result
+
+
+# ----------------------------------------------------------------------------- hostile peers
+
+
+def gym_actor(ctx: zmq.Context, port: int, **changes: Any) -> CheckedBackground:
+    """The built-in actor on the stub env (unless ``env_id`` says otherwise), running
+    in a thread against the learner at ``port``; ``changes`` override its config."""
+    config = ActorConfig(
+        **{
+            "learner": f"127.0.0.1:{port}",
+            "env_id": STUB_ENV_ID,
+            "register_timeout": TIMEOUT,
+            **changes,
+        }
+    )
+    return CheckedBackground(lambda: GymActor(config, context=ctx).run())
+
+
+def stub_client(ctx: zmq.Context, port: int, register_timeout: float) -> ActorClient:
+    """An ActorClient on the stub env's spaces for the learner at ``port`` (not registered)."""
+    return ActorClient(
+        f"127.0.0.1:{port}",
+        env_id=STUB_ENV_ID,
+        observation_space=OBS_SPACE,
+        action_space=ACT_SPACE,
+        context=ctx,
+        register_timeout=register_timeout,
+    )
+
+
+def pack(body: Any) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def body_of(message: Message) -> dict[str, Any]:
+    """The msgpack map ``encode(message)`` would send, as a mutable dict."""
+    body = message.to_map()
+    body["proto"] = PROTOCOL_VERSION
+    body["type"] = message.TYPE
+    return body
+
+
+def total(counter: Counter | dict, prefix: str) -> int:
+    """Sum of the counters whose key starts with ``prefix``; safe while another thread
+    adds keys (``dict(counter)`` copies in one step under the GIL)."""
+    return sum(v for k, v in dict(counter).items() if k.startswith(prefix))
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` (every 2 ms) until it holds; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.002)
+
+
+def raw_socket(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, int(TIMEOUT * 1000))
+    sock.connect(endpoint)
+    return sock
+
+
+def recv_message(sock: zmq.Socket, timeout: float = 5.0) -> Message:
+    assert sock.poll(int(timeout * 1000)), f"no answer within {timeout}s"
+    return decode(sock.recv())
+
+
+def stub_hello(**changes: Any) -> Hello:
+    fields = dict(
+        actor_id=-1,
+        env_id=STUB_ENV_ID,
+        observation_space=space_spec(OBS_SPACE),
+        action_space=space_spec(ACT_SPACE),
+        num_envs=1,
+        host="test",
+        pid=1,
+        next_seq=[0],
+    )
+    fields.update(changes)
+    return Hello(**fields)
+
+
+def cartpole_fragment(
+    rng: np.random.Generator,
+    run_id: str,
+    actor_id: int = 0,
+    slot: int = 0,
+    seq: int = 0,
+    length: int = 4,
+    **changes: Any,
+) -> Fragment:
+    """A well-formed CartPole-v1 fragment (decodes and passes the learner's checks)."""
+    fields = dict(
+        actor_id=actor_id,
+        slot=slot,
+        version=0,
+        seq=seq,
+        run_id=run_id,
+        obs=rng.uniform(-0.05, 0.05, (length, 4)).astype(np.float32),
+        actions=rng.integers(0, 2, length).astype(np.int64),
+        rewards=np.ones(length, np.float32),
+        terminated=np.zeros(length, bool),
+        truncated=np.zeros(length, bool),
+        values=rng.standard_normal(length).astype(np.float32),
+        log_probs=np.full(length, -0.69, np.float32),
+        next_obs=rng.uniform(-0.05, 0.05, 4).astype(np.float32),
+    )
+    fields.update(changes)
+    return Fragment(**fields)
+
+
+def huge_length_headers(r: random.Random) -> bytes:
+    """msgpack headers that declare ~4 GB (bin/str/array/map 32) but carry a few bytes."""
+    return r.choice(
+        [
+            b"\xc6\xff\xff\xff\xff" + b"abc",  # bin 32
+            b"\xdb\xff\xff\xff\xff" + b"abc",  # str 32
+            b"\xdd\xff\xff\xff\xff" + b"\x01",  # array 32
+            b"\xdf\xff\xff\xff\xff" + b"\xa1a\x01",  # map 32
+            b"\x82\xa5proto\x01\xa4type\xc6\x7f\xff\xff\xff",  # a field claiming 2 GB
+        ]
+    )
+
+
+class Fuzzer:
+    """Base of the fuzzers: malformed messages for one receiving socket, one class at a
+    time. A subclass names its classes (methods returning the parts of one message) in
+    :attr:`CLASSES`, the values its ``not_a_map`` packs in :attr:`NOT_MAPS`, and may
+    check what it made in :meth:`check`."""
+
+    CLASSES: tuple[str, ...] = ()
+    NOT_MAPS: tuple[Any, ...] = ()
+
+    def __init__(self, seed: int) -> None:
+        self.r = random.Random(seed)
+        self.rng = np.random.default_rng(seed)
+
+    def random_bytes(self) -> list[bytes]:
+        return [self.rng.bytes(self.r.randint(0, 300))]
+
+    def not_a_map(self) -> list[bytes]:
+        return [pack(self.r.choice(self.NOT_MAPS))]
+
+    def cut(self, frame: bytes) -> list[bytes]:
+        """``frame`` cut short at a random byte (at least one byte kept, one cut)."""
+        return [frame[: self.r.randint(1, len(frame) - 1)]]
+
+    def set_one(self, body: dict[str, Any], key: str, values: Sequence[Any]) -> list[bytes]:
+        """``body`` with ``key`` set to one of ``values``, packed."""
+        body[key] = self.r.choice(values)
+        return [pack(body)]
+
+    def huge_length(self) -> list[bytes]:
+        return [huge_length_headers(self.r)]
+
+    def one_of(self, messages: Sequence[Message]) -> list[bytes]:
+        """One of ``messages``, encoded (valid, but not for this socket)."""
+        return [encode(self.r.choice(messages))]
+
+    def several(
+        self, makers: Sequence[Callable[[], list[bytes]]], low: int, high: int
+    ) -> list[bytes]:
+        """The first part of each of ``low`` to ``high`` messages of the classes ``makers``."""
+        return [self.r.choice(makers)()[0] for _ in range(self.r.randint(low, high))]
+
+    def check(self, name: str, parts: list[bytes]) -> None:
+        """What the parts of class ``name`` must be (nothing, unless a subclass says)."""
+
+    def generate(self, index: int) -> tuple[str, list[bytes]]:
+        name = self.CLASSES[index % len(self.CLASSES)]
+        parts = getattr(self, name)()
+        self.check(name, parts)
+        return name, parts
+
+
+class RegisteredPeer:
+    """A raw DEALER + PUSH that registers properly (stub env, one slot) and then
+    sends whatever fragments a test makes; it answers Shutdown with a bye."""
+
+    def __init__(self, ctx: zmq.Context, port: int) -> None:
+        self.dealer = raw_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{port}")
+        self.push = raw_socket(ctx, zmq.PUSH, f"tcp://127.0.0.1:{port + 1}")
+        self.dealer.send(encode(stub_hello()))
+        welcome = recv_message(self.dealer, TIMEOUT)
+        assert isinstance(welcome, Welcome), welcome
+        self.actor_id, self.run_id = welcome.actor_id, welcome.run_id
+        self.seq = 0
+        self.rng = np.random.default_rng(0)
+        self.said_bye = False
+
+    def fragment(self, length: int, **changes: Any) -> Fragment:
+        t = (np.arange(self.seq * length, (self.seq + 1) * length) % 5).astype(np.float32)
+        fields = dict(
+            actor_id=self.actor_id,
+            slot=0,
+            version=0,
+            seq=self.seq,
+            run_id=self.run_id,
+            obs=np.stack([t, t], axis=1),
+            actions=self.rng.integers(0, 2, length),
+            rewards=np.ones(length, np.float32),
+            terminated=(t == 4),
+            truncated=np.zeros(length, bool),
+            values=np.zeros(length, np.float32),
+            log_probs=np.full(length, -0.69, np.float32),
+            next_obs=np.full(2, (t[-1] + 1) % 5, np.float32),
+        )
+        fields.update(changes)
+        self.seq += 1
+        return Fragment(**fields)
+
+    def send(self, fragment: Fragment) -> None:
+        self.push.send(encode(fragment))
+
+    def serve_control(self) -> None:
+        """Answer a Shutdown with a bye (heartbeats are read and dropped)."""
+        while self.dealer.poll(0):
+            message = decode(self.dealer.recv())
+            if isinstance(message, Shutdown) and not self.said_bye:
+                self.dealer.send(encode(Bye(actor_id=self.actor_id, stats={})))
+                self.said_bye = True
+
+    def close(self) -> None:
+        self.dealer.close()
+        self.push.close()

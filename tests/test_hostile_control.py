@@ -1,0 +1,157 @@
+"""Hostile peers on the learner's ROUTER (control): hellos, heartbeats, refusals.
+
+* A protocol-version mismatch is refused naming both versions (an actor facing a newer
+  learner: ``test_hostile_actor.py``).
+* Hellos with unusable spaces are refused without stopping the run.
+* A registered peer that only heartbeats is dropped instead of stalling the run.
+
+The control fuzz (malformed hellos, heartbeats and byes, during training) is in
+``test_hostile_learner_fuzz.py``. Figures are printed; run with ``-s`` to see them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from tests.helpers import (
+    OBS_SPACE,
+    STUB_ENV_ID,
+    TIMEOUT,
+    RegisteredPeer,
+    body_of,
+    gym_actor,
+    pack,
+    raw_socket,
+    recv_message,
+    stub_client,
+    stub_hello,
+    stub_learner_config,
+    wait_until,
+)
+from zmq_rl import client as client_module
+from zmq_rl.actor import GymActor
+from zmq_rl.client import LearnerRefused
+from zmq_rl.config import ActorConfig
+from zmq_rl.protocol import (
+    PROTOCOL_VERSION,
+    Heartbeat,
+    Hello,
+    Message,
+    Refuse,
+    encode,
+    encode_array,
+    space_spec,
+)
+
+torch.set_num_threads(1)
+
+
+def test_protocol_version_mismatch_is_refused_naming_both_versions(
+    ctx, learner_port, start_learner, monkeypatch, caplog
+):
+    """A hello in protocol 2 (made by hand on a raw DEALER, and from an ActorClient whose
+    encoder is made to stamp proto 2) is refused with ``version_mismatch``; the refusal,
+    the client's LearnerRefused and the learner's log name both versions, and the
+    learner counts each under ``rejected/control/version_mismatch``."""
+    learner, run = start_learner(stub_learner_config(learner_port))
+    dealer = raw_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{learner_port}")
+    body = body_of(stub_hello())
+    body["proto"] = 2
+    dealer.send(pack(body))
+    refusal = recv_message(dealer)
+    assert isinstance(refusal, Refuse) and refusal.code == "version_mismatch"
+    assert "peer speaks 2" in refusal.reason and f"we speak {PROTOCOL_VERSION}" in refusal.reason
+
+    def encode_v2(message: Message) -> bytes:
+        frame = encode(message)
+        if not isinstance(message, Hello):
+            return frame
+        body = msgpack.unpackb(frame, raw=False)
+        body["proto"] = 2
+        return pack(body)
+
+    monkeypatch.setattr(client_module, "encode", encode_v2)
+    client = stub_client(ctx, learner_port, register_timeout=10.0)
+    start = time.monotonic()
+    with pytest.raises(LearnerRefused) as info:
+        client.register()
+    elapsed = time.monotonic() - start
+    client.close()
+    learner.request_stop("test over")
+    report = run.join()
+    dealer.close()
+    print(f"\nversion mismatch: refused in {elapsed * 1000:.0f} ms: {info.value}")
+    assert info.value.code == "version_mismatch" and elapsed < 5.0
+    assert "peer speaks 2" in str(info.value) and f"we speak {PROTOCOL_VERSION}" in str(info.value)
+    assert report.counters["rejected/control/version_mismatch"] == 2
+    assert "registered" not in report.counters
+    logged = [r.getMessage() for r in caplog.records if "version_mismatch" in r.getMessage()]
+    assert logged and "peer speaks 2" in logged[0]
+
+
+def test_hello_with_an_unusable_space_is_refused_and_the_run_goes_on(
+    ctx, learner_port, start_learner
+):
+    """Hellos whose spaces cannot be built (a Discrete of 2**63 made gymnasium raise
+    OverflowError, which used to escape and stop the learner) are refused with
+    ``bad_hello``; then a real actor registers and the run completes."""
+    learner, run = start_learner(stub_learner_config(learner_port))
+    dealer = raw_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{learner_port}")
+    box = space_spec(OBS_SPACE)
+    for action_space in (
+        {"kind": "discrete", "n": 2**63},
+        {"kind": "discrete", "n": 2, "start": 2**64 - 1},
+        {**box, "low": encode_array(np.array([math.nan, 0.0], np.float32))},
+        {**box, "dtype": "bool"},
+        {"kind": "tuple"},
+    ):
+        dealer.send(encode(stub_hello(action_space=action_space)))
+        refusal = recv_message(dealer)
+        assert isinstance(refusal, Refuse) and refusal.code in ("bad_hello", "space_mismatch")
+        assert run.alive(), f"the learner died: {run.error!r}"
+    stats = GymActor(
+        ActorConfig(
+            learner=f"127.0.0.1:{learner_port}", env_id=STUB_ENV_ID, register_timeout=TIMEOUT
+        ),
+        context=ctx,
+    ).run()
+    report = run.join()
+    dealer.close()
+    assert report.stop_reason == "budget spent" and stats["steps_sent"] > 0
+    assert report.counters["registered"] == 1
+
+
+def test_registered_peer_sending_only_heartbeats_cannot_stall_the_run(
+    ctx, learner_port, start_learner
+):
+    """A peer registers while a good actor trains, then only heartbeats. Its slot joins
+    the rollout at the next broadcast and never fills; the learner must drop it (as it
+    drops a silent actor after ``actor_timeout``) and finish its budget, instead of
+    starving."""
+    cfg = stub_learner_config(
+        learner_port,
+        fragment_length=4,
+        total_env_steps=8 * 200,
+        actor_timeout=1.5,
+        starvation_timeout=4.0,
+    )
+    learner, run = start_learner(cfg)
+    good = gym_actor(ctx, learner_port, learner_timeout=10.0)
+    wait_until(lambda: learner.report.updates_completed >= 1, TIMEOUT, "training")
+    peer = RegisteredPeer(ctx, learner_port)
+    deadline = time.monotonic() + TIMEOUT
+    while run.alive() and time.monotonic() < deadline:
+        peer.dealer.send(encode(Heartbeat(actor_id=peer.actor_id, run_id=peer.run_id)))
+        peer.serve_control()
+        run.thread.join(0.3)  # bounded: one heartbeat every 0.3 s while the run lasts
+    report = run.join()
+    good.join()
+    peer.close()
+    assert report.updates_completed == cfg.num_updates()
