@@ -9,9 +9,9 @@ No sockets and no learner: per step of ``E`` lockstep CartPole-v1 envs it times
   ``env.unwrapped`` with the actor counting steps for the 500-step truncation
   itself (what a ``TimeLimit`` does);
 * ``policy_act``: ``ActorCritic.act`` on the ``[E, 4]`` batch (torch, 1 thread);
-* ``client_step``: ``ActorClient.step``'s buffering (``_LockstepBuffer.add`` and
-  the counters) and, every ``T`` steps, ``encode`` of one fragment per slot;
-* ``poll``: ``ActorClient.poll`` with nothing to receive (two ZMQ_EVENTS reads).
+* ``client_step``: ``ActorClient.step``'s work before the socket (``StepArrays.coerce``,
+  ``LockstepBuffer.add`` and the counters) and, every ``T`` steps, ``encode`` of one
+  fragment per slot;
 
 Figures are microseconds per actor-loop iteration (one step of all ``E`` envs)
 and per env step.
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -106,10 +107,10 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from zmq_rl.client import ActorClient
     from zmq_rl.config import PolicyConfig
     from zmq_rl.policy import build_policy
-    from zmq_rl.protocol import Fragment, encode
+    from zmq_rl.protocol import RunSettings, StepArrays
+    from zmq_rl.sender import ExperienceSender
 
     torch.set_num_threads(1)
     out: dict[str, Any] = {"envs": num_envs}
@@ -131,18 +132,39 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
     with torch.inference_mode():
         out["policy_act_us"] = 1e6 * _time(lambda: policy.act(obs, generator), seconds)
 
-    # ActorClient.step's buffering, without sockets: a client whose flush is a no-op
-    # encode of each slot's fragment (what the client does before the socket).
-    # Private use: ActorClient has no public way to buffer without a connected
-    # experience socket, so this reads and resets client._buffer itself.
-    client = ActorClient(
-        "127.0.0.1:1",
+    # ActorClient.step's work up to the socket: coerce the arrays (StepArrays.coerce),
+    # buffer them, and every fragment_length steps build and encode one fragment per
+    # slot (ExperienceSender). The socket takes every frame at once.
+    class NullSocket:
+        def send(self, frame: bytes, flags: int = 0, copy: bool = True) -> None:
+            pass
+
+        def close(self, linger: int | None = None) -> None:
+            pass
+
+    sender = ExperienceSender({}, Counter(), lambda: True, num_envs)
+    settings = RunSettings(
         env_id="CartPole-v1",
         observation_space=probe.observation_space,
         action_space=probe.action_space,
+        policy={},
+        num_steps=T,
+        broadcast_every=1,
+        steps_per_broadcast=T,
+        max_lead_steps=0,
+        fragment_length=T,
         num_envs=num_envs,
+        seed=0,
+        heartbeat_interval=1.0,
     )
-    client.fragment_length = T
+    sender.start(
+        NullSocket(),
+        settings,
+        actor_id=0,
+        run_id="x" * 12,
+        base_version=0,
+        observation_space=probe.observation_space,
+    )
     arrays = {
         "obs": obs.numpy(),
         "actions": np.zeros(num_envs, np.int64),
@@ -151,47 +173,10 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
         "truncated": np.zeros(num_envs, bool),
         "values": np.zeros(num_envs, np.float32),
         "log_probs": np.full(num_envs, -0.69, np.float32),
-        "next_obs": obs.numpy(),
     }
 
-    def fake_flush() -> None:
-        buffer = client._buffer
-        n = buffer.size
-        for slot in range(num_envs):
-            encode(
-                Fragment(
-                    actor_id=0,
-                    slot=slot,
-                    version=0,
-                    seq=0,
-                    run_id="x" * 12,
-                    obs=buffer.obs[:n, slot],
-                    actions=buffer.actions[:n, slot],
-                    rewards=buffer.rewards[:n, slot],
-                    terminated=buffer.terminated[:n, slot],
-                    truncated=buffer.truncated[:n, slot],
-                    values=buffer.values[:n, slot],
-                    log_probs=buffer.log_probs[:n, slot],
-                    next_obs=buffer.next_obs[slot],
-                    sent_at=time.time(),
-                )
-            )
-        buffer.reset()
-
-    client.flush = fake_flush
-
     def client_step() -> None:
-        client.step(
-            arrays["obs"],
-            arrays["actions"],
-            arrays["rewards"],
-            arrays["terminated"],
-            arrays["truncated"],
-            arrays["values"],
-            arrays["log_probs"],
-            arrays["next_obs"],
-            {},
-        )
+        sender.step(StepArrays.coerce(**arrays), arrays["obs"], {}, 0)
 
     out["client_step_us"] = 1e6 * _time(client_step, seconds)
     probe.close()

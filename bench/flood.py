@@ -1,6 +1,6 @@
 """Flood a learner's experience (PULL) port with junk, as fast as one PUSH socket can.
 
-Used by ``tests/test_hostile.py`` (run as a separate process, so that the flood does
+Used by ``tests/test_hostile_experience.py`` (run as a separate process, so that the flood does
 not share a GIL with what it measures) and by hand against a running learner::
 
     python bench/flood.py tcp://127.0.0.1:5556 --seconds 10 --kind junk

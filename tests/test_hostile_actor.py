@@ -56,6 +56,7 @@ from zmq_rl.protocol import (
     Message,
     ProtocolError,
     Refuse,
+    RunSettings,
     Shutdown,
     Weights,
     Welcome,
@@ -141,7 +142,7 @@ class FakeLearner:
                         base_version=0,
                         experience_port=self.port + 1,
                         weights_port=self.port + 2,
-                        config=config,
+                        settings=RunSettings.from_map(config),
                         weights=weights,
                     )
                 ),
