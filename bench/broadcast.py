@@ -177,7 +177,7 @@ def run_idle(actors: int, hidden: tuple[int, ...], broadcasts: int, timeout: flo
     # actor_timeout: building a big policy (orthogonal init) sends no heartbeat for seconds.
     cfg = LearnerConfig(
         num_actors=actors,
-        envs_per_actor=1,
+        num_envs=1,
         port=port,
         run_dir="",
         checkpoint_every=0,
@@ -267,7 +267,7 @@ def run_busy(actors: int, seconds: float) -> dict:
         p.start()
     cfg = LearnerConfig(
         num_actors=actors,
-        envs_per_actor=4,
+        num_envs=4,
         num_steps=64,
         fragment_length=64,
         total_env_steps=10**12,

@@ -136,7 +136,7 @@ def learner_main(
 
     cfg = LearnerConfig(
         num_actors=actors,
-        envs_per_actor=envs,
+        num_envs=envs,
         num_steps=LEARNER["num_steps"],
         fragment_length=LEARNER["fragment_length"],
         total_env_steps=10**13,
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "config": {
                 "actors": args.actors,
-                "envs_per_actor": args.envs,
+                "num_envs": args.envs,
                 "minutes": args.minutes,
                 "warmup_s": args.warmup,
                 "learner": LEARNER,

@@ -91,7 +91,7 @@ def run_project(actors: int, envs: int, warmup: float, window: float) -> dict[st
     port = _util.free_port_block(3)
     cfg = LearnerConfig(
         num_actors=actors,
-        envs_per_actor=envs,
+        num_envs=envs,
         num_steps=THROUGHPUT["num_steps"],
         fragment_length=THROUGHPUT["fragment_length"],
         total_env_steps=10**12,
@@ -155,7 +155,7 @@ def run_project(actors: int, envs: int, warmup: float, window: float) -> dict[st
     span = max(t1 - t0, 1e-9)
     return {
         "actors": actors,
-        "envs_per_actor": envs,
+        "num_envs": envs,
         "slots": actors * envs,
         "steps_per_s": (s1 - s0) / span,
         "window_seconds": span,
@@ -324,10 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         entry["project"] = (
             best
             if args.smoke
-            else run_project(best["actors"], best["envs_per_actor"], args.warmup, args.window)
+            else run_project(best["actors"], best["num_envs"], args.warmup, args.window)
         )
         print(
-            f"round {r}: project {best['actors']}x{best['envs_per_actor']}: "
+            f"round {r}: project {best['actors']}x{best['num_envs']}: "
             f"{_util.fmt_rate(entry['project']['steps_per_s'])} steps/s",
             flush=True,
         )
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     sf_ratio = _util.median(ratios("sf", "steady_frames_per_s"))
     sb3_ratio = _util.median(ratios("sb3", "steps_per_s"))
     summary = {
-        "best_config": {"actors": best["actors"], "envs_per_actor": best["envs_per_actor"]},
+        "best_config": {"actors": best["actors"], "num_envs": best["num_envs"]},
         "project_best_steps_per_s": _util.median([e["project"]["steps_per_s"] for e in rounds]),
         "sf_frames_per_s": _util.median(
             [e["sf"]["steady_frames_per_s"] for e in rounds if e.get("sf", {}).get("ok")]
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         [
             [
                 g["actors"],
-                g["envs_per_actor"],
+                g["num_envs"],
                 _util.fmt_rate(g["steps_per_s"]),
                 f"{g['cpu_cores_busy']:.2f}",
                 f"{g['launch_to_first_update_s']:.1f}s",
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
     )
     print(
-        f"\nproject best ({best['actors']}x{best['envs_per_actor']}): "
+        f"\nproject best ({best['actors']}x{best['num_envs']}): "
         f"{_util.fmt_rate(summary['project_best_steps_per_s'])} steps/s; SF "
         f"{_util.fmt_rate(summary['sf_frames_per_s'])} frames/s; SB3 "
         f"{_util.fmt_rate(summary['sb3_steps_per_s'])} steps/s"

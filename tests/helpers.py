@@ -50,7 +50,7 @@ def stub_learner_config(port: int, **changes: Any) -> LearnerConfig:
         env_id=STUB_ENV_ID,
         port=port,
         num_actors=1,
-        envs_per_actor=1,
+        num_envs=1,
         num_steps=8,
         fragment_length=8,
         total_env_steps=8 * 10,

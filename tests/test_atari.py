@@ -138,7 +138,7 @@ def test_cnn_trains_a_few_updates_on_pong(tmp_path, capsys) -> None:
         "--env", SHORT_PONG_ID,
         "--factory", "zmq_rl.cnn:nature_cnn",
         "--actors", "1",
-        "--envs-per-actor", "2",
+        "--num-envs", "2",
         "--num-steps", "16",
         "--fragment-length", "16",
         "--total-env-steps", "96",

@@ -129,7 +129,7 @@ def test_transport_smoke(smoke: SmokeRuns) -> None:
 def test_throughput_smoke(smoke: SmokeRuns, sb3_available: bool) -> None:
     data = smoke.result("throughput")
     (cell,) = data["grid"]
-    assert cell["actors"] == 1 and cell["envs_per_actor"] == 8
+    assert cell["actors"] == 1 and cell["num_envs"] == 8
     assert cell["steps_per_s"] > 0 and cell["updates"] > 0
     assert data["summary"]["project_best_steps_per_s"] > 0
     assert data["config"]["throughput"]["num_epochs"] == 1

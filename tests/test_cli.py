@@ -174,6 +174,28 @@ def test_flags_parse_types() -> None:
     assert math.isinf(cfg.target_return) and cfg.run_dir == ""
 
 
+def test_renamed_learner_flag_and_toml_key_still_work_with_a_warning(tmp_path, capsys) -> None:
+    """``envs_per_actor`` became ``num_envs`` (one name per knob); the old flag and
+    TOML key are accepted, say they are deprecated, and set the new field."""
+    _, cfg, _, _ = learner_cli.resolve(["--envs-per-actor", "3", "--run-dir", ""])
+    assert cfg.num_envs == 3
+    assert "--envs-per-actor is deprecated; use --num-envs" in capsys.readouterr().err
+    config = tmp_path / "old.toml"
+    config.write_text("[learner]\nenvs_per_actor = 5\n")
+    _, cfg, _, _ = learner_cli.resolve(["--config", str(config), "--run-dir", ""])
+    assert cfg.num_envs == 5
+    assert "'envs_per_actor' is deprecated; use 'num_envs'" in capsys.readouterr().err
+    with pytest.warns(DeprecationWarning, match="use num_envs"):
+        assert LearnerConfig(envs_per_actor=2).num_envs == 2
+    help_text = subprocess.run(
+        [sys.executable, "-m", "zmq_rl.cli.learner", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "--num-envs" in help_text and "--envs-per-actor" not in help_text
+
+
 def test_default_run_dir_is_timestamped_under_runs() -> None:
     _, cfg, _, _ = learner_cli.resolve(["--env", STUB_ENV_ID])
     assert re.fullmatch(r"runs/Stub-v0-\d{8}-\d{6}(-\d+)?", cfg.run_dir), cfg.run_dir

@@ -22,7 +22,7 @@ from zmq_rl.config import (
 )
 
 # The reference's default AsyncActorLearnerConfig, expressed with one env per actor.
-REF = dict(num_actors=4, num_steps=256, envs_per_actor=1, total_env_steps=200_000)
+REF = dict(num_actors=4, num_steps=256, num_envs=1, total_env_steps=200_000)
 
 
 def reference_config(**changes) -> LearnerConfig:
@@ -68,7 +68,7 @@ def test_reference_derivations():
 
 
 def test_num_updates_counts_every_env_slot():
-    cfg = LearnerConfig(num_actors=2, num_steps=8, envs_per_actor=3, total_env_steps=100)
+    cfg = LearnerConfig(num_actors=2, num_steps=8, num_envs=3, total_env_steps=100)
     assert cfg.num_updates() == 100 // (8 * 2 * 3) == 2
 
 
@@ -148,7 +148,7 @@ def assert_rejected(make, field: str, shown: str):
         ({"num_actors": True}, "num_actors", "True"),
         ({"num_steps": 2.0}, "num_steps", "2.0"),
         ({"num_actors": -3}, "num_actors", "-3"),
-        ({"envs_per_actor": 0}, "envs_per_actor", "0"),
+        ({"num_envs": 0}, "num_envs", "0"),
         ({"fragment_length": 0}, "fragment_length", "0"),
         ({"starvation_timeout": 0.0}, "starvation_timeout", "0.0"),
         ({"port": 65534}, "port", "65534"),
@@ -185,9 +185,9 @@ def test_lead_budget_boundaries():
 
 def test_total_env_steps_boundary_is_one_update():
     assert reference_config(total_env_steps=1024).validate().num_updates() == 1
-    assert LearnerConfig(num_actors=2, num_steps=8, envs_per_actor=3, total_env_steps=48).validate()
+    assert LearnerConfig(num_actors=2, num_steps=8, num_envs=3, total_env_steps=48).validate()
     assert_rejected(
-        lambda: LearnerConfig(num_actors=2, num_steps=8, envs_per_actor=3, total_env_steps=47),
+        lambda: LearnerConfig(num_actors=2, num_steps=8, num_envs=3, total_env_steps=47),
         "total_env_steps",
         "47",
     )

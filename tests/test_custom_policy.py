@@ -199,7 +199,7 @@ def test_short_run_with_a_custom_policy_completes_and_evaluates(user_dir, tmp_pa
         "--env", STUB_ENV_ID,
         "--factory", "my_policies:make",
         "--actors", "1",
-        "--envs-per-actor", "2",
+        "--num-envs", "2",
         "--num-steps", "8",
         "--fragment-length", "8",
         "--total-env-steps", "64",

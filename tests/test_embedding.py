@@ -36,7 +36,7 @@ def thermostat_config(port: int, total_env_steps: int) -> LearnerConfig:
     return LearnerConfig(
         env_id=ENV_ID,
         num_actors=1,
-        envs_per_actor=ROOMS,
+        num_envs=ROOMS,
         num_steps=32,
         fragment_length=32,
         total_env_steps=total_env_steps,

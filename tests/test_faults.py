@@ -256,7 +256,7 @@ def learner_argv(
         "env": STUB_ENV_ID,
         "port": port,
         "num_actors": actors,
-        "envs_per_actor": 1,
+        "num_envs": 1,
         "num_steps": 16,
         "fragment_length": 8,
         "total_env_steps": 16 * actors * budget_updates,
@@ -693,7 +693,7 @@ def test_clean_shutdown_accounts_for_every_step(procs, tmp_path, learner_port):
     address = f"127.0.0.1:{learner_port}"
     learner = procs.start(
         "learner",
-        learner_argv(learner_port, run_dir, actors=2, budget_updates=40, envs_per_actor=2),
+        learner_argv(learner_port, run_dir, actors=2, budget_updates=40, num_envs=2),
     )
     actors = [procs.start(f"actor{i}", actor_argv(address)) for i in range(2)]
     assert learner.wait(RUN_S + START_S) == 0, procs.logs()

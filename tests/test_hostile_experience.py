@@ -174,7 +174,7 @@ FLOOD_LEARNER = textwrap.dedent(
 
     port, progress_path = int(sys.argv[1]), sys.argv[2]
     cfg = LearnerConfig(
-        env_id="CartPole-v1", port=port, num_actors=2, envs_per_actor=4, num_steps=32,
+        env_id="CartPole-v1", port=port, num_actors=2, num_envs=4, num_steps=32,
         total_env_steps=50_000_000, fragment_length=16, eval_episodes=1, seed=0,
         starvation_timeout=60.0, checkpoint_every=0,
     )

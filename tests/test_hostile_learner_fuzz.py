@@ -506,7 +506,7 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port, start_l
         env_id="CartPole-v1",
         port=learner_port,
         num_actors=2,
-        envs_per_actor=4,
+        num_envs=4,
         num_steps=32,
         total_env_steps=100 * FUZZ_STEPS,
         fragment_length=16,

@@ -27,7 +27,7 @@ LEARNER = textwrap.dedent(
     from zmq_rl.learner import Learner
 
     cfg = LearnerConfig(
-        env_id="CartPole-v1", port={port}, num_actors=2, envs_per_actor=2, num_steps=32,
+        env_id="CartPole-v1", port={port}, num_actors=2, num_envs=2, num_steps=32,
         total_env_steps=2048, fragment_length=8, run_dir={run_dir!r}, eval_episodes=2,
         starvation_timeout=60.0, seed=1,
     )

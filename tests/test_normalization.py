@@ -182,7 +182,7 @@ def test_shipped_statistics_give_bit_identical_outputs(action_space) -> None:
 
 def learner_config(port: int, **changes: Any) -> LearnerConfig:
     base = dict(
-        envs_per_actor=2,
+        num_envs=2,
         fragment_length=4,
         total_env_steps=8 * 2 * 4,
         actor_timeout=TIMEOUT,

@@ -39,7 +39,7 @@ def run_and_read_metrics(port: int, run_dir: Path, ppo: PPOConfig) -> list[dict[
     """A real run of UPDATES updates; the rows of its metrics.jsonl."""
     cfg = stub_learner_config(
         port,
-        envs_per_actor=2,
+        num_envs=2,
         fragment_length=4,
         total_env_steps=ROWS * UPDATES,
         run_dir=str(run_dir),

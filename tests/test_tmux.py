@@ -153,7 +153,7 @@ def test_tiny_run_in_a_detached_session(tmp_path, learner_port, tmux_server):
         STUB_ENV_ID,
         "--num-steps",
         "8",
-        "--envs-per-actor",
+        "--num-envs",
         "2",
         "--fragment-length",
         "8",

@@ -4,7 +4,7 @@ Use it with ``--factory zmq_rl.cnn:nature_cnn`` (any process builds the same net
 from the spaces, as for the built-in MLP)::
 
     zmq-rl run --env zmq_rl.envs:AtariPong-v0 --factory zmq_rl.cnn:nature_cnn \\
-        --num-steps 128 --envs-per-actor 8 --num-epochs 4 --minibatch-size 256 \\
+        --num-steps 128 --num-envs 8 --num-epochs 4 --minibatch-size 256 \\
         --learning-rate 2.5e-4 --gamma 0.99 --gae-lambda 0.95 --ent-coef 0.01 \\
         --clip-range 0.1 --anneal-clip-range --vf-coef 0.5 --max-grad-norm 0.5
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from .valve import ActorThrottle  # noqa: F401  (moved to zmq_rl.valve; re-exported)
@@ -224,7 +225,11 @@ class LearnerConfig:
     seed: int = _f(0, "base seed: learner uses seed, actor i samples with seed + 1 + i")
 
     env_id: str = _f("CartPole-v1", "gymnasium environment id")
-    envs_per_actor: int = _f(4, "env slots per actor (the default actors are told to run)")
+    num_envs: int = _f(
+        4,
+        "env slots per actor (the default actors are told to run)",
+        deprecated_names=("envs_per_actor",),
+    )
     fragment_length: int = _f(32, "steps per experience fragment an actor sends")
     host: str = _f("127.0.0.1", "address to bind (use 0.0.0.0 for other hosts)")
     port: int = _f(DEFAULT_PORT, "control port; experience binds port + 1, weights port + 2")
@@ -253,19 +258,29 @@ class LearnerConfig:
     curve_authorized_keys: str = _f(
         "", "CURVE: folder of authorised actors' public certificates (required with a key)"
     )
+    envs_per_actor: InitVar[int | None] = None
+    """Deprecated name of ``num_envs`` (before 0.2): still accepted, with a warning."""
+
+    def __post_init__(self, envs_per_actor: int | None) -> None:
+        if envs_per_actor is not None:
+            warnings.warn(
+                "LearnerConfig(envs_per_actor=...) is deprecated; use num_envs",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "num_envs", envs_per_actor)
 
     def validate(self) -> LearnerConfig:
         """Check every field; return self so calls chain."""
         _positive_int(self, "num_actors", "num_steps", "broadcast_every")
         _non_negative_int(self, "total_env_steps", "max_lead_steps", "seed")
-        _positive_int(self, "envs_per_actor", "fragment_length", "eval_episodes")
+        _positive_int(self, "num_envs", "fragment_length", "eval_episodes")
         per_update = self.num_steps * self.nominal_slots()
         _require(
             self.total_env_steps >= per_update,
             "total_env_steps",
             self.total_env_steps,
-            f"must cover at least one update ({per_update} = num_steps * num_actors"
-            " * envs_per_actor)",
+            f"must cover at least one update ({per_update} = num_steps * num_actors * num_envs)",
         )
         _unit_interval(self, "gamma", "gae_lambda", "vtrace_lambda")
         _positive(self, "vtrace_rho_bar", "vtrace_c_bar")
@@ -320,8 +335,8 @@ class LearnerConfig:
         return max(1, self.total_env_steps // (self.num_steps * self.nominal_slots()))
 
     def nominal_slots(self) -> int:
-        """Slots when every one of ``num_actors`` actors runs ``envs_per_actor`` envs."""
-        return self.num_actors * self.envs_per_actor
+        """Slots when every one of ``num_actors`` actors runs ``num_envs`` envs."""
+        return self.num_actors * self.num_envs
 
     def steps_per_broadcast(self) -> int:
         """Steps per slot the learner consumes between two broadcasts."""
@@ -349,7 +364,7 @@ class ActorConfig:
         f"127.0.0.1:{DEFAULT_PORT}", "learner control endpoint HOST[:PORT] or tcp://HOST:PORT"
     )
     env_id: str = _f("", "gymnasium env id; empty = the learner's env")
-    num_envs: int = _f(0, "env slots in this actor; 0 = the learner's envs_per_actor")
+    num_envs: int = _f(0, "env slots in this actor; 0 = the learner's num_envs")
     seed: int = _f(-1, "sampling seed; -1 = the run's seed + 1 + actor id")
     actor_id: int = _f(-1, "requested actor id; -1 = the learner assigns the lowest free one")
     register_timeout: float = _f(30.0, "seconds to wait for the learner's welcome")

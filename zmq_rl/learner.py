@@ -79,7 +79,7 @@ def run_settings(
         steps_per_broadcast=cfg.steps_per_broadcast(),
         max_lead_steps=cfg.effective_max_lead_steps(),
         fragment_length=cfg.fragment_length,
-        num_envs=cfg.envs_per_actor,
+        num_envs=cfg.num_envs,
         seed=cfg.seed,
         heartbeat_interval=HEARTBEAT_INTERVAL_S,
     )

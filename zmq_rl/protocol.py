@@ -559,7 +559,7 @@ class Hello(Message):
     """Actor → learner on DEALER: ask to join the run.
 
     ``actor_id`` -1 lets the learner choose; ``num_envs`` 0 takes the learner's
-    ``envs_per_actor``; empty space maps take the learner's env. ``rejoin_run_id`` names the run the
+    ``num_envs``; empty space maps take the learner's env. ``rejoin_run_id`` names the run the
     actor was in before (empty on first contact) so a restarted learner can tell
     re-registration from a new actor. ``next_seq`` (optional) is the sequence
     number the actor will put on its next fragment of each slot, so the learner

@@ -28,6 +28,7 @@ import dataclasses
 import difflib
 import json
 import math
+import sys
 import tomllib
 import types
 import typing
@@ -255,6 +256,12 @@ def add_config_flags(
                     kwargs["choices"] = tuple(choices)
                     kwargs["metavar"] = "{" + ",".join(str(c) for c in choices) + "}"
             group.add_argument(*names, **kwargs)
+            for old in f.metadata.get("deprecated_names", ()):
+                group.add_argument(
+                    flag_name(old),
+                    **{**kwargs, "help": argparse.SUPPRESS},
+                    action=_deprecated_action(flag_name(old), names[0], kwargs.get("action")),
+                )
     help_text = (
         "read settings from a TOML file (tables "
         + ", ".join(f"[{s.name}]" for s in sections)
@@ -278,6 +285,27 @@ def add_config_flags(
         default=None,
         help=help_text.replace("%", "%%"),
     )
+
+
+def _deprecated_action(old: str, new: str, base: Any) -> type[argparse.Action]:
+    """An argparse action for a renamed flag: warn once on stderr, then act as ``new``."""
+    parent = base or argparse._StoreAction
+
+    class Deprecated(parent):  # type: ignore[misc, valid-type]
+        def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+            sys.stderr.write(f"warning: {old} is deprecated; use {new}\n")
+            super().__call__(parser, namespace, values, option)
+
+    return Deprecated
+
+
+def deprecated_names(cls: type) -> dict[str, str]:
+    """Old field name -> current name, for the renamed fields of a config dataclass."""
+    return {
+        old: f.name
+        for f in dataclasses.fields(cls)
+        for old in f.metadata.get("deprecated_names", ())
+    }
 
 
 def _config_source(text: str) -> Path:
@@ -340,7 +368,12 @@ def load_toml(path: Path, sections: Sequence[Section]) -> dict[str, Any]:
     by_name = {s.name: s for s in sections}
     values: dict[str, Any] = {}
 
+    renamed = {old: new for s in sections for old, new in deprecated_names(s.cls).items()}
+
     def put(section: Section, key: str, value: Any, where: str) -> None:
+        if key in renamed:
+            sys.stderr.write(f"warning: {path}: {key!r} is deprecated; use {renamed[key]!r}\n")
+            key = renamed[key]
         if key not in kinds[section.name]:
             raise ConfigFileError(
                 f"{path}: unknown key {key!r} in {where}{_suggest(key, kinds[section.name])}"
@@ -361,7 +394,7 @@ def load_toml(path: Path, sections: Sequence[Section]) -> dict[str, Any]:
             for sub_key, sub_value in value.items():
                 put(section, sub_key, sub_value, f"[{key}]")
         else:
-            section = owner.get(key)
+            section = owner.get(renamed.get(key, key))
             if section is None:
                 raise ConfigFileError(f"{path}: unknown key {key!r}{_suggest(key, owner)}")
             put(section, key, value, "the top level")

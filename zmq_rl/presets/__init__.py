@@ -4,7 +4,7 @@ Each ``<EnvId>.toml`` in this package is a config file for ``--config``; the
 command line names one as ``--config preset:<EnvId>`` (``zmq-rl run --config
 preset:LunarLander-v3``), and flags given after it still override its values.
 The hyperparameters start from rl-baselines3-zoo's PPO settings, mapped onto this
-package's fields (zoo ``n_envs`` -> ``num_actors * envs_per_actor`` with 2 actors,
+package's fields (zoo ``n_envs`` -> ``num_actors * num_envs`` with 2 actors,
 ``n_steps`` -> ``num_steps``, ``batch_size`` -> ``minibatch_size``, ``n_epochs`` ->
 ``num_epochs``, ``normalize`` -> ``normalize_obs`` + ``normalize_reward``); each
 file's header says where it departs from the zoo and what it reached
