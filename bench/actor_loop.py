@@ -176,7 +176,7 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
     }
 
     def client_step() -> None:
-        sender.step(StepArrays.coerce(**arrays), arrays["obs"], {}, 0)
+        sender.step(StepArrays.coerce(*arrays.values()), arrays["obs"], {}, 0)
 
     out["client_step_us"] = 1e6 * _time(client_step, seconds)
     probe.close()

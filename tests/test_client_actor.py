@@ -449,3 +449,25 @@ def test_unsendable_fragment_at_shutdown_is_not_counted_as_sent(ctx, learner_por
     seqs = [fake.recv_fragment().seq for _ in range(int(sent))]
     assert seqs == list(range(int(sent)))
     assert not fake.pull.poll(200)
+
+
+def test_send_fragment_names_its_arrays_when_called_wrong(ctx):
+    """send_fragment takes step()'s arrays positionally or by name; a missing or
+    unknown one is a TypeError that lists them, before anything is sent."""
+    client = ActorClient(
+        "127.0.0.1:1", env_id=STUB_ENV_ID, observation_space=None, action_space=None, context=ctx
+    )
+    rows = dict(
+        obs=stub_rows(0, 2),
+        actions=np.array([0, 1]),
+        rewards=[1.0, 1.0],
+        terminated=[False, False],
+        truncated=[False, False],
+        values=[0.5, 0.5],
+    )
+    for kwargs in (rows, {**rows, "log_probs": [0.0, 0.0], "next_obs": stub_rows(2, 1)[0], "x": 1}):
+        with pytest.raises(TypeError, match="obs, actions, rewards, .*log_probs, next_obs"):
+            client.send_fragment(0, **kwargs)
+    with pytest.raises(RuntimeError, match="register"):  # the right arrays, by name
+        client.send_fragment(0, **rows, log_probs=[0.0, 0.0], next_obs=stub_rows(2, 1)[0])
+    client.close()

@@ -464,9 +464,8 @@ class ActorClient(LearnerConnection):
         given = dict(zip(names, arrays, strict=False)) | named
         if len(arrays) > len(names) or set(given) != set(names):
             raise TypeError(f"send_fragment takes slot and the arrays {', '.join(names)}")
-        next_obs = given.pop("next_obs")
-        steps = StepArrays.coerce(**given)
-        self.sender.send_fragment(slot, steps, next_obs, final_obs, self.version)
+        steps = StepArrays.coerce(*(given[name] for name in StepArrays.STEP_FIELDS))
+        self.sender.send_fragment(slot, steps, given["next_obs"], final_obs, self.version)
 
     def _wait_for_room(self) -> bool:
         """While PUSH is full: serve control and heartbeats; False (give up on the

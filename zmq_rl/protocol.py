@@ -326,28 +326,12 @@ class StepArrays:
             getattr(self, name)[index] = getattr(source, name)
 
     @classmethod
-    def coerce(
-        cls,
-        obs: Any,
-        actions: Any,
-        rewards: Any,
-        terminated: Any,
-        truncated: Any,
-        values: Any,
-        log_probs: Any,
-    ) -> StepArrays:
-        """Arrays as they travel: observations and actions keep their dtype, the
-        other fields take their fixed dtype from :data:`STEP_DTYPES`."""
-        given = dict(
-            obs=obs,
-            actions=actions,
-            rewards=rewards,
-            terminated=terminated,
-            truncated=truncated,
-            values=values,
-            log_probs=log_probs,
-        )
-        return cls(**{name: np.asarray(v, STEP_DTYPES.get(name)) for name, v in given.items()})
+    def coerce(cls, *arrays: Any) -> StepArrays:
+        """The arrays of :attr:`STEP_FIELDS`, in that order, as they travel:
+        observations and actions keep their dtype, the other fields take their fixed
+        dtype from :data:`STEP_DTYPES`."""
+        named = zip(cls.STEP_FIELDS, arrays, strict=True)
+        return cls(**{name: np.asarray(a, STEP_DTYPES.get(name)) for name, a in named})
 
     @classmethod
     def allocate(
