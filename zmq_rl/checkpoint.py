@@ -10,7 +10,9 @@ version, episode returns in progress, RNG, reward scaler) plus the run's part
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -20,13 +22,21 @@ import torch
 
 from .config import LearnerConfig, PolicyConfig, PPOConfig
 
+log = logging.getLogger(__name__)
+
 CHECKPOINT_FORMAT = 1
 CHECKPOINTS_KEPT = 3
 
 
+class WriteFailed(OSError):
+    """A run file could not be written (full disk, permissions, ...); the message names
+    the file, the bytes it needed and the space left, and the temp file is gone."""
+
+
 def write_checkpoint(folder: Path, name: str, state: dict[str, Any]) -> Path:
     """Save ``state`` as ``folder/name`` atomically and keep the newest
-    :data:`CHECKPOINTS_KEPT` ``ckpt-*.pt`` files."""
+    :data:`CHECKPOINTS_KEPT` ``ckpt-*.pt`` files. Raises :class:`WriteFailed`; the
+    checkpoints already there are kept."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     atomic_torch_save({"format": CHECKPOINT_FORMAT, **state}, path)
@@ -35,12 +45,47 @@ def write_checkpoint(folder: Path, name: str, state: dict[str, Any]) -> Path:
     return path
 
 
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file that cannot be loaded (truncated, not a checkpoint, ...)."""
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint safely (``weights_only``) and check its format."""
-    state = torch.load(path, weights_only=True)
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: unknown checkpoint format {state.get('format')!r}")
+    """Load a checkpoint safely (``weights_only``) and check its format and keys;
+    :class:`CorruptCheckpoint` naming the file and the reason otherwise."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, pickle errors, EOFError, OSError
+        raise CorruptCheckpoint(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CorruptCheckpoint(f"{path}: unknown checkpoint format {found!r}")
+    missing = [key for key in REQUIRED_KEYS if key not in state]
+    if missing:
+        raise CorruptCheckpoint(f"{path}: not a learner checkpoint (no {', '.join(missing)})")
     return state
+
+
+REQUIRED_KEYS = ("trainer", "version", "learner_config", "ppo_config", "policy_config", "report")
+"""What every checkpoint holds; one without them is not resumable."""
+
+
+def newest_readable_checkpoint(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint of ``run_dir`` that loads, with its state. A newer one
+    that does not load (a truncated file, a crash mid-copy) is skipped with a
+    warning naming it; FileNotFoundError when there is none, CorruptCheckpoint
+    naming every file when none loads."""
+    problems = []
+    for path in reversed(checkpoint_files(run_dir)):
+        try:
+            state = read_checkpoint(path)
+        except CorruptCheckpoint as exc:
+            log.warning("skipping checkpoint %s", exc)
+            problems.append(str(exc))
+            continue
+        return path, state
+    if problems:
+        raise CorruptCheckpoint("no checkpoint could be loaded: " + "; ".join(problems))
+    raise FileNotFoundError(f"no checkpoint in {Path(run_dir) / 'checkpoints'}")
 
 
 def checkpoint_configs(
@@ -63,14 +108,20 @@ def load_resume_configs(
     run_dir: str | Path, **learner_overrides: Any
 ) -> tuple[LearnerConfig, PPOConfig, PolicyConfig]:
     """The configs :meth:`Learner.resume` would use for ``run_dir``."""
-    path = newest_checkpoint(run_dir)
-    return checkpoint_configs(read_checkpoint(path), path, run_dir, **learner_overrides)
+    path, state = newest_readable_checkpoint(run_dir)
+    return checkpoint_configs(state, path, run_dir, **learner_overrides)
+
+
+def checkpoint_files(run_dir: str | Path) -> list[Path]:
+    """The ``checkpoints/ckpt-*.pt`` files of a run directory, oldest first."""
+    return sorted((Path(run_dir) / "checkpoints").glob("ckpt-*.pt"))
 
 
 def newest_checkpoint(run_dir: str | Path) -> Path:
     """The newest ``checkpoints/ckpt-*.pt`` of a run directory (FileNotFoundError
-    naming the directory when there is none)."""
-    found = sorted((Path(run_dir) / "checkpoints").glob("ckpt-*.pt"))
+    naming the directory when there is none); it may not load, see
+    :func:`newest_readable_checkpoint`."""
+    found = checkpoint_files(run_dir)
     if not found:
         raise FileNotFoundError(f"no checkpoint in {Path(run_dir) / 'checkpoints'}")
     return found[-1]
@@ -150,14 +201,29 @@ def config_dict(cfg: Any) -> dict[str, Any]:
 
 
 def atomic_torch_save(state: dict[str, Any], path: Path) -> None:
-    """``torch.save`` to a temp file, then rename: a crash never leaves half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    """``torch.save`` to a temp file, then rename: a crash never leaves half a file.
+    :class:`WriteFailed` when the write fails (the temp file is removed)."""
+    _atomic(path, lambda tmp: torch.save(state, tmp))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write bytes to a temp file, then rename over ``path``."""
+    """Write bytes to a temp file, then rename over ``path`` (:class:`WriteFailed`)."""
+    _atomic(path, lambda tmp: tmp.write_bytes(data))
+
+
+def _atomic(path: Path, write: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError
+        needed = tmp.stat().st_size if tmp.exists() else 0
+        tmp.unlink(missing_ok=True)
+        try:
+            free = shutil.disk_usage(path.parent).free
+        except OSError:
+            free = -1
+        raise WriteFailed(
+            f"cannot write {path}: {exc}; wrote {needed:,} bytes before failing, "
+            f"{free:,} bytes free on its filesystem"
+        ) from exc

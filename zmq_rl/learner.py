@@ -28,11 +28,11 @@ import gymnasium as gym
 import zmq
 
 from .checkpoint import (
+    WriteFailed,
     atomic_write_bytes,
     checkpoint_configs,
     config_dict,
-    newest_checkpoint,
-    read_checkpoint,
+    newest_readable_checkpoint,
     restore_run_state,
     save_learner_checkpoint,
     save_policy,
@@ -175,7 +175,7 @@ class Learner:
                     cfg.checkpoint_every
                     and self.report.updates_completed % cfg.checkpoint_every == 0
                 ):
-                    self.checkpoint()
+                    self._periodic_checkpoint()
                 if solved:
                     stop_reason = f"evaluation reached target_return {cfg.target_return:g}"
                     break
@@ -303,11 +303,31 @@ class Learner:
         self.counters["consumed/steps"] = self.report.env_steps_consumed
         self.ingest.discard_queued("run_ended")  # counted; the final checkpoint holds none
         self.report.counters = dict(self.counters)
-        if self.cfg.run_dir:
-            run_dir = Path(self.cfg.run_dir)
+        if not self.cfg.run_dir:
+            return
+        run_dir = Path(self.cfg.run_dir)
+        failed = []
+        for write in (
+            self.checkpoint,
+            lambda: atomic_write_bytes(run_dir / "report.json", self.report.to_json().encode()),
+            lambda: self.save_policy(run_dir / "policy.pt"),
+        ):
+            try:  # each output is tried: a failed checkpoint must not cost the policy
+                write()
+            except WriteFailed as exc:
+                log.error("%s", exc)
+                failed.append(str(exc))
+        if failed:
+            raise WriteFailed(f"the run ended but {len(failed)} output(s) failed: {failed[0]}")
+
+    def _periodic_checkpoint(self) -> None:
+        """A checkpoint during the run; one that cannot be written is a warning (the
+        previous checkpoint is kept) and is tried again at the next interval."""
+        try:
             self.checkpoint()
-            atomic_write_bytes(run_dir / "report.json", self.report.to_json().encode())
-            self.save_policy(run_dir / "policy.pt")
+        except WriteFailed as exc:
+            self.counters["checkpoint/failed"] += 1
+            log.warning("%s; training goes on and tries again at the next checkpoint", exc)
 
     def save_policy(self, path: Path) -> None:
         """Save the policy (tensors + the config needed to rebuild it), atomically."""
@@ -343,8 +363,7 @@ class Learner:
         (``learner_overrides`` may change e.g. host, port or the budget), same
         policy, optimiser, counters and report; version numbering continues. A new
         run id tells the actors that the learner restarted, so they re-register."""
-        path = newest_checkpoint(run_dir)
-        state = read_checkpoint(path)
+        path, state = newest_readable_checkpoint(run_dir)
         cfg, ppo, policy_cfg = checkpoint_configs(state, path, run_dir, **learner_overrides)
         learner = cls(cfg, ppo, policy_cfg, context=context, on_update=on_update)
         learner.trainer.load_state_dict(state)

@@ -137,7 +137,7 @@ def train(
         try:
             with progress, _graceful_stop(learner, outcome):
                 outcome.report = learner.run()
-        except LearnerStarved as exc:
+        except (LearnerStarved, OSError) as exc:  # OSError: a run file could not be written
             raise CliFailure(str(exc)) from None
         except KeyboardInterrupt:
             outcome.interrupted = True
