@@ -31,6 +31,7 @@ SCRIPTS = (
     "broadcast",
     "actor_loop",
     "launch",
+    "eval_overhead",
 )
 TIMEOUT_S = 150.0
 
@@ -210,6 +211,17 @@ def test_launch_smoke(smoke: SmokeRuns) -> None:
     assert {r["mode"] for r in data["runs"]} == {"after", "before"}
     for run in data["runs"]:
         assert 0 < run["learner_built"] <= run["first_update"], run
+
+
+def test_eval_overhead_smoke(smoke: SmokeRuns) -> None:
+    data = smoke.result("eval_overhead")
+    (results,) = data["rounds"]
+    assert set(results) == {"off", "loop", "background"}
+    assert results["off"]["periodic_evaluations"] == 0
+    assert results["loop"]["periodic_evaluations"] >= 1  # every eval_every updates
+    for result in results.values():
+        assert result["steps_per_s"] > 0 and result["env_steps"] >= data["config"]["steps"] // 2
+        assert result["final_eval"] is not None  # the final evaluation always runs
 
 
 def test_pyspy_summary_parses_raw(tmp_path: Path) -> None:

@@ -238,6 +238,12 @@ class LearnerConfig:
     )
     eval_every: int = _f(0, "evaluate the policy every N updates; 0 = only at the end")
     eval_episodes: int = _f(20, "deterministic episodes per evaluation")
+    eval_in_background: bool = _f(
+        True,
+        "run periodic evaluations in a separate low-priority process on a snapshot of the "
+        "weights, so training never waits for them (each is reported when it finishes); "
+        "off: evaluate inside the learner's loop",
+    )
     target_return: float = _f(math.inf, "stop early once an evaluation's mean return reaches this")
     run_dir: str = _f("", "directory for metrics, report and checkpoints; empty = none")
     max_message_bytes: int = _f(

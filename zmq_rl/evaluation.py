@@ -1,11 +1,18 @@
-"""Deterministic evaluation of a policy on fresh gymnasium envs (no sockets)."""
+"""Deterministic evaluation of a policy on fresh gymnasium envs (no sockets), in this
+process (:func:`evaluate_policy`) or off the training path (:class:`BackgroundEvaluator`)."""
 
 from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from .checkpoint import config_dict
 from .policy import Policy
 from .seeding import env_seeds
 
@@ -48,3 +55,118 @@ def evaluate_policy(
         for env in envs:
             env.close()
     return float(returns.mean()), float(returns.std())
+
+
+class BackgroundEvaluator:
+    """Evaluates snapshots of the policy in a separate, low-priority process, so that
+    evaluation never stops the learner from training (nor takes the GIL from it).
+
+    At most one snapshot is being evaluated; :meth:`submit` while one is running
+    replaces the waiting one (the newest snapshot wins: an evaluation of old weights
+    is worth less than a later one). :meth:`results` returns what finished, each with
+    the ``tag`` it was submitted with. The child process is started on the first
+    :meth:`submit`, runs at ``nice`` +10 with one torch thread, rebuilds the policy
+    from the env's spaces and ``policy_cfg`` exactly as an actor does, and exits
+    when :meth:`close` is called or the learner's end of the pipe closes.
+    """
+
+    def __init__(self, env_id: str, episodes: int, seed: int, policy_cfg: Any) -> None:
+        self.env_id, self.episodes, self.seed = env_id, episodes, seed
+        self.policy_cfg = policy_cfg
+        self._conn: Any = None
+        self._process: Any = None
+        self._busy = False
+        self._waiting: tuple[Any, list[tuple[str, np.ndarray]]] | None = None
+
+    def submit(self, tag: Any, weights: list[tuple[str, np.ndarray]]) -> None:
+        """Evaluate ``weights`` (:func:`zmq_rl.policy.export_weights` output) when the
+        evaluator is free; ``tag`` comes back with the result."""
+        if self._process is None:
+            self._start()
+        if self._busy:
+            self._waiting = (tag, weights)
+        else:
+            self._send(tag, weights)
+
+    def drop_waiting(self) -> None:
+        """Forget the snapshot waiting for its turn (the one running goes on)."""
+        self._waiting = None
+
+    def busy(self) -> bool:
+        """Whether a snapshot is being evaluated or waits for its turn."""
+        return self._busy or self._waiting is not None
+
+    def results(self, timeout: float = 0.0) -> list[tuple[Any, float, float]]:
+        """``(tag, mean, std)`` of the evaluations that finished (waiting up to
+        ``timeout`` seconds for one); submits the waiting snapshot when one finished.
+        RuntimeError when the evaluator process died."""
+        done = []
+        while self._busy and self._conn.poll(timeout):
+            try:
+                message = self._conn.recv()
+            except EOFError:
+                raise RuntimeError(
+                    f"the evaluation process exited (code {self._process.exitcode})"
+                ) from None
+            if message[0] == "error":
+                raise RuntimeError(f"evaluation failed in its process: {message[1]}")
+            done.append(message[1:])
+            self._busy = False
+            timeout = 0.0
+            if self._waiting is not None:
+                self._send(*self._waiting)
+                self._waiting = None
+        return done
+
+    def close(self) -> None:
+        """Stop the child process (what it was evaluating is dropped)."""
+        if self._process is not None:
+            with contextlib.suppress(OSError):
+                self._conn.send(None)
+            self._process.join(5.0)
+            if self._process.is_alive():
+                self._process.terminate()
+                self._process.join(5.0)
+            self._conn.close()
+            self._process = None
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        args = (child, self.env_id, self.episodes, self.seed, config_dict(self.policy_cfg))
+        self._process = ctx.Process(target=_evaluate_forever, args=args, daemon=True)
+        self._process.start()
+        child.close()
+
+    def _send(self, tag: Any, weights: list[tuple[str, np.ndarray]]) -> None:
+        self._conn.send((tag, weights))
+        self._busy = True
+
+
+def _evaluate_forever(conn: Any, env_id: str, episodes: int, seed: int, policy: dict) -> None:
+    """The evaluator process: evaluate each snapshot received, send the result back."""
+    from .config import PolicyConfig
+    from .policy import build_policy, import_weights
+
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    torch.set_num_threads(1)
+    policy_cfg = PolicyConfig(**{**policy, "hidden_sizes": tuple(policy["hidden_sizes"])})
+    probe = gym.make(env_id)
+    net = build_policy(probe.observation_space, probe.action_space, policy_cfg)
+    probe.close()
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        tag, weights = request
+        try:
+            import_weights(net, weights)
+            mean, std = evaluate_policy(net, env_id, episodes, seed=seed)
+        except Exception as exc:  # noqa: BLE001 - reported to the learner, which raises it
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            return
+        conn.send(("done", tag, mean, std))

@@ -111,7 +111,7 @@ class Learner:
         self.report = LearnerReport(run_id=self.run_id)
         self.counters: Counter[str] = Counter()
         self._stop_reason = ""
-        self.runlog = RunLog(cfg, self.report, on_update)
+        self.runlog = RunLog(cfg, self.report, on_update, self.policy_cfg)
         self.ingest = Ingest(
             cfg,
             self.settings,
@@ -181,6 +181,7 @@ class Learner:
                     break
                 if self._stop_reason:
                     raise StopRequested(self._stop_reason)
+            runlog.finish_background()
             if not runlog.evaluated_last_update():
                 runlog.evaluate(self.policy)
         except StopRequested as stop:

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .config import LearnerConfig
-from .evaluation import evaluate_policy
+from .config import LearnerConfig, PolicyConfig
+from .evaluation import BackgroundEvaluator, evaluate_policy
 from .metrics import JsonlMetrics
-from .policy import Policy
+from .policy import Policy, export_weights
 from .report import LearnerReport
 
 __all__ = ["RunLog"]
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 EVAL_SEED_OFFSET = 10_000
 """Evaluation episodes are seeded from ``seed + EVAL_SEED_OFFSET``, away from the actors'."""
+BACKGROUND_FINISH_S = 120.0
+"""How long the end of a run waits for a background evaluation still running."""
 
 
 class RunLog:
@@ -35,12 +37,19 @@ class RunLog:
         cfg: LearnerConfig,
         report: LearnerReport,
         on_update: Callable[[dict[str, Any]], None] | None = None,
+        policy_cfg: PolicyConfig | None = None,
     ) -> None:
         self.cfg = cfg
         self.report = report
         self.on_update = on_update
         self.start = time.monotonic()
         self._metrics = JsonlMetrics(cfg.run_dir) if cfg.run_dir else None
+        self.evaluator = None
+        if cfg.eval_every and cfg.eval_in_background:
+            seed = cfg.seed + EVAL_SEED_OFFSET
+            self.evaluator = BackgroundEvaluator(
+                cfg.env_id, cfg.eval_episodes, seed, policy_cfg or PolicyConfig()
+            )
 
     def elapsed(self) -> float:
         """Seconds since the run started (see :meth:`restart_clock`)."""
@@ -51,36 +60,66 @@ class RunLog:
         self.start = time.monotonic()
 
     def evaluate(self, policy: Policy) -> dict[str, float]:
-        """Run ``eval_episodes`` deterministic episodes and add the result to the report."""
+        """Run ``eval_episodes`` deterministic episodes now, in this process, and add
+        the result to the report."""
         cfg = self.cfg
         seed = cfg.seed + EVAL_SEED_OFFSET
         mean, std = evaluate_policy(policy, cfg.env_id, cfg.eval_episodes, seed=seed)
+        return self._add_result(self._snapshot_tag(), mean, std)
+
+    def _snapshot_tag(self) -> tuple[int, int, float]:
+        report = self.report
+        return report.updates_completed, report.env_steps_consumed, self.elapsed()
+
+    def _add_result(self, tag: tuple[int, int, float], mean: float, std: float) -> dict[str, float]:
+        updates, env_steps, wall = tag
         result = {
-            "updates": self.report.updates_completed,
-            "env_steps": self.report.env_steps_consumed,
-            "wall_seconds": self.elapsed(),
+            "updates": updates,
+            "env_steps": env_steps,
+            "wall_seconds": wall,
             "mean_return": mean,
             "std_return": std,
         }
+        if self.evaluator is not None:
+            result["reported_at_update"] = self.report.updates_completed
         self.report.evaluations.append(result)
         log.info(
             "evaluation after %d steps: %.1f ± %.1f over %d episodes",
-            result["env_steps"],
-            mean,
-            std,
-            cfg.eval_episodes,
+            *(env_steps, mean, std, self.cfg.eval_episodes),
         )
         return result
 
     def maybe_evaluate(self, policy: Policy, metrics: dict[str, float]) -> bool:
-        """Evaluate every ``eval_every`` updates (adding ``eval/mean_return`` to
-        ``metrics``); return whether the evaluation reached ``target_return``."""
+        """Evaluate every ``eval_every`` updates (in the background process when
+        ``eval_in_background``: a snapshot is submitted and finished evaluations are
+        collected); put the newest result in ``metrics`` (``eval/mean_return`` and the
+        ``eval/env_steps`` it is of); return whether one reached ``target_return``."""
         every = self.cfg.eval_every
-        if every and self.report.updates_completed % every == 0:
-            result = self.evaluate(policy)
+        due = bool(every) and self.report.updates_completed % every == 0
+        if self.evaluator is None:
+            finished = [self.evaluate(policy)] if due else []
+        else:
+            if due:
+                self.evaluator.submit(self._snapshot_tag(), export_weights(policy))
+            finished = [self._add_result(*done) for done in self.evaluator.results()]
+        for result in finished:
             metrics["eval/mean_return"] = result["mean_return"]
-            return result["mean_return"] >= self.cfg.target_return
-        return False
+            metrics["eval/env_steps"] = result["env_steps"]
+        return any(r["mean_return"] >= self.cfg.target_return for r in finished)
+
+    def finish_background(self, timeout: float = BACKGROUND_FINISH_S) -> None:
+        """At the end of the run: collect the evaluation still running (up to
+        ``timeout`` seconds; a snapshot still waiting for its turn is dropped, the
+        final policy is evaluated anyway) and stop the evaluator process."""
+        if self.evaluator is None:
+            return
+        self.evaluator.drop_waiting()
+        deadline = time.monotonic() + timeout
+        while self.evaluator.busy() and time.monotonic() < deadline:
+            for done in self.evaluator.results(timeout=min(1.0, deadline - time.monotonic())):
+                self._add_result(*done)
+        self.evaluator.close()
+        self.evaluator = None
 
     def evaluated_last_update(self) -> bool:
         """Whether the newest evaluation is of the newest update."""
@@ -121,6 +160,9 @@ class RunLog:
         )
 
     def close(self) -> None:
-        """Close metrics.jsonl."""
+        """Close metrics.jsonl and stop the evaluator process."""
         if self._metrics is not None:
             self._metrics.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
+            self.evaluator = None
