@@ -514,7 +514,7 @@ def test_fuzz_actor_sub_and_dealer(welcomed_actor):
 
 def forged_weights(policy, version: int) -> list[Weights]:
     """Weights that decode fine but do not fit ``policy``: renamed, reshaped, retyped,
-    missing and extra tensors."""
+    missing and extra tensors, and a ``[1]`` tensor sent as a scalar ``[]``."""
     tensors = export_weights(policy)
     name0, array0 = tensors[0]
     return [
@@ -523,17 +523,21 @@ def forged_weights(policy, version: int) -> list[Weights]:
         Weights(version, FAKE_RUN, [(name0, array0.astype(np.float64)), *tensors[1:]]),
         Weights(version, FAKE_RUN, tensors[1:]),
         Weights(version, FAKE_RUN, [*tensors, ("extra", np.zeros(1, np.float32))]),
+        Weights(
+            version, FAKE_RUN, [(n, a.reshape(()) if a.shape == (1,) else a) for n, a in tensors]
+        ),
     ]
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 def test_forged_weights_with_wrong_tensors_are_rejected_not_fatal(welcomed_actor, case):
     """Weights whose names/shapes/dtypes do not fit the policy (but decode) are counted
     as ``weights:wrong_tensors`` and skipped: the actor keeps its current version (it
     does not tag fragments with a version it could not load), then loads the valid
-    weights that follow and exits on Shutdown."""
+    weights that follow (the forged version is huge, so "newest wins" must not let it
+    block them) and exits on Shutdown."""
     fake, actor, routing_id, client, _, policy_v2 = welcomed_actor
-    fake.pub.send(encode(forged_weights(policy_v2, 1)[case]))
+    fake.pub.send(encode(forged_weights(policy_v2, 10**9)[case]))
     wait_until(
         lambda: total(client.rejects, "weights:") >= 1 or not actor.alive(),
         10.0,

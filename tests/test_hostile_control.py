@@ -155,3 +155,57 @@ def test_registered_peer_sending_only_heartbeats_cannot_stall_the_run(
     good.join()
     peer.close()
     assert report.updates_completed == cfg.num_updates()
+
+
+def hello_answer(ctx, port: int, **changes) -> Message:
+    """The learner's answer to one raw hello (a new connection each)."""
+    dealer = raw_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{port}")
+    try:
+        dealer.send(encode(stub_hello(**changes)))
+        return recv_message(dealer)
+    finally:
+        dealer.close()
+
+
+def test_membership_limits_refuse_with_full_and_too_many_envs(ctx, learner_port, start_learner):
+    """max_envs_per_actor, max_actors and max_total_envs bound what hellos alone can
+    register: beyond them the refusal says which limit (``too_many_envs``, ``full``)."""
+    cfg = stub_learner_config(
+        learner_port, num_actors=3, max_actors=3, max_envs_per_actor=4, max_total_envs=6
+    )
+    learner, _ = start_learner(cfg)
+    refused = hello_answer(ctx, learner_port, num_envs=5, pid=10)
+    assert isinstance(refused, Refuse) and refused.code == "too_many_envs"
+    assert "max_envs_per_actor=4" in refused.reason
+    for pid in (11, 12):
+        welcome = hello_answer(ctx, learner_port, num_envs=2, pid=pid)
+        assert welcome.TYPE == "welcome", welcome
+    slots = hello_answer(ctx, learner_port, num_envs=3, pid=13)  # 4 + 3 slots > 6
+    assert isinstance(slots, Refuse) and slots.code == "full"
+    assert "max_total_envs=6" in slots.reason
+    assert hello_answer(ctx, learner_port, num_envs=2, pid=14).TYPE == "welcome"
+    full = hello_answer(ctx, learner_port, num_envs=1, pid=15)  # a fourth actor
+    assert isinstance(full, Refuse) and full.code == "full" and "max_actors=3" in full.reason
+    counters = learner.counters
+    assert (counters["refused/too_many_envs"], counters["refused/full"]) == (1, 2)
+    assert counters["registered"] == 3
+
+
+def test_a_hello_alone_never_ends_the_run(ctx, learner_port, start_learner):
+    """A registration that never sends experience, however many slots it claims, does
+    not change the budget: the run consumes all of it and says "budget spent" only
+    then (before, one hello with many slots made the next rollout look too big)."""
+    budget = 8 * 40
+    cfg = stub_learner_config(
+        learner_port, total_env_steps=budget, actor_timeout=1.5, max_envs_per_actor=256
+    )
+    learner, run = start_learner(cfg)
+    actor = gym_actor(ctx, learner_port)
+    wait_until(lambda: learner.report.updates_completed >= 2, TIMEOUT, "two updates")
+    answer = hello_answer(ctx, learner_port, num_envs=200, pid=99)
+    assert answer.TYPE == "welcome"
+    report = run.join(TIMEOUT * 4)
+    actor.join()
+    assert report.stop_reason == "budget spent"
+    assert report.env_steps_consumed == budget
+    assert [d["pid"] for d in report.dead_actors] == [99]

@@ -258,6 +258,15 @@ class LearnerConfig:
     checkpoint_every: int = _f(
         25, "write a checkpoint every N updates (and at the end); 0 = end only"
     )
+    max_actors: int = _f(
+        256, "most actors registered at once; a hello beyond it is refused ('full')"
+    )
+    max_envs_per_actor: int = _f(
+        256, "most env slots one actor may run; a hello asking more is refused ('too_many_envs')"
+    )
+    max_total_envs: int = _f(
+        4096, "most env slots of all registered actors together; beyond it hellos are 'full'"
+    )
     curve_secret_key: str = _f(
         "", "CURVE: the learner's secret certificate file (zmq-rl keys); empty = plain tcp"
     )
@@ -320,6 +329,18 @@ class LearnerConfig:
             "curve_secret_key and curve_authorized_keys go together",
         )
         _non_negative_int(self, "checkpoint_every")
+        _positive_int(self, "max_actors", "max_envs_per_actor", "max_total_envs")
+        for name, needed in (
+            ("max_actors", self.num_actors),
+            ("max_envs_per_actor", self.num_envs),
+            ("max_total_envs", self.nominal_slots()),
+        ):
+            _require(
+                getattr(self, name) >= needed,
+                name,
+                getattr(self, name),
+                f"must be >= {needed} (num_actors, num_envs): the run's own actors must fit",
+            )
         _require(
             type(self.target_return) in (int, float) and not math.isnan(self.target_return),
             "target_return",

@@ -20,7 +20,13 @@ from typing import Any
 import zmq
 
 from .config import LearnerConfig
-from .membership import ActorRecord, FragmentRejected, Membership, check_hello
+from .membership import (
+    ActorRecord,
+    FragmentRejected,
+    Membership,
+    MembershipLimits,
+    check_hello,
+)
 from .protocol import (
     Bye,
     Fragment,
@@ -85,6 +91,7 @@ class Ingest:
             *self.spaces, cfg.fragment_length
         )
         self.members = Membership()
+        self.limits = MembershipLimits(cfg.max_actors, cfg.max_envs_per_actor, cfg.max_total_envs)
         self.queues = SlotQueues()
         # An actor that follows the staleness valve never has more than its lead
         # queued per slot; anything past this (with slack) is a misbehaving peer.
@@ -247,7 +254,15 @@ class Ingest:
                 self.counters["discarded/fragments/actor_left"] += fragments
 
     def _on_hello(self, routing_id: bytes, hello: Hello, key: str = "") -> None:
-        problem = check_hello(self.members, routing_id, hello, self.cfg.env_id, *self.spaces)
+        problem = check_hello(
+            self.members,
+            routing_id,
+            hello,
+            self.cfg.env_id,
+            *self.spaces,
+            limits=self.limits,
+            default_envs=self.settings.num_envs,
+        )
         if problem:
             code, reason = problem
             self.counters[f"refused/{code}"] += 1

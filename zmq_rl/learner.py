@@ -169,6 +169,8 @@ class Learner:
             self.wait_for_actors(runlog.start)
             while not self._budget_spent():
                 metrics = self._one_update()
+                if metrics is None:
+                    break
                 solved = runlog.maybe_evaluate(self.policy, metrics)
                 runlog.record(metrics, self.version, sum(1 for r in self.members if r.member))
                 if (
@@ -204,16 +206,27 @@ class Learner:
 
     def _budget_spent(self) -> bool:
         """No update that would overrun ``total_env_steps`` starts (but at least one
-        update runs)."""
-        rows = self.cfg.num_steps * max(1, len(self.members.member_slots()))
+        update runs). Only members that have delivered experience count: a
+        registration alone (a hello with many slots) never ends the run; if such a
+        member does deliver, the check after the fill counts it."""
+        delivering = [
+            k for k in self.members.member_slots() if self.members.get(k[0]).steps_received
+        ]
+        return self._overruns(len(delivering))
+
+    def _overruns(self, slots: int) -> bool:
+        rows = self.cfg.num_steps * max(1, slots)
         return self.report.updates_completed > 0 and (
             self.report.env_steps_consumed + rows > self.cfg.total_env_steps
         )
 
-    def _one_update(self) -> dict[str, float]:
-        """Fill, take the rollout, train on it, maybe broadcast."""
+    def _one_update(self) -> dict[str, float] | None:
+        """Fill, take the rollout, train on it, maybe broadcast; None (no update) when
+        the filled rollout would overrun the budget."""
         cfg, report = self.cfg, self.report
         self._fill()
+        if self._overruns(len(self.members.member_slots())):
+            return None  # members that delivered during the fill made it too big
         rollout = self.queues.take(self.members.member_slots(), cfg.num_steps)
         progress = min(1.0, report.env_steps_consumed / cfg.total_env_steps)
         result = self.trainer.update(rollout, progress)

@@ -304,6 +304,16 @@ MAX_ABS_VALUE = 1e9
 absurd numbers would otherwise overflow the loss."""
 
 
+@dataclass(frozen=True)
+class MembershipLimits:
+    """The most actors, slots per actor and slots in total a learner registers
+    (``LearnerConfig.max_actors``, ``max_envs_per_actor``, ``max_total_envs``)."""
+
+    max_actors: int
+    max_envs_per_actor: int
+    max_total_envs: int
+
+
 def check_hello(
     membership: Membership,
     routing_id: bytes,
@@ -311,9 +321,11 @@ def check_hello(
     env_id: str,
     observation_space: Any,
     action_space: Any,
+    limits: MembershipLimits | None = None,
+    default_envs: int = 1,
 ) -> tuple[str, str] | None:
-    """Why a hello must be refused, as (refuse code, message naming both sides),
-    or None when it is acceptable."""
+    """Why a hello must be refused, as (refuse code, message naming both sides or the
+    limit), or None when it is acceptable."""
     if hello.observation_space or hello.action_space:
         try:
             theirs_obs = space_from_spec(hello.observation_space, "hello.observation_space")
@@ -333,6 +345,35 @@ def check_hello(
         return "duplicate_id", (
             f"actor id {hello.actor_id} is already taken by a live actor on "
             f"{rec.host} pid {rec.pid}; pass another --actor-id or -1"
+        )
+    if limits is not None:
+        return _over_limits(membership, routing_id, hello, limits, default_envs)
+    return None
+
+
+def _over_limits(
+    membership: Membership,
+    routing_id: bytes,
+    hello: Hello,
+    limits: MembershipLimits,
+    default_envs: int,
+) -> tuple[str, str] | None:
+    """A hello that would take the run past its membership limits (a re-registration
+    of this connection or id replaces its earlier record, so that one is not counted)."""
+    envs = hello.num_envs or default_envs
+    if envs > limits.max_envs_per_actor:
+        return "too_many_envs", (
+            f"num_envs {envs} > max_envs_per_actor={limits.max_envs_per_actor} of this learner"
+        )
+    replaced = {membership.by_routing.get(routing_id), hello.actor_id}
+    others = [r for r in membership if not r.said_bye and r.actor_id not in replaced]
+    if len(others) >= limits.max_actors:
+        return "full", f"{len(others)} actors registered: max_actors={limits.max_actors}"
+    slots = sum(r.num_envs for r in others)
+    if slots + envs > limits.max_total_envs:
+        return "full", (
+            f"{slots} env slots registered; {envs} more would pass "
+            f"max_total_envs={limits.max_total_envs}"
         )
     return None
 
