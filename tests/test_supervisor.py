@@ -17,6 +17,7 @@ process exit). Measured times are printed as ``FAULT-TIMING name: seconds``
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -35,11 +36,13 @@ import pytest
 
 from tests import supervisor_policies
 from tests.conftest import free_port_block
+from tests.netns import SLOW_ENV_ID, SLOW_STEP_S
 from tests.test_faults import (
     LEARNER,
     REGISTERED,
     START_S,
     ZMQ_RL,
+    Proc,
     Procs,
     check_accounting,
     checkpoints,
@@ -654,3 +657,130 @@ def test_resuming_learner_does_not_restart_after_a_stop_request():
     with pytest.raises(CliFailure, match="while stopping"):
         learner.run()
     assert learner.learner_restarts == []
+
+
+# -- chaos soak ---------------------------------------------------------------------------
+
+CHAOS_S = float(os.environ.get("ZMQ_RL_CHAOS_SECONDS", "30"))
+"""Length of the fault schedule (short form: 30 s; the long form sets e.g. 600)."""
+CHAOS_SEED = int(os.environ.get("ZMQ_RL_CHAOS_SEED", "0"))
+CHAOS_ACTORS = 3
+
+
+def chaos_step(rng: Any, run: Proc, log: list[str]) -> None:
+    """One fault on a random actor of ``run``: ``kill -9``, or SIGSTOP for 0.5-5 s
+    (longer than actor_timeout 3 s: declared dead, then it registers again)."""
+    children = actor_children(run.pid)
+    if not children:
+        return
+    key = rng.choice(sorted(children))
+    victim = children[key]
+    try:
+        if rng.random() < 0.5:
+            victim.kill()
+            log.append(f"kill -9 {victim.pid}")
+        else:
+            pause = rng.uniform(0.5, 5.0)
+            victim.suspend()
+            try:
+                time.sleep(pause)  # the fault itself: how long the actor is frozen
+            finally:
+                victim.resume()
+            log.append(f"SIGSTOP {victim.pid} for {pause:.1f}s")
+    except psutil.NoSuchProcess:
+        log.append(f"(pid {victim.pid} gone before the fault)")
+
+
+def chaos_until(rng: Any, run: Proc, until: float, log: list[str]) -> None:
+    """Faults every 1-3 s until ``until`` (monotonic) or the run's end."""
+    while time.monotonic() < until and run.alive():
+        chaos_step(rng, run, log)
+        time.sleep(rng.uniform(1.0, 3.0))  # the schedule's gap between faults
+
+
+@pytest.mark.timeout(CHAOS_S * 4 + 3 * START_S)
+def test_chaos_soak(procs, tmp_path, learner_port):
+    """A seeded schedule of ``kill -9`` and SIGSTOP/SIGCONT of random actors, and one
+    ``kill -9`` of the ``zmq-rl run`` process itself (the learner) resumed with
+    ``--resume``: the run completes its budget, every step the learner accepted is
+    consumed or discarded for a named reason (the ledger is printed), and no process
+    is left behind. Not here: network faults (``zmq-rl run``'s actors share the
+    learner's loopback; link cuts between hosts are tests/test_netns.py's) and an
+    evaluation check (the stub env returns 5.0 whatever the policy). The long form:
+    ``ZMQ_RL_CHAOS_SECONDS=600 pytest -s tests/test_supervisor.py -k chaos``."""
+    import random
+
+    rng = random.Random(CHAOS_SEED)
+    run_dir = tmp_path / "run"
+    # SlowStub-v0 (20 ms a step) caps the run at 150 steps/s: the budget cannot be
+    # spent before the schedule is through, however fast the machine.
+    steps_per_s = CHAOS_ACTORS / SLOW_STEP_S
+    budget_updates = max(40, int(0.9 * steps_per_s * CHAOS_S / (16 * CHAOS_ACTORS)))
+    supervised = ["--actor-restarts", "50", "--actor-restart-backoff", "0.5", "--no-plot"]
+    first = procs.start(
+        "first",
+        run_argv(
+            learner_port,
+            run_dir,
+            actors=CHAOS_ACTORS,
+            budget_updates=budget_updates,
+            eval_every=0,
+            actor_timeout=3,
+            checkpoint_every=10,
+            env=SLOW_ENV_ID,
+        )
+        + supervised,
+    )
+    wait_update(run_dir, 2, START_S, procs, [first])
+    faults: list[str] = []
+    started = time.monotonic()
+    chaos_until(rng, first, started + 0.4 * CHAOS_S, faults)
+    wait_until(lambda: checkpoints(run_dir), 30, "a checkpoint", procs, [first])
+    first_pids = [p.pid for p in actor_children(first.pid).values()]
+    first.popen.kill()  # the learner: kill -9 of zmq-rl run
+    first.wait(10)
+    faults.append("kill -9 zmq-rl run (the learner)")
+    # Its actors notice that their parent is gone and exit by themselves.
+    wait_until(lambda: not still_running(first_pids), 30, "the orphaned actors to exit", procs)
+    second = procs.start(
+        "second",
+        [
+            *ZMQ_RL,
+            "run",
+            "--resume",
+            str(run_dir),
+            "--port",
+            str(learner_port),
+            "--log-level",
+            "info",
+            *supervised,
+        ],
+    )
+    resumed = time.monotonic()
+    wait_until(
+        lambda: actor_children(second.pid), START_S, "the resumed run's actors", procs, [second]
+    )
+    chaos_until(rng, second, resumed + 0.6 * CHAOS_S, faults)
+    rc = second.wait(RUN_S + CHAOS_S)
+    print(f"chaos (seed {CHAOS_SEED}, {CHAOS_S:.0f}s): {len(faults)} faults: " + "; ".join(faults))
+    assert rc == 0, procs.logs()
+    report = read_report(run_dir)
+    total = 16 * CHAOS_ACTORS * budget_updates
+    assert report["stop_reason"] == "budget spent"
+    assert report["env_steps_consumed"] > total - 16 * CHAOS_ACTORS
+    discarded = check_accounting(report)
+    counters = report["counters"]
+    ledger = {
+        "received/steps": counters["received/steps"],
+        "consumed/steps": counters["consumed/steps"],
+        **{f"discarded/steps/{k}": v for k, v in sorted(discarded.items())},
+        **{k: v for k, v in sorted(counters.items()) if k.startswith("rejected/")},
+        "actors/declared_dead": counters.get("actors/declared_dead", 0),
+        "learner/resumes": counters.get("learner/resumes", 0),
+        "supervisor restarts (resumed session)": len(report["supervisor"]["restarts"]),
+    }
+    print("ledger: " + json.dumps(ledger, indent=1))
+    assert counters["learner/resumes"] == 1
+    assert sum(f.startswith(("kill", "SIGSTOP")) for f in faults) >= 3
+    pids = [p for ps in report["supervisor"]["actor_pids"].values() for p in ps]
+    assert still_running([*pids, *first_pids, first.pid, second.pid]) == [], "left behind"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import EXIT_INTERRUPTED, guard, setup_logging
-from .flags import LOG_LEVELS, HelpFormatter, Section, parse_with_config
+from .flags import LOG_LEVELS, HelpFormatter, Section, flag_name, parse_with_config
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args
 from .plot import add_plot_flags, plot_from_args
 
@@ -144,6 +144,8 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="draw learning_curve.png into the run dir at the end",
     )
+    from .local import MAX_BACKOFF_S, RESUME_CHANGEABLE
+
     supervision = parser.add_argument_group(
         "supervision", "restarting dead actors and a crashed learner; resuming a run"
     )
@@ -163,7 +165,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         type=_non_negative(float),
         default=1.0,
         help="wait before restarting a dead actor, doubled with each consecutive failure "
-        "of that actor (at most 30 s)",
+        f"of that actor (at most {MAX_BACKOFF_S:g} s)",
     )
     supervision.add_argument(
         "--resume",
@@ -171,9 +173,8 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="continue the run in RUN_DIR from its newest checkpoint with new local actors "
         "(configs, policy, optimiser, counters; version numbering continues). Only "
-        "--total-env-steps, --host, --port, --actors, --eval-every, --eval-episodes, "
-        "--target-return, --checkpoint-every, --starvation-timeout and --actor-timeout "
-        "may differ from the run's (besides the flags of this group, --log-level, "
+        + ", ".join(flag_name(n) for n in RESUME_CHANGEABLE)
+        + " may differ from the run's (besides the flags of this group, --log-level, "
         "--actor-log-level, --plot and --tensorboard); other changed settings are refused",
     )
     supervision.add_argument(
