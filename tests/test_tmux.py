@@ -13,6 +13,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import STUB_ENV_ID
@@ -119,6 +120,8 @@ def test_help_lists_every_option():
         "-p PORT",
         "-A FLAGS",
         "-L SOCKET",
+        "-r N",
+        "-b SECONDS",
         "-d",
         "ZMQ_RL_LEARNER_CMD",
         "ZMQ_RL_ACTOR_CMD",
@@ -254,3 +257,96 @@ def test_refuses_an_existing_session_and_unknown_options(tmux_server):
     unknown = launch(tmux_server, env, "--port", "1")
     assert unknown.returncode == 2
     assert "learner flags go after '--'" in unknown.stderr
+
+
+# -- the actor panes' restart loop ------------------------------------------------------
+
+FAKE_ACTOR = """#!/bin/sh
+# fake-actor MODE PIDFILE [actor flags...]: record the pid, then exit with MODE's
+# status (exitN) or sleep until killed (sleep).
+echo $$ >> "$2"
+case "$1" in
+    exit*) echo "fake actor exits ${1#exit}"; exit "${1#exit}" ;;
+    sleep) echo "fake actor runs"; exec sleep 60 ;;
+esac
+"""
+
+
+def fake_actor_session(
+    server: TmuxServer, tmp_path: Path, mode: str, *flags: str
+) -> tuple[str, Path]:
+    """One local actor pane running the fake actor in ``mode``; (its target, pid file)."""
+    fake = tmp_path / "fake-actor"
+    fake.write_text(FAKE_ACTOR)
+    fake.chmod(0o755)
+    pids = tmp_path / "pids"
+    env = {
+        **os.environ,
+        "ZMQ_RL_LEARNER_CMD": "echo LEARNER",
+        "ZMQ_RL_ACTOR_CMD": f"{fake} {mode} {pids}",
+    }
+    started = launch(server, env, "-s", "loop", "-d", "-n", "1", *flags)
+    assert started.returncode == 0, started.stderr
+    return "loop:actors.0", pids
+
+
+def started_pids(pids: Path) -> list[int]:
+    return [int(line) for line in pids.read_text().split()] if pids.is_file() else []
+
+
+def test_a_failing_actor_pane_is_restarted_with_backoff_up_to_the_cap(tmp_path, tmux_server):
+    target, pids = fake_actor_session(tmux_server, tmp_path, "exit1", "-r", "2", "-b", "0.2")
+    screen = tmux_server.wait_for_text(target, "press Enter to close", EXIT_LINE_TIMEOUT_S)
+    assert "actor 0 exited with status 1; restart 1 of 2 in 0.2s" in screen, screen
+    assert "actor 0 exited with status 1; restart 2 of 2 in 0.4s" in screen, screen
+    assert "actor 0: exit status 1; restarts exhausted (2 of -r 2)" in screen, screen
+    assert "actor 0 exited with status 1 (press Enter to close)" in screen
+    assert len(started_pids(pids)) == 3
+
+
+@pytest.mark.parametrize(
+    ("mode", "line"),
+    [
+        ("exit2", "actor 0: exit status 2 (a configuration error): not restarted"),
+        ("exit0", "actor 0 exited with status 0 (press Enter to close)"),
+        ("exit130", "actor 0 exited with status 130 (press Enter to close)"),
+    ],
+)
+def test_an_actor_pane_is_not_restarted_after_a_clean_exit_or_a_config_error(
+    tmp_path, tmux_server, mode, line
+):
+    target, pids = fake_actor_session(tmux_server, tmp_path, mode, "-b", "0.1")
+    screen = tmux_server.wait_for_text(target, "press Enter to close", EXIT_LINE_TIMEOUT_S)
+    assert line in screen, screen
+    assert "restart 1" not in screen
+    assert len(started_pids(pids)) == 1
+
+
+def test_a_killed_actor_comes_back_in_its_pane(tmp_path, tmux_server):
+    """kill -9 of the actor process inside the session: the pane starts it again."""
+    target, pids = fake_actor_session(tmux_server, tmp_path, "sleep", "-b", "0.1")
+    deadline = time.monotonic() + EXIT_LINE_TIMEOUT_S
+    while not started_pids(pids):
+        assert time.monotonic() < deadline, tmux_server.capture(target)
+        time.sleep(0.1)
+    (first,) = started_pids(pids)
+    os.kill(first, 9)
+    while len(started_pids(pids)) < 2:
+        assert time.monotonic() < deadline, tmux_server.capture(target)
+        time.sleep(0.1)
+    second = started_pids(pids)[1]
+    assert second != first
+    screen = tmux_server.wait_for_text(target, "restart 1 of 3", EXIT_LINE_TIMEOUT_S)
+    assert "actor 0 exited with status 137; restart 1 of 3 in 0.1s" in screen, screen
+    tmux_server.run("kill-session", "-t", "loop")
+    deadline = time.monotonic() + EXIT_LINE_TIMEOUT_S
+    while psutil.pid_exists(second) and psutil.Process(second).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the actor outlived its session"
+        time.sleep(0.1)
+
+
+def test_refuses_bad_restart_options(tmux_server):
+    env = {**os.environ, "ZMQ_RL_LEARNER_CMD": "echo L", "ZMQ_RL_ACTOR_CMD": "echo A"}
+    for flags, message in ((["-r", "x"], "-r needs a number"), (["-b", "-1"], "-b needs")):
+        out = launch(tmux_server, env, "-s", "bad", "-d", *flags)
+        assert out.returncode == 2 and message in out.stderr, out.stderr

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import EXIT_INTERRUPTED, guard, setup_logging
-from .flags import LOG_LEVELS, HelpFormatter, Section, parse_with_config
+from .flags import LOG_LEVELS, HelpFormatter, Section, flag_name, parse_with_config
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args
 from .plot import add_plot_flags, plot_from_args
 
@@ -144,6 +144,66 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="draw learning_curve.png into the run dir at the end",
     )
+    from .local import MAX_BACKOFF_S, RESUME_CHANGEABLE
+
+    supervision = parser.add_argument_group(
+        "supervision", "restarting dead actors and a crashed learner; resuming a run"
+    )
+    supervision.add_argument(
+        "--actor-restarts",
+        metavar="N",
+        type=_non_negative(int),
+        default=3,
+        help="restart an actor process that dies during training up to N times (per actor); "
+        "it rejoins as a late joiner. An actor that exits with code 2 (a configuration "
+        "error) or fails before it started collecting is not restarted: the run then "
+        "fails at once with its error",
+    )
+    supervision.add_argument(
+        "--actor-restart-backoff",
+        metavar="SECONDS",
+        type=_non_negative(float),
+        default=1.0,
+        help="wait before restarting a dead actor, doubled with each consecutive failure "
+        f"of that actor (at most {MAX_BACKOFF_S:g} s)",
+    )
+    supervision.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=None,
+        help="continue the run in RUN_DIR from its newest checkpoint with new local actors "
+        "(configs, policy, optimiser, counters; version numbering continues). Only "
+        + ", ".join(flag_name(n) for n in RESUME_CHANGEABLE)
+        + " may differ from the run's (besides the flags of this group, --log-level, "
+        "--actor-log-level, --plot and --tensorboard); other changed settings are refused",
+    )
+    supervision.add_argument(
+        "--resume-on-crash",
+        metavar="N",
+        nargs="?",
+        type=_non_negative(int),
+        const=3,
+        default=0,
+        help="when the learner crashes with an error, resume it from its newest checkpoint "
+        "while the actors keep running, up to N times (N defaults to 3 when the flag is "
+        "given without it; 0 = off)",
+    )
+
+
+def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` (int or float) and >= 0."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 @subcommand(
@@ -153,24 +213,49 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     description="Train in one command: the learner runs in this process and --actors "
     "actor processes (python -m zmq_rl.cli.actor) connect to it over loopback. The "
     "defaults solve CartPole-v1 (evaluation every 5 updates; stop at mean return 475). "
-    "Ctrl-C stops everything. The run dir gets config.toml, metrics.jsonl, metrics.csv, "
-    "report.json, policy.pt, learning_curve.png and logs/actor-N.log.",
+    "Ctrl-C stops everything. An actor process that dies is restarted (--actor-restarts); "
+    "--resume RUN_DIR continues an interrupted run. The run dir gets config.toml, "
+    "metrics.jsonl, metrics.csv, report.json, policy.pt, learning_curve.png and "
+    "logs/actor-N.log.",
     sections=LEARNER_SECTIONS,
 )
 def run_command(args: argparse.Namespace) -> int:
     """``zmq-rl run``."""
-    from .local import LocalActors
+    from .local import LocalActors, ResumingLearner, resume_configs, summary_lines
     from .plot import CURVE_NAME, plot_runs
     from .training import make_console, print_summary, train
 
-    cfg, ppo, policy = configs_from_args(args)
+    resume = None
+    if args.resume is not None:
+        run_parser = subparser(build_parser(), "run")
+        defaults = {a.dest: a.default for a in run_parser._actions}
+        cfg, ppo, policy, overrides = resume_configs(args.resume, args, defaults, LEARNER_SECTIONS)
+        resume = (cfg.run_dir, overrides)
+    else:
+        cfg, ppo, policy = configs_from_args(args)
     setup_logging(args.log_level)
     console = make_console()
     log_dir = Path(cfg.run_dir) / "logs" if cfg.run_dir else None
+    supervised: dict[str, Any] = {}
+
+    def wrap_learner(learner: Any) -> Any:
+        learner.report.stop_reason = ""  # a resumed final checkpoint's reason is not this run's
+        if args.resume_on_crash:
+            learner = ResumingLearner(learner, args.resume_on_crash)
+            supervised["learner"] = learner
+        return learner
 
     def around_run(learner: Any) -> LocalActors:
         level = args.actor_log_level or ("info" if log_dir else args.log_level)
-        return LocalActors(learner, cfg.num_actors, log_dir=log_dir, log_level=level)
+        supervised["actors"] = LocalActors(
+            learner,
+            cfg.num_actors,
+            log_dir=log_dir,
+            log_level=level,
+            max_restarts=args.actor_restarts,
+            restart_backoff=args.actor_restart_backoff,
+        )
+        return supervised["actors"]
 
     outcome = train(
         cfg,
@@ -180,8 +265,12 @@ def run_command(args: argparse.Namespace) -> int:
         tensorboard=args.tensorboard,
         around_run=around_run,
         command="zmq-rl run",
+        resume=resume,
+        wrap_learner=wrap_learner,
     )
-    extra = {}
+    extra = summary_lines(supervised.get("actors"), supervised.get("learner"))
+    if "learner" in supervised and supervised["learner"].learner_restarts:
+        outcome.session_seconds = supervised["learner"].session_seconds
     if cfg.run_dir and args.plot and (Path(cfg.run_dir) / "metrics.jsonl").is_file():
         curve = plot_runs([cfg.run_dir], Path(cfg.run_dir) / CURVE_NAME)
         extra["learning curve"] = str(curve)

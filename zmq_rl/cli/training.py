@@ -75,6 +75,10 @@ class TrainingOutcome:
         self.interrupted = False
         self.updates_seen = 0
         self.last_row: Mapping[str, Any] = {}
+        self.steps_at_start = 0
+        """Env steps the learner had consumed when this session started (a resume's)."""
+        self.session_seconds: float | None = None
+        """This session's wall time when it differs from the report's (learner restarts)."""
 
 
 def train(
@@ -88,6 +92,7 @@ def train(
     live: bool | None = None,
     command: str = "zmq-learner",
     resume: tuple[str, Mapping[str, Any]] | None = None,
+    wrap_learner: Callable[[Any], Any] | None = None,
 ) -> TrainingOutcome:
     """Bind a learner, run it to the end of its budget and return the outcome.
 
@@ -99,6 +104,8 @@ def train(
     and writes its report, checkpoint and policy); a second one aborts at once,
     without a report. Either way the outcome has ``interrupted`` set.
     ``resume=(run_dir, overrides)`` continues that run's newest checkpoint.
+    ``wrap_learner(learner)``, when given, returns what is run and stopped instead
+    of the learner (``zmq-rl run --resume-on-crash`` restarts a crashed one there).
     """
     from zmq_rl.learner import Learner, LearnerStarved
     from zmq_rl.metrics import MetricsWriter
@@ -131,6 +138,9 @@ def train(
                 learner = Learner(cfg, ppo, policy, on_update=on_update)
         except OSError as exc:
             raise CliFailure(str(exc)) from None
+        outcome.steps_at_start = learner.report.env_steps_consumed
+        if wrap_learner is not None:
+            learner = wrap_learner(learner)
         stack.callback(learner.close)
         if around_run is not None:
             stack.enter_context(around_run(learner))
@@ -186,8 +196,12 @@ def print_summary(
         lines.append(("stopped", report.stop_reason or "done"))
         lines.append(("updates", f"{report.updates_completed} (budget {cfg.num_updates()})"))
         lines.append(("env steps", f"{report.env_steps_consumed:,} of {cfg.total_env_steps:,}"))
-        sps = report.env_steps_consumed / max(report.wall_seconds, 1e-9)
-        lines.append(("wall time", f"{format_duration(report.wall_seconds)} ({sps:,.0f} steps/s)"))
+        # Speed from this session's steps and time (a resumed run's total is not).
+        session_steps = report.env_steps_consumed - outcome.steps_at_start
+        wall = report.wall_seconds if outcome.session_seconds is None else outcome.session_seconds
+        sps = session_steps / max(wall, 1e-9)
+        since = f", {session_steps:,} steps since the resume" if outcome.steps_at_start else ""
+        lines.append(("wall time", f"{format_duration(wall)} ({sps:,.0f} steps/s{since})"))
         lines.append(
             (
                 "episodes",
