@@ -390,6 +390,8 @@ def test_kill_9_of_a_zmq_rl_run_actor_is_survived(procs, tmp_path, learner_port)
     assert supervisor["failure"] == "" and supervisor["exits"] == []
     (dead,) = report["dead_actors"]
     assert dead["pid"] == victim.pid
+    # Declared dead when the supervisor saw the exit, well before actor_timeout (3 s).
+    assert dead["silent_seconds"] < actor_timeout, dead
     replacement = [s for s in report["actor_stats"].values() if s["pid"] == restart["new_pid"]]
     assert replacement and replacement[0]["said_bye"], report["actor_stats"]
     assert replacement[0]["steps_consumed"] > 0
@@ -529,7 +531,11 @@ def test_resume_finishes_the_budget(resumed_run):
     assert run["budget"] - 16 * RESUME_ACTORS < report["env_steps_consumed"] <= run["budget"]
     assert report["counters"]["learner/resumes"] == 1
     assert report["resumed_from"].endswith(f"ckpt-{run['interrupted']['updates_completed']:08d}.pt")
-    assert len(report["actor_stats"]) == RESUME_ACTORS
+    # The killed actor's registration is declared dead as soon as the supervisor sees
+    # its process exit (not after actor_timeout); its replacement may or may not have
+    # registered before the budget ran out.
+    assert run["victim"] in [d["pid"] for d in report["dead_actors"]]
+    assert 1 <= len(report["actor_stats"]) <= RESUME_ACTORS
     # The supervisor worked in the resumed session (the checkpoint's final
     # stop_reason must not make it take the run for one that is ending).
     (restart,) = report["supervisor"]["restarts"]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -102,6 +103,9 @@ class Ingest:
         self.shutting_down = False
         self.current_weights: Weights | None = None
         self._last_heartbeat = 0.0
+        # Processes a supervisor saw exit (any thread appends; pump reads). Bounded by
+        # what one pump handles: the supervisor reports each exit once.
+        self._exited: deque[int] = deque(maxlen=1024)
         self.sockets = bind_learner_sockets(
             context or zmq.Context.instance(), cfg, self.max_message_bytes
         )
@@ -154,6 +158,8 @@ class Ingest:
         update, an evaluation), live actors' heartbeats queued up and must count.
         """
         self._maybe_heartbeat()
+        while self._exited:
+            self._declare_exited(self._exited.popleft())
         events = dict(self.poller.poll(timeout_ms))
         if self.control in events:
             self._drain(
@@ -338,6 +344,26 @@ class Ingest:
             )
             self.counters["actors/declared_dead"] += 1
             self._forget(rec, "actor_dead")
+
+    def actor_exited(self, pid: int) -> None:
+        """A supervisor saw the process ``pid`` (on this host) exit: its registration
+        is declared dead at the next pump instead of after ``actor_timeout``. Safe to
+        call from any thread."""
+        self._exited.append(pid)
+
+    def _declare_exited(self, pid: int) -> None:
+        host = socket.gethostname()[:200]
+        for rec in self.members:
+            if rec.pid == pid and rec.host == host and not rec.said_bye:
+                log.warning(
+                    "actor %d (%s pid %d): its process exited: declared dead",
+                    *(rec.actor_id, rec.host, rec.pid),
+                )
+                self.report.dead_actors.append(
+                    rec.death_line(time.monotonic(), self.report.updates_completed, self.version())
+                )
+                self.counters["actors/declared_dead"] += 1
+                self._forget(self.members.remove(rec.actor_id), "actor_dead")
 
     def _forget(self, rec: ActorRecord, reason: str) -> None:
         """Discard (and count) what a removed actor had queued; keep its report line."""

@@ -305,6 +305,11 @@ class Learner:
         """Serve both receiving sockets for up to ``timeout_ms`` (:meth:`Ingest.pump`)."""
         self.ingest.pump(timeout_ms)
 
+    def actor_exited(self, pid: int) -> None:
+        """Tell the learner that the actor process ``pid`` on this host exited (a
+        supervisor saw it): it is declared dead at once (:meth:`Ingest.actor_exited`)."""
+        self.ingest.actor_exited(pid)
+
     def shutdown_actors(self, reason: str) -> None:
         """Tell every actor to stop and collect their byes (:meth:`Ingest.shutdown_actors`)."""
         self.ingest.shutdown_actors(reason)
@@ -383,6 +388,7 @@ class Learner:
         learner.trainer.load_state_dict(state)
         restore_run_state(state, learner.report, learner.counters)
         learner.report.resumed_from = str(path)
+        learner.report.stop_reason = ""  # a final checkpoint's reason is not this run's
         learner.publish_weights(publish=False)
         log.info(
             "resumed %s at update %d, version %d, %d env steps consumed",

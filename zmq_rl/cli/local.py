@@ -339,6 +339,9 @@ class LocalActors:
         self._update_ready(slot, now)  # the line may have come just before the exit
         assert slot.proc is not None
         pid = slot.proc.pid
+        exited = getattr(self.learner, "actor_exited", None)
+        if exited is not None:  # its registration is dead now, not after actor_timeout
+            exited(pid)
         uptime = now - slot.started_at
         why = describe_exit(code)
         slot.last_exit = f"pid {pid} {why}"
