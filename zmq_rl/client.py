@@ -437,7 +437,8 @@ class ActorClient(LearnerConnection):
         last observation of that episode. A full fragment of every slot is sent
         once ``fragment_length`` steps are buffered.
         """
-        steps = StepArrays.coerce(obs, actions, rewards, terminated, truncated, values, log_probs)
+        # Not coerced: the sender's buffer converts each row as it stores it.
+        steps = StepArrays(obs, actions, rewards, terminated, truncated, values, log_probs)
         self.sender.step(steps, next_obs, final_obs, self.version)
 
     def flush(self) -> None:

@@ -321,17 +321,20 @@ class StepArrays:
         return StepArrays(**{name: getattr(self, name)[index] for name in self.STEP_FIELDS})
 
     def write(self, index: Any, source: StepArrays) -> None:
-        """Copy ``source``'s fields into rows ``index`` of this record's arrays."""
+        """Copy ``source``'s fields into rows ``index`` of this record's arrays (numpy
+        converts them to these arrays' dtypes). The actor's hot path: per-step cost."""
+        mine, theirs = self.__dict__, source.__dict__
         for name in self.STEP_FIELDS:
-            getattr(self, name)[index] = getattr(source, name)
+            mine[name][index] = theirs[name]
 
     @classmethod
     def coerce(cls, *arrays: Any) -> StepArrays:
         """The arrays of :attr:`STEP_FIELDS`, in that order, as they travel:
         observations and actions keep their dtype, the other fields take their fixed
         dtype from :data:`STEP_DTYPES`."""
-        named = zip(cls.STEP_FIELDS, arrays, strict=True)
-        return cls(**{name: np.asarray(a, STEP_DTYPES.get(name)) for name, a in named})
+        if len(arrays) != len(cls.STEP_FIELDS):
+            raise TypeError(f"StepArrays.coerce takes {', '.join(cls.STEP_FIELDS)}")
+        return cls(*[np.asarray(a, dtype) for a, dtype in zip(arrays, _COERCE_DTYPES, strict=True)])
 
     @classmethod
     def allocate(
@@ -357,6 +360,7 @@ STEP_DTYPES: dict[str, Any] = {
     "log_probs": np.float32,
 }
 """The fixed dtype of each step field (observations and actions keep the env's)."""
+_COERCE_DTYPES = tuple(STEP_DTYPES.get(name) for name in StepArrays.STEP_FIELDS)
 
 STEP_WIRE: dict[str, tuple[tuple[str, ...], int | None]] = {
     "obs": (OBS_DTYPES, None),

@@ -28,7 +28,8 @@ class LockstepBuffer:
     """Preallocated ``[T, num_envs]`` step arrays that :meth:`ExperienceSender.step`
     fills one row at a time, plus each slot's final observations by row."""
 
-    def __init__(self, length: int, obs: np.ndarray, actions: np.ndarray) -> None:
+    def __init__(self, length: int, obs: Any, actions: Any) -> None:
+        obs, actions = np.asarray(obs), np.asarray(actions)
         num_envs = obs.shape[0]
         self.steps = StepArrays.allocate(
             (length, num_envs), obs.shape[1:], obs.dtype, actions.shape[1:], actions.dtype
@@ -37,15 +38,19 @@ class LockstepBuffer:
         self.final: list[dict[int, np.ndarray]] = [{} for _ in range(num_envs)]
         self.size = 0
 
-    def add(self, steps: StepArrays, final_obs: Mapping[int, np.ndarray] | None) -> None:
-        """Record one step of every slot; keep the final observation of each slot
-        whose episode was truncated (and not terminated) in this step."""
+    def add(self, steps: StepArrays, final_obs: Mapping[int, np.ndarray] | None) -> int:
+        """Record one step of every slot (any array-likes of the right shapes); keep
+        the final observation of each slot whose episode was truncated (and not
+        terminated) in this step. Returns how many slots ended an episode."""
         t = self.size
         self.steps.write(t, steps)
-        for slot, last in (final_obs or {}).items():
-            if self.steps.truncated[t, slot] and not self.steps.terminated[t, slot]:
-                self.final[slot][t] = np.array(last)
+        terminated, truncated = self.steps.terminated[t], self.steps.truncated[t]
+        if final_obs:
+            for slot, last in final_obs.items():
+                if truncated[slot] and not terminated[slot]:
+                    self.final[slot][t] = np.array(last)
         self.size = t + 1
+        return int(np.count_nonzero(terminated | truncated))
 
     def reset(self) -> None:
         """Forget the buffered rows (after they were sent)."""
@@ -144,9 +149,8 @@ class ExperienceSender:
         if self.buffer is None:
             self.buffer = LockstepBuffer(self.fragment_length, steps.obs, steps.actions)
         buffer = self.buffer
-        buffer.add(steps, final_obs)
+        self.stats["episodes_completed"] += buffer.add(steps, final_obs)
         buffer.next_obs[...] = next_obs
-        self.stats["episodes_completed"] += int((steps.terminated | steps.truncated).sum())
         self.slot_steps += 1
         if buffer.size == self.fragment_length:
             self.flush(version)
