@@ -2,11 +2,13 @@
 
 Exit codes of every command: 0 done, 1 failed at run time (learner unreachable or
 refused, starved, an actor crashed), 2 bad configuration or usage (argparse's own
-code), 130 interrupted (Ctrl-C or SIGTERM).
+code), 130 interrupted (Ctrl-C, SIGTERM, or SIGHUP: the terminal or ssh session
+closed, ``tmux kill-session``).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -28,6 +30,7 @@ __all__ = [
     "EXIT_CONFIG",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
+    "STOP_SIGNALS",
     "CliFailure",
     "check_env",
     "default_run_dir",
@@ -35,6 +38,7 @@ __all__ = [
     "error",
     "format_duration",
     "guard",
+    "note_hangup",
     "setup_logging",
     "sigterm_as_interrupt",
 ]
@@ -50,6 +54,15 @@ class CliFailure(RuntimeError):
     def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()),
+)
+"""The signals that stop a command cleanly (exit 130, everything written)."""
+_HANGUP = getattr(signal, "SIGHUP", None)
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -100,22 +113,72 @@ def error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
 
 
+_hangups = 0
+
+
+def _is_terminal(fd: int) -> bool:
+    """Whether ``fd`` is a terminal, or was one and has hung up (its writes then fail)."""
+    try:
+        import termios
+
+        termios.tcgetattr(fd)
+    except ImportError:
+        return False
+    except termios.error as exc:
+        return bool(exc.args) and exc.args[0] == errno.EIO
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def note_hangup() -> bool:
+    """Record a SIGHUP; True for the first one of this process.
+
+    The first hangup points stdout and stderr at ``/dev/null`` where they are a
+    terminal: the terminal is gone (or going), and a write to a hung-up terminal
+    fails, which would break the clean stop in the middle. Files and pipes are
+    left alone. Later hangups (a closing terminal can send several) are news to
+    nobody, so the signal handlers ignore them.
+    """
+    global _hangups
+    _hangups += 1
+    if _hangups > 1:
+        return False
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return True
+    try:
+        for fd in (1, 2):
+            if _is_terminal(fd):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    return True
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    if signum == _HANGUP and not note_hangup():
+        return
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`KeyboardInterrupt` like Ctrl-C, so both
-    exit cleanly; the previous handler is restored afterwards."""
+    """Within the block, SIGTERM and SIGHUP raise :class:`KeyboardInterrupt` like
+    Ctrl-C, so all three exit cleanly (a repeated SIGHUP is ignored, see
+    :func:`note_hangup`); the previous handlers are restored afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {
+        sig: signal.signal(sig, _raise_interrupt) for sig in STOP_SIGNALS if sig != signal.SIGINT
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextmanager
@@ -133,8 +196,8 @@ def guard(body: Callable[[], int], on_interrupt: Callable[[], None] | None = Non
 
     :class:`ConfigError` and :class:`ConfigFileError` print ``error: ...`` and give
     2; :class:`CliFailure` gives its code; :class:`KeyboardInterrupt` (Ctrl-C,
-    SIGTERM, which raises it while the body runs) calls ``on_interrupt`` and gives
-    130. Anything else is a bug and keeps its traceback.
+    SIGTERM or SIGHUP, which raise it while the body runs) calls ``on_interrupt``
+    and gives 130. Anything else is a bug and keeps its traceback.
     """
     try:
         with sigterm_as_interrupt(), _own_log_handlers():

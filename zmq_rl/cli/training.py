@@ -21,7 +21,14 @@ from rich.console import Console
 
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig, replace
 
-from .common import CliFailure, check_env, default_run_dir, format_duration
+from .common import (
+    STOP_SIGNALS,
+    CliFailure,
+    check_env,
+    default_run_dir,
+    format_duration,
+    note_hangup,
+)
 from .flags import dump_toml
 from .progress import TrainingProgress
 
@@ -146,21 +153,29 @@ def train(
 
 @contextlib.contextmanager
 def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
-    """First Ctrl-C / SIGTERM: ask the learner to stop after the current step (it
-    shuts the actors down and writes its report and policy); a second one raises
-    :class:`KeyboardInterrupt` at once."""
+    """First Ctrl-C / SIGTERM / SIGHUP: ask the learner to stop after the current
+    step (it shuts the actors down and writes its report and policy); a second
+    Ctrl-C or SIGTERM raises :class:`KeyboardInterrupt` at once. A SIGHUP never
+    does: the terminal is gone, and closing one can send several."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        hangup = signum == getattr(signal, "SIGHUP", None)
+        if hangup:
+            note_hangup()
         if outcome.interrupted:
+            if hangup:
+                return
             raise KeyboardInterrupt(signal.Signals(signum).name)
         outcome.interrupted = True
         name = signal.Signals(signum).name
-        sys.stderr.write(
-            f"\n{name}: stopping after the current update (press Ctrl-C again to abort at once)\n"
-        )
         learner.request_stop(f"interrupted ({name})")
+        with contextlib.suppress(OSError):  # stderr may be a pipe whose reader is gone
+            sys.stderr.write(
+                f"\n{name}: stopping after the current update "
+                "(press Ctrl-C again to abort at once)\n"
+            )
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
