@@ -174,9 +174,11 @@ def test_flags_parse_types() -> None:
     assert math.isinf(cfg.target_return) and cfg.run_dir == ""
 
 
-def test_default_run_dir_is_timestamped_under_runs() -> None:
+def test_default_run_dir_is_timestamped_under_runs(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default run dir is created (reserved) at once
     _, cfg, _, _ = learner_cli.resolve(["--env", STUB_ENV_ID])
     assert re.fullmatch(r"runs/Stub-v0-\d{8}-\d{6}(-\d+)?", cfg.run_dir), cfg.run_dir
+    assert (tmp_path / cfg.run_dir).is_dir()
 
 
 @pytest.mark.parametrize(
@@ -261,7 +263,8 @@ def test_toml_then_flags_precedence(tmp_path) -> None:
     assert cfg.gae_lambda == LearnerConfig().gae_lambda  # neither: the dataclass default
 
 
-def test_toml_precedence_for_a_subcommand(tmp_path) -> None:
+def test_toml_precedence_for_a_subcommand(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default run dir is created under runs/ here
     path = tmp_path / "run.toml"
     path.write_text("[learner]\neval_every = 7\ngamma = 0.9\n")
     parser = main_cli.build_parser()
@@ -405,7 +408,8 @@ def test_run_end_to_end(finished_run) -> None:
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S)
-def test_run_config_toml_repeats_the_run(finished_run) -> None:
+def test_run_config_toml_repeats_the_run(finished_run, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the repeat's new run dir is created under runs/ here
     run_dir, result, _ = finished_run
     assert result.returncode == 0
     parser = main_cli.build_parser()

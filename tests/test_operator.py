@@ -4,6 +4,8 @@
   ``zmq-learner``, ``zmq-rl run`` and ``zmq-actor`` exactly like SIGTERM: report,
   checkpoint and policy written, the actors told to stop, exit 130. Real processes,
   a real pseudo-terminal that is closed under the learner, and a real tmux session.
+* Run dirs: one that cannot be created, or that holds a run already, is one
+  ``error:`` line and exit 2; default run dirs are unique even within a second.
 
 Every wait is bounded; processes are polled, never slept on.
 """
@@ -31,6 +33,9 @@ import psutil
 import pytest
 
 from tests.conftest import STUB_ENV_ID
+from zmq_rl.cli import common
+from zmq_rl.cli import learner as learner_cli
+from zmq_rl.cli import main as main_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PROCESS_TIMEOUT_S = 120.0
@@ -346,3 +351,73 @@ def tempfile_dir() -> str:
     import tempfile
 
     return tempfile.mkdtemp(prefix="tmx-", dir="/tmp")
+
+
+# -- 2, 3. run dirs ---------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_uncreatable_run_dir_is_one_error_line() -> None:
+    result = subprocess.run(
+        [*_module("learner"), "--env", STUB_ENV_ID, "--run-dir", "/proc/x"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: run_dir='/proc/x': cannot create it: "), result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("marker", ["config.toml", "metrics.jsonl", "report.json"])
+@pytest.mark.parametrize("command", ["zmq-learner", "zmq-rl run"])
+def test_run_dir_holding_a_run_is_refused(command, marker, tmp_path, capsys) -> None:
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    (run_dir / marker).write_text("{}\n")
+    argv = ["--env", STUB_ENV_ID, "--run-dir", str(run_dir)]
+    code = learner_cli.main(argv) if command == "zmq-learner" else main_cli.main(["run", *argv])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: run_dir='{run_dir}': holds a run already ({marker})"), err
+    assert f"--resume {run_dir}" in err and "another --run-dir" in err
+    assert sorted(p.name for p in run_dir.iterdir()) == [marker]  # nothing written
+
+
+def test_an_empty_existing_run_dir_is_fine(tmp_path, capsys) -> None:
+    """Only a dir holding a run is refused: here the next check (the env) speaks."""
+    run_dir = tmp_path / "empty"
+    run_dir.mkdir()
+    assert learner_cli.main(["--env", "NoSuchEnv-v9", "--run-dir", str(run_dir)]) == 2
+    assert "env_id='NoSuchEnv-v9'" in capsys.readouterr().err
+
+
+def test_default_run_dirs_are_unique_within_a_second(tmp_path, monkeypatch) -> None:
+    """Runs started in the same second (by threads here, by processes in practice)
+    get different directories: each is created exclusively when it is chosen."""
+    monkeypatch.setattr(common.time, "strftime", lambda fmt: "20250101-120000")
+    chosen: list[str] = []
+    barrier = threading.Barrier(6)
+
+    def pick() -> None:
+        barrier.wait(10)
+        chosen.append(common.default_run_dir("CartPole-v1", root=str(tmp_path / "runs")))
+
+    threads = [threading.Thread(target=pick) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(chosen) == len(set(chosen)) == 6, chosen
+    assert all(Path(c).is_dir() for c in chosen)
+    assert str(tmp_path / "runs" / "CartPole-v1-20250101-120000") in chosen
+
+
+def test_a_failed_start_leaves_no_default_run_dir(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert learner_cli.main(["--env", "NoSuchEnv-v9"]) == 2
+    assert main_cli.main(["run", "--env", "NoSuchEnv-v9"]) == 2
+    capsys.readouterr()
+    assert not list((tmp_path / "runs").glob("*"))

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
@@ -39,6 +39,7 @@ __all__ = [
     "format_duration",
     "guard",
     "note_hangup",
+    "release_run_dir",
     "setup_logging",
     "sigterm_as_interrupt",
 ]
@@ -240,15 +241,40 @@ def check_env(env_id: str) -> None:
         raise ConfigError("env_id", env_id, f"cannot make the env: {exc}") from None
 
 
+_reserved_run_dirs: set[str] = set()
+
+
 def default_run_dir(env_id: str, root: str = "runs") -> str:
-    """``runs/<env>-<YYYYmmdd-HHMMSS>`` (made unique with ``-2``, ``-3``... if taken)."""
+    """``runs/<env>-<YYYYmmdd-HHMMSS>`` (made unique with ``-2``, ``-3``... if taken).
+
+    The directory is created here, exclusively, so two runs started in the same
+    second (even by two processes) never get the same one; :func:`release_run_dir`
+    removes it again if the command fails before it writes anything.
+    """
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", env_id.split(":")[-1]).strip("_") or "run"
     base = Path(root) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return str(candidate)
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+        except FileExistsError:
+            n += 1
+            candidate = base.with_name(f"{base.name}-{n}")
+            continue
+        except OSError as exc:
+            raise ConfigError(
+                "run_dir", str(candidate), f"cannot create it: {exc.strerror or exc}"
+            ) from None
+        _reserved_run_dirs.add(str(candidate))
+        return str(candidate)
+
+
+def release_run_dir(run_dir: str) -> None:
+    """Remove ``run_dir`` if :func:`default_run_dir` made it and it is still empty."""
+    if run_dir in _reserved_run_dirs:
+        _reserved_run_dirs.discard(run_dir)
+        with suppress(OSError):  # not empty (or gone): keep it
+            Path(run_dir).rmdir()
 
 
 def format_duration(seconds: float) -> str:

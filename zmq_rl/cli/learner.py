@@ -39,7 +39,7 @@ LEARNER_SECTIONS = (
     Section("policy", PolicyConfig, "policy network"),
 )
 ALIASES = {"env_id": ["--env"], "num_actors": ["--actors"]}
-RUN_DIR_DEFAULT = "runs/<env>-<timestamp>; '' = no run directory"
+RUN_DIR_DEFAULT = "runs/<env>-<timestamp>, new for every run; '' = no run directory"
 
 
 def add_learner_flags(
@@ -71,7 +71,7 @@ def build_parser(prog: str = "zmq-learner") -> argparse.ArgumentParser:
         "port + 1) and weights (PUB, port + 2), wait for --num-actors actors, train with "
         "PPO until --total-env-steps are consumed, then shut the actors down. Writes "
         "config.toml, metrics.jsonl, metrics.csv, report.json and policy.pt into the "
-        "run dir.",
+        "run dir, which must not hold a run already (continue one with --resume).",
         epilog="Example: zmq-learner --host 0.0.0.0 --env CartPole-v1 --actors 2, then on "
         "each actor machine: zmq-actor --learner LEARNER_HOST:5555",
         formatter_class=HelpFormatter,

@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
-from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig, replace
+from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig, replace
 
 from .common import (
     STOP_SIGNALS,
@@ -28,15 +28,28 @@ from .common import (
     default_run_dir,
     format_duration,
     note_hangup,
+    release_run_dir,
 )
 from .flags import dump_toml
 from .progress import TrainingProgress
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainingOutcome", "make_console", "print_summary", "resolve_run_dir", "train"]
+__all__ = [
+    "RUN_MARKERS",
+    "TrainingOutcome",
+    "check_run_dir_is_new",
+    "make_console",
+    "print_summary",
+    "resolve_run_dir",
+    "train",
+]
 
 CONFIG_NAME = "config.toml"
+RUN_MARKERS = ("config.toml", "metrics.jsonl", "report.json", "policy.pt")
+"""Files whose presence means a run directory holds a run already."""
+RESUME_COMMAND = "zmq-learner --resume"
+"""The command that continues a run, named when a run dir is refused."""
 
 
 def make_console() -> Console:
@@ -45,31 +58,60 @@ def make_console() -> Console:
 
 
 def resolve_run_dir(cfg: LearnerConfig, run_dir: str | None) -> LearnerConfig:
-    """Fill in ``runs/<env>-<timestamp>`` when no ``--run-dir`` was given (None);
-    an explicit empty string keeps the run without a directory."""
+    """Fill in ``runs/<env>-<timestamp>`` when no ``--run-dir`` was given (None; the
+    directory is created now, see :func:`~zmq_rl.cli.common.default_run_dir`); an
+    explicit empty string keeps the run without a directory."""
     if run_dir is None:
         run_dir = default_run_dir(cfg.env_id)
     return replace(cfg, run_dir=run_dir)
 
 
+def check_run_dir_is_new(run_dir: str, resume_command: str = RESUME_COMMAND) -> None:
+    """Refuse (:class:`ConfigError`) a run dir that holds a run already, so that two
+    runs are never merged into one directory; the message says how to continue it
+    and how to start a new one."""
+    if not run_dir:
+        return
+    path = Path(run_dir)
+    found = [name for name in RUN_MARKERS if (path / name).exists()]
+    if not found and any((path / "checkpoints").glob("ckpt-*.pt")):
+        found.append("checkpoints/")
+    if found:
+        raise ConfigError(
+            "run_dir",
+            run_dir,
+            f"holds a run already ({', '.join(found)}): continue it with "
+            f"'{resume_command} {run_dir}', or start a new run with another --run-dir "
+            "(or without --run-dir: every run gets its own runs/<env>-<timestamp>)",
+        )
+
+
 def write_config(
-    cfg: LearnerConfig, ppo: PPOConfig, policy: PolicyConfig, command: str = "zmq-learner"
+    cfg: LearnerConfig,
+    ppo: PPOConfig,
+    policy: PolicyConfig,
+    command: str = "zmq-learner",
 ) -> Path | None:
     """Write the resolved config as ``config.toml`` in the run dir (loadable by ``--config``).
 
     ``run_dir`` is written as a comment, so that repeating a run with ``--config``
-    makes a new run directory instead of appending to this one.
+    makes a new run directory instead of appending to this one. A run dir that
+    cannot be created or written is a :class:`ConfigError` naming it.
     """
     if not cfg.run_dir:
         return None
     path = Path(cfg.run_dir) / CONFIG_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
     header = (
         f"zmq_rl run config, written {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
-        f"Repeat the run with: {command} --config {path}"
+        + f"Repeat the run with: {command} --config {path}"
     )
     text = dump_toml({"learner": cfg, "ppo": ppo, "policy": policy}, header, commented=("run_dir",))
-    path.write_text(text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        what = "create it" if not path.parent.is_dir() else f"write {CONFIG_NAME} in it"
+        raise ConfigError("run_dir", cfg.run_dir, f"cannot {what}: {exc.strerror or exc}") from None
     return path
 
 
@@ -95,6 +137,7 @@ def train(
     live: bool | None = None,
     command: str = "zmq-learner",
     resume: tuple[str, Mapping[str, Any]] | None = None,
+    resume_command: str = RESUME_COMMAND,
 ) -> TrainingOutcome:
     """Bind a learner, run it to the end of its budget and return the outcome.
 
@@ -106,13 +149,23 @@ def train(
     and writes its report, checkpoint and policy); a second one aborts at once,
     without a report. Either way the outcome has ``interrupted`` set.
     ``resume=(run_dir, overrides)`` continues that run's newest checkpoint.
+
+    Before the learner binds, a new run's dir is checked: one that holds a run
+    already (``resume_command`` is the way the message names to continue it) or
+    cannot be created is a :class:`ConfigError`.
     """
     from zmq_rl.learner import Learner, LearnerStarved
     from zmq_rl.metrics import MetricsWriter
 
-    check_env(cfg.env_id)
-    if resume is None:
-        write_config(cfg, ppo, policy, command)
+    try:
+        if resume is None:
+            check_run_dir_is_new(cfg.run_dir, resume_command)
+        check_env(cfg.env_id)
+        if resume is None:
+            write_config(cfg, ppo, policy, command)
+    except BaseException:
+        release_run_dir(cfg.run_dir)
+        raise
     outcome = TrainingOutcome(cfg)
     with contextlib.ExitStack() as stack:
         metrics = None
