@@ -6,6 +6,7 @@
   a real pseudo-terminal that is closed under the learner, and a real tmux session.
 * Run dirs: one that cannot be created, or that holds a run already, is one
   ``error:`` line and exit 2; default run dirs are unique even within a second.
+* Per-env presets say so in the first line of output.
 
 Every wait is bounded; processes are polled, never slept on.
 """
@@ -421,3 +422,22 @@ def test_a_failed_start_leaves_no_default_run_dir(tmp_path, monkeypatch, capsys)
     assert main_cli.main(["run", "--env", "NoSuchEnv-v9"]) == 2
     capsys.readouterr()
     assert not list((tmp_path / "runs").glob("*"))
+
+
+# -- 4. presets announce themselves -----------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["zmq-learner", "zmq-rl run"])
+def test_first_line_names_the_preset(command, tmp_path, capsys) -> None:
+    argv = ["--env", "Acrobot-v1", "--run-dir", "/proc/x"]  # stops at the run dir
+    code = learner_cli.main(argv) if command == "zmq-learner" else main_cli.main(["run", *argv])
+    assert code == 2
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("using preset Acrobot-v1 (zmq_rl/presets/Acrobot-v1.toml"), first
+    assert "target return -85" in first and "--no-preset" in first
+    code = (
+        learner_cli.main([*argv, "--no-preset"])
+        if command == "zmq-learner"
+        else main_cli.main(["run", *argv, "--no-preset"])
+    )
+    assert code == 2 and "preset" not in capsys.readouterr().out

@@ -50,6 +50,7 @@ __all__ = [
     "flag_name",
     "load_toml",
     "parse_with_config",
+    "preset_for",
 ]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -408,6 +409,17 @@ def dump_toml(configs: Mapping[str, Any], header: str = "", commented: Iterable[
     return "\n".join(lines) + "\n"
 
 
+def preset_for(env_id: str) -> Path | None:
+    """The shipped preset of ``env_id`` (:mod:`zmq_rl.presets`), or None if it has none."""
+    from zmq_rl.presets import available, preset_path
+
+    return preset_path(env_id) if env_id in available() else None
+
+
+PRESET_ENV_DEST = "learner.env_id"
+"""The dest whose value picks the automatic preset."""
+
+
 def parse_with_config(
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None,
@@ -419,11 +431,23 @@ def parse_with_config(
     The file's values become the defaults of ``flags_parser`` (the parser, or the
     subcommand parser, that owns the generated flags), so flags given on the
     command line win over the file and the file wins over the dataclass defaults.
+
+    Without ``--config``, on a parser that has ``--no-preset`` (dest ``use_preset``)
+    and not given it: when the env (``--env`` or its default) has a shipped preset,
+    that preset is loaded as if it were the ``--config`` file. The namespace's
+    ``applied_preset`` then names the env (None when no preset was applied).
     """
     args = parser.parse_args(argv)
     path = getattr(args, "config", None)
+    preset = None
+    if path is None and getattr(args, "use_preset", False):
+        path = preset_for(str(getattr(args, PRESET_ENV_DEST, "")))
+        preset = getattr(args, PRESET_ENV_DEST) if path is not None else None
     if path is None:
+        args.applied_preset = None
         return args
     values = load_toml(path, sections)
     (flags_parser or parser).set_defaults(**values)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.applied_preset = preset
+    return args

@@ -24,7 +24,7 @@ from typing import Any
 
 from .common import EXIT_INTERRUPTED, guard, setup_logging
 from .flags import LOG_LEVELS, HelpFormatter, Section, parse_with_config
-from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args
+from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .plot import add_plot_flags, plot_from_args
 
 __all__ = ["arg", "build_parser", "main", "subcommand"]
@@ -125,8 +125,9 @@ def subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentPa
 
 # -- run ------------------------------------------------------------------------------
 
-RUN_DEFAULTS = {"num_actors": 2, "eval_every": 5, "target_return": 475.0}
-"""Where ``zmq-rl run`` differs from the learner's defaults: solve CartPole-v1 and stop."""
+RUN_DEFAULTS = {"num_actors": 2, "eval_every": 5}
+"""Where ``zmq-rl run`` differs from the learner's defaults. No ``target_return``: an
+env's stop condition comes from its preset (CartPole-v1: 475) or from the user."""
 
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
@@ -151,10 +152,11 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     "train with a learner here and --actors local actor processes",
     _run_flags,
     description="Train in one command: the learner runs in this process and --actors "
-    "actor processes (python -m zmq_rl.cli.actor) connect to it over loopback. The "
-    "defaults solve CartPole-v1 (evaluation every 5 updates; stop at mean return 475). "
-    "Ctrl-C stops everything. The run dir gets config.toml, metrics.jsonl, metrics.csv, "
-    "report.json, policy.pt, learning_curve.png and logs/actor-N.log.",
+    "actor processes (python -m zmq_rl.cli.actor) connect to it over loopback. "
+    "Ctrl-C (or SIGTERM, SIGHUP) stops everything. The run dir gets config.toml, "
+    "metrics.jsonl, metrics.csv, report.json, policy.pt, learning_curve.png and "
+    "logs/actor-N.log. " + preset_note() + " CartPole-v1's preset, the default env, "
+    "stops at mean return 475.",
     sections=LEARNER_SECTIONS,
 )
 def run_command(args: argparse.Namespace) -> int:
@@ -180,6 +182,7 @@ def run_command(args: argparse.Namespace) -> int:
         tensorboard=args.tensorboard,
         around_run=around_run,
         command="zmq-rl run",
+        preset=getattr(args, "applied_preset", None),
     )
     extra = {}
     if cfg.run_dir and args.plot and (Path(cfg.run_dir) / "metrics.jsonl").is_file():
@@ -304,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         args = parser.parse_args(argv)
         sub = SUBCOMMANDS[args._subcommand]
-        if sub.sections and getattr(args, "config", None) is not None:
+        if sub.sections:  # --config FILE, or the env's preset
             args = parse_with_config(parser, argv, sub.sections, subparser(parser, sub.name))
         return sub.run(args)
 

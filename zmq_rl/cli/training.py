@@ -91,6 +91,7 @@ def write_config(
     ppo: PPOConfig,
     policy: PolicyConfig,
     command: str = "zmq-learner",
+    preset: str | None = None,
 ) -> Path | None:
     """Write the resolved config as ``config.toml`` in the run dir (loadable by ``--config``).
 
@@ -103,6 +104,7 @@ def write_config(
     path = Path(cfg.run_dir) / CONFIG_NAME
     header = (
         f"zmq_rl run config, written {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
+        + (f"Defaults from preset {preset} (zmq_rl/presets/{preset}.toml).\n" if preset else "")
         + f"Repeat the run with: {command} --config {path}"
     )
     text = dump_toml({"learner": cfg, "ppo": ppo, "policy": policy}, header, commented=("run_dir",))
@@ -113,6 +115,15 @@ def write_config(
         what = "create it" if not path.parent.is_dir() else f"write {CONFIG_NAME} in it"
         raise ConfigError("run_dir", cfg.run_dir, f"cannot {what}: {exc.strerror or exc}") from None
     return path
+
+
+def preset_line(name: str, cfg: LearnerConfig) -> str:
+    """The line that says a run took its defaults from the env's preset."""
+    return (
+        f"using preset {name} (zmq_rl/presets/{name}.toml: tuned settings, "
+        f"{cfg.total_env_steps:,} steps, target return {cfg.target_return:g}); "
+        "flags override it, --no-preset ignores it"
+    )
 
 
 class TrainingOutcome:
@@ -137,6 +148,7 @@ def train(
     live: bool | None = None,
     command: str = "zmq-learner",
     resume: tuple[str, Mapping[str, Any]] | None = None,
+    preset: str | None = None,
     resume_command: str = RESUME_COMMAND,
 ) -> TrainingOutcome:
     """Bind a learner, run it to the end of its budget and return the outcome.
@@ -150,6 +162,7 @@ def train(
     without a report. Either way the outcome has ``interrupted`` set.
     ``resume=(run_dir, overrides)`` continues that run's newest checkpoint.
 
+    ``preset``: the env preset the configs came from, announced as the first line.
     Before the learner binds, a new run's dir is checked: one that holds a run
     already (``resume_command`` is the way the message names to continue it) or
     cannot be created is a :class:`ConfigError`.
@@ -157,12 +170,14 @@ def train(
     from zmq_rl.learner import Learner, LearnerStarved
     from zmq_rl.metrics import MetricsWriter
 
+    if preset:
+        console.print(preset_line(preset, cfg), markup=False)
     try:
         if resume is None:
             check_run_dir_is_new(cfg.run_dir, resume_command)
         check_env(cfg.env_id)
         if resume is None:
-            write_config(cfg, ppo, policy, command)
+            write_config(cfg, ppo, policy, command, preset)
     except BaseException:
         release_run_dir(cfg.run_dir)
         raise
