@@ -201,10 +201,16 @@ def test_bad_value_exit_code_of_the_real_process() -> None:
 
 
 def test_unparsable_value_is_a_usage_error(capsys) -> None:
+    """Changed with issue 20: one ``error: field=value: reason`` line and a pointer to
+    --help instead of the whole usage."""
     with pytest.raises(SystemExit) as exit_info:
         learner_cli.main(["--num-steps", "many"])
     assert exit_info.value.code == 2
-    assert "--num-steps" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "error: num_steps='many': not an integer",
+        "try 'zmq-learner --help'",
+    ], err
 
 
 def test_bad_choice_is_a_usage_error(capsys) -> None:
@@ -434,6 +440,32 @@ def test_eval_prints_mean(finished_run, capsys) -> None:
     # The stub env's episodes are 5 steps of reward 1 whatever the policy does.
     assert re.search(r"mean return 5\.00 ± 0\.00 over 3 episodes", out), out
     assert main_cli.main(["eval", str(run_dir / "policy.pt"), "--episodes", "1"]) == 0
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_eval_of_a_checkpoint(finished_run, capsys) -> None:
+    """Issue 20: ``zmq-rl eval`` takes a checkpoint (``trainer``/``policy_config``/
+    ``learner_config`` keys) as well as a policy.pt."""
+    run_dir, result, _ = finished_run
+    assert result.returncode == 0
+    checkpoint = sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))[-1]
+    assert main_cli.main(["eval", str(checkpoint), "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"Stub-v0: mean return 5\.00 ± 0\.00 over 2 episodes", out), out
+    assert "policy version 4" in out and str(checkpoint) in out
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_run_says_when_tensorboard_is_off(finished_run) -> None:
+    """Issue 20: a run without the tensorboard package says so once, and how to turn
+    it on, instead of silently logging nothing."""
+    _, result, _ = finished_run
+    assert result.returncode == 0
+    lines = [line for line in result.stdout.splitlines() if "TensorBoard" in line]
+    if tensorboard_available():
+        assert lines == []
+    else:
+        assert len(lines) == 1 and "pip install 'zmq_rl[tensorboard]'" in lines[0], lines
 
 
 def test_eval_of_a_dir_without_policy_fails(tmp_path, capsys) -> None:

@@ -7,19 +7,26 @@
 * Run dirs: one that cannot be created, or that holds a run already, is one
   ``error:`` line and exit 2; default run dirs are unique even within a second.
 * Per-env presets say so in the first line of output.
+* Small items: no prefix matching of flags, one-line usage errors, a learner host
+  that does not resolve, ``zmq-rl eval`` of files that are not policies, the tmux
+  launcher installed by pip, unsupported spaces refused in one line, and
+  ``zmq-actor --help`` without importing torch.
 
 Every wait is bounded; processes are polled, never slept on.
 """
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import fcntl
+import importlib.metadata
 import json
 import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import termios
@@ -32,11 +39,14 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 
 from tests.conftest import STUB_ENV_ID
+from zmq_rl.cli import actor as actor_cli
 from zmq_rl.cli import common
 from zmq_rl.cli import learner as learner_cli
 from zmq_rl.cli import main as main_cli
+from zmq_rl.cli.flags import CliParser
 
 ROOT = Path(__file__).resolve().parents[1]
 PROCESS_TIMEOUT_S = 120.0
@@ -419,7 +429,7 @@ def test_default_run_dirs_are_unique_within_a_second(tmp_path, monkeypatch) -> N
 def test_a_failed_start_leaves_no_default_run_dir(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     assert learner_cli.main(["--env", "NoSuchEnv-v9"]) == 2
-    assert main_cli.main(["run", "--env", "NoSuchEnv-v9"]) == 2
+    assert main_cli.main(["run", "--env", "Blackjack-v1"]) == 2
     capsys.readouterr()
     assert not list((tmp_path / "runs").glob("*"))
 
@@ -441,3 +451,195 @@ def test_first_line_names_the_preset(command, tmp_path, capsys) -> None:
         else main_cli.main(["run", *argv, "--no-preset"])
     )
     assert code == 2 and "preset" not in capsys.readouterr().out
+
+
+# -- 5. small items ---------------------------------------------------------------------
+
+
+def _parsers() -> Iterator[tuple[str, Any]]:
+    yield "zmq-learner", learner_cli.build_parser()
+    yield "zmq-learner --resume", learner_cli.build_resume_parser()
+    yield "zmq-actor", actor_cli.build_parser()
+    top = main_cli.build_parser()
+    yield "zmq-rl", top
+    for name in main_cli.SUBCOMMANDS:
+        yield f"zmq-rl {name}", main_cli.subparser(top, name)
+
+
+def test_no_parser_matches_prefixes() -> None:
+    for name, parser in _parsers():
+        assert isinstance(parser, CliParser), name
+        assert parser.allow_abbrev is False, name
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "prog"),
+    [
+        (learner_cli.main, ["--learning-rat", "0.1"], "zmq-learner"),
+        (main_cli.main, ["run", "--learning-rat", "0.1"], "zmq-rl run"),
+        (actor_cli.main, ["--num-env", "2"], "zmq-actor"),
+        (main_cli.main, ["eval", "x", "--episode", "2"], "zmq-rl eval"),
+    ],
+)
+def test_an_abbreviated_flag_is_an_error(main, argv, prog, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    flag = argv[-2]
+    assert lines[0].startswith(f"error: unrecognized arguments: {flag} "), lines
+    assert "did you mean --" in lines[0]
+    assert lines[1:] == [f"try '{prog} --help'"], lines
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "line"),
+    [
+        (learner_cli.main, ["--num-epochs", "abc"], "error: num_epochs='abc': not an integer"),
+        (main_cli.main, ["run", "--num-epochs", "abc"], "error: num_epochs='abc': not an integer"),
+        (main_cli.main, ["run", "--gamma", "high"], "error: gamma='high': not a number"),
+        (actor_cli.main, ["--num-envs", "x"], "error: num_envs='x': not an integer"),
+        (main_cli.main, ["eval", "x", "--episodes", "y"], "error: episodes='y': not an integer"),
+        (
+            learner_cli.main,
+            ["--activation", "sigmoid"],
+            "error: activation='sigmoid': must be one of tanh, relu",
+        ),
+    ],
+)
+def test_a_type_error_is_one_line(main, argv, line, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == line and len(lines) == 2 and lines[1].endswith(" --help'"), lines
+
+
+@pytest.mark.timeout(60)
+def test_an_unresolvable_learner_host_says_so() -> None:
+    result = subprocess.run(
+        [*_module("actor"), "--learner", "no-such-host.invalid:5555", "--register-timeout", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert "Traceback" not in result.stderr
+    assert "no welcome" not in result.stderr  # not the "learner not answering" message
+    if "does not resolve" in result.stderr:  # the resolver says the name does not exist
+        assert result.returncode == 2
+        assert result.stderr.startswith(
+            "error: learner='no-such-host.invalid:5555': the host name "
+            "'no-such-host.invalid' does not resolve"
+        ), result.stderr
+    else:  # no resolver reachable from this machine
+        assert result.returncode == 1 and "cannot resolve the learner host" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("code", "exit_code", "needle"),
+    [(socket.EAI_NONAME, 2, "does not resolve"), (socket.EAI_AGAIN, 1, "cannot resolve")],
+)
+def test_resolver_failures(code, exit_code, needle, monkeypatch, capsys) -> None:
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise socket.gaierror(code, os.strerror(1))
+
+    monkeypatch.setattr(common.socket, "getaddrinfo", fail)
+    assert actor_cli.main(["--learner", "box:5555"]) == exit_code
+    err = capsys.readouterr().err
+    assert needle in err and "'box'" in err and len(err.splitlines()) == 1, err
+
+
+class Opaque:
+    """A pickled object that ``torch.load(weights_only=True)`` refuses."""
+
+
+def _not_a_policy(folder: Path) -> list[Path]:
+    folder.mkdir()
+    files = [folder / "text.pt", folder / "object.pt", folder / "tensors.pt", folder / "cut.pt"]
+    files[0].write_text("not torch at all\n")
+    torch.save({"thing": Opaque()}, files[1])
+    torch.save({"weights": torch.zeros(3)}, files[2])
+    files[3].write_bytes(files[2].read_bytes()[:200])
+    return files
+
+
+def test_eval_of_a_file_that_is_not_a_policy_is_one_line(tmp_path, capsys) -> None:
+    for path in _not_a_policy(tmp_path / "files"):
+        assert main_cli.main(["eval", str(path)]) == 1, path
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {path}: not a policy.pt or checkpoint"), err
+        assert len(err.splitlines()) == 1, err
+        assert "file an issue" not in err and "weights_only" not in err, err
+
+
+def test_zmq_rl_tmux_is_installed_with_the_package() -> None:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    assert "bin/zmq-rl-tmux" in cfg["options"]["scripts"].split()
+    try:
+        dist = importlib.metadata.distribution("zmq_rl")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("zmq_rl is not installed (run from the source tree)")
+    scripts = [f for f in dist.files or () if Path(str(f)).name == "zmq-rl-tmux"]
+    if not scripts:
+        pytest.skip("installed before the launcher was added to setup.cfg: reinstall")
+    assert any(Path(str(dist.locate_file(f))).is_file() for f in scripts)
+
+
+@pytest.mark.parametrize(
+    ("env", "space"),
+    [
+        ("Blackjack-v1", "Tuple(Discrete(32), Discrete(11), Discrete(2))"),
+        ("FrozenLake-v1", "Discrete(16)"),
+    ],
+)
+@pytest.mark.parametrize("command", ["zmq-learner", "zmq-rl run", "zmq-actor"])
+def test_unsupported_spaces_are_refused_in_one_line(command, env, space, capsys) -> None:
+    argv = ["--env", env]
+    if command == "zmq-learner":
+        code = learner_cli.main([*argv, "--run-dir", ""])
+    elif command == "zmq-rl run":
+        code = main_cli.main(["run", *argv, "--run-dir", ""])
+    else:
+        code = actor_cli.main([*argv, "--learner", "127.0.0.1:5555"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"error: env_id='{env}': unsupported observation space {space}; supported: "
+        "Box observations with Discrete (from 0) or 1-D Box actions"
+    ], err
+
+
+@pytest.mark.timeout(120)
+def test_actor_help_imports_neither_torch_nor_gymnasium() -> None:
+    probe = (
+        "import sys\n"
+        "from zmq_rl.cli import actor\n"
+        "try:\n"
+        "    actor.main(['--help'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0\n"
+        "heavy = ('torch', 'gymnasium', 'zmq', 'zmq_rl.actor', 'zmq_rl.client')\n"
+        "print('HEAVY', sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=100
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--learner" in result.stdout
+    assert result.stdout.splitlines()[-1] == "HEAVY []", result.stdout[-500:]
+
+
+def test_readme_names_what_a_newcomer_needs() -> None:
+    text = (ROOT / "README.md").read_text()
+    for needle in (
+        "module:Id",
+        "zmq_rl.envs:AtariPong-v0",
+        "zmq-rl keys",
+        "zmq-learner --resume RUN_DIR",
+        "--no-preset",
+        "SIGHUP",
+        "zmq-rl-tmux",
+    ):
+        assert needle in text, needle

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 
 from zmq_rl.config import ConfigError
 
@@ -31,8 +32,11 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "STOP_SIGNALS",
+    "SUPPORTED_SPACES",
     "CliFailure",
     "check_env",
+    "check_learner_host",
+    "check_spaces",
     "default_run_dir",
     "ensure_env_importable",
     "error",
@@ -48,15 +52,6 @@ EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
 
-
-class CliFailure(RuntimeError):
-    """A run-time failure to report as ``error: <message>`` with exit code ``code``."""
-
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 STOP_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGINT,
     signal.SIGTERM,
@@ -64,6 +59,14 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = (
 )
 """The signals that stop a command cleanly (exit 130, everything written)."""
 _HANGUP = getattr(signal, "SIGHUP", None)
+
+
+class CliFailure(RuntimeError):
+    """A run-time failure to report as ``error: <message>`` with exit code ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -230,15 +233,71 @@ def ensure_env_importable(env_id: str) -> None:
             sys.path.append(cwd)
 
 
-def check_env(env_id: str) -> None:
-    """Make (and close) the env once, so a bad id fails as a config error up front."""
+SUPPORTED_SPACES = "Box observations with Discrete (from 0) or 1-D Box actions"
+"""What the built-in policy and the wire protocol take, for error messages."""
+
+
+def check_spaces(env_id: str, observation_space: Any, action_space: Any, factory: str = "") -> None:
+    """Raise :class:`ConfigError` (naming the env and the space) for spaces zmq_rl
+    cannot train on. ``factory``: a custom policy factory is given, which may take
+    Box actions of any shape."""
+    from gymnasium import spaces
+
+    problem = ""
+    if not isinstance(observation_space, spaces.Box):
+        problem = f"observation space {observation_space}"
+    elif isinstance(action_space, spaces.Discrete):
+        if int(action_space.start) != 0:
+            problem = f"action space {action_space} (a Discrete space must start at 0)"
+    elif isinstance(action_space, spaces.Box):
+        if len(action_space.shape) != 1 and not factory:
+            problem = f"action space {action_space} (more than 1-D needs a --factory policy)"
+    else:
+        problem = f"action space {action_space}"
+    if problem:
+        raise ConfigError("env_id", env_id, f"unsupported {problem}; supported: {SUPPORTED_SPACES}")
+
+
+def check_env(env_id: str, factory: str = "") -> None:
+    """Make (and close) the env once, so a bad id or an unsupported space fails as a
+    config error up front (see :func:`check_spaces` for ``factory``)."""
     import gymnasium as gym
 
     ensure_env_importable(env_id)
     try:
-        gym.make(env_id).close()
+        env = gym.make(env_id)
     except Exception as exc:  # gymnasium raises many kinds for a bad id
         raise ConfigError("env_id", env_id, f"cannot make the env: {exc}") from None
+    try:
+        check_spaces(env_id, env.observation_space, env.action_space, factory)
+    finally:
+        env.close()
+
+
+def check_learner_host(address: str) -> None:
+    """Resolve the host of ``--learner`` now, so a name that does not resolve says so
+    (exit 2) instead of looking like a learner that does not answer. A temporary
+    resolver failure is a :class:`CliFailure` (exit 1)."""
+    from zmq_rl.transport import parse_learner_address
+
+    try:
+        host, port = parse_learner_address(address)
+    except ValueError as exc:
+        raise ConfigError("learner", address, str(exc)) from None
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno == getattr(socket, "EAI_AGAIN", None):
+            raise CliFailure(
+                f"cannot resolve the learner host {host!r} now ({exc.strerror}): "
+                "is the name server reachable?"
+            ) from None
+        raise ConfigError(
+            "learner",
+            address,
+            f"the host name {host!r} does not resolve ({exc.strerror}): check the "
+            "spelling, or give the learner's IP address",
+        ) from None
 
 
 _reserved_run_dirs: set[str] = set()

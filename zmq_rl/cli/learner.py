@@ -16,6 +16,7 @@ from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 
 from .common import EXIT_INTERRUPTED, CliFailure, guard, setup_logging
 from .flags import (
+    CliParser,
     HelpFormatter,
     Section,
     add_config_flags,
@@ -86,7 +87,7 @@ def preset_note() -> str:
 
 def build_parser(prog: str = "zmq-learner") -> argparse.ArgumentParser:
     """The ``zmq-learner`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog=prog,
         description="Run the learner: bind control (ROUTER, --port), experience (PULL, "
         "port + 1) and weights (PUB, port + 2), wait for --num-actors actors, train with "
@@ -132,7 +133,7 @@ RESUME_OVERRIDES = ("host", "port", "total_env_steps", "starvation_timeout", "ac
 
 def build_resume_parser(prog: str = "zmq-learner") -> argparse.ArgumentParser:
     """The parser of ``zmq-learner --resume RUN_DIR [overrides]``."""
-    parser = argparse.ArgumentParser(prog=f"{prog} --resume", formatter_class=HelpFormatter)
+    parser = CliParser(prog=f"{prog} --resume", formatter_class=HelpFormatter)
     parser.add_argument("--resume", metavar="RUN_DIR", required=True)
     for name in RESUME_OVERRIDES:
         kind = LearnerConfig.__dataclass_fields__[name].type

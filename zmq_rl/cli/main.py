@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import EXIT_INTERRUPTED, guard, setup_logging
-from .flags import LOG_LEVELS, HelpFormatter, Section, parse_with_config
+from .flags import LOG_LEVELS, CliParser, HelpFormatter, Section, parse_with_config
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .plot import add_plot_flags, plot_from_args
 
@@ -91,8 +91,9 @@ def subcommand(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``zmq-rl`` parser with one subparser per registered subcommand."""
-    parser = argparse.ArgumentParser(
+    """The ``zmq-rl`` parser with one subparser per registered subcommand (all
+    :class:`~zmq_rl.cli.flags.CliParser`: no prefix matching, one-line errors)."""
+    parser = CliParser(
         prog="zmq-rl",
         description="Distributed PPO over ZeroMQ. 'zmq-rl run' trains with local actors; "
         "for several machines use zmq-learner and zmq-actor.",
@@ -200,7 +201,11 @@ def run_command(args: argparse.Namespace) -> int:
 @subcommand(
     "eval",
     "measure a saved policy: mean ± std return over fresh episodes",
-    arg("target", metavar="RUN_DIR_OR_POLICY", help="a run directory or its policy.pt"),
+    arg(
+        "target",
+        metavar="RUN_DIR_OR_POLICY",
+        help="a run directory, its policy.pt, or one of its checkpoints/ckpt-N.pt",
+    ),
     arg("--episodes", type=int, default=20, help="deterministic episodes to play"),
     arg(
         "--seed",

@@ -50,6 +50,10 @@ RUN_MARKERS = ("config.toml", "metrics.jsonl", "report.json", "policy.pt")
 """Files whose presence means a run directory holds a run already."""
 RESUME_COMMAND = "zmq-learner --resume"
 """The command that continues a run, named when a run dir is refused."""
+TENSORBOARD_OFF = (
+    "TensorBoard logging is off: the tensorboard package is not installed "
+    "(pip install 'zmq_rl[tensorboard]'; --no-tensorboard hides this line)"
+)
 
 
 def make_console() -> Console:
@@ -159,7 +163,8 @@ def train(
     starved learner. The first Ctrl-C or SIGTERM during the run asks the learner
     to stop (:meth:`~zmq_rl.learner.Learner.request_stop`: it shuts the actors down
     and writes its report, checkpoint and policy); a second one aborts at once,
-    without a report. Either way the outcome has ``interrupted`` set.
+    without a report. Either way the outcome has ``interrupted`` set. SIGHUP stops
+    it like SIGTERM, and never aborts (a closing terminal may send several).
     ``resume=(run_dir, overrides)`` continues that run's newest checkpoint.
 
     ``preset``: the env preset the configs came from, announced as the first line.
@@ -168,19 +173,21 @@ def train(
     cannot be created is a :class:`ConfigError`.
     """
     from zmq_rl.learner import Learner, LearnerStarved
-    from zmq_rl.metrics import MetricsWriter
+    from zmq_rl.metrics import MetricsWriter, tensorboard_available
 
     if preset:
         console.print(preset_line(preset, cfg), markup=False)
     try:
         if resume is None:
             check_run_dir_is_new(cfg.run_dir, resume_command)
-        check_env(cfg.env_id)
+        check_env(cfg.env_id, policy.factory)
         if resume is None:
             write_config(cfg, ppo, policy, command, preset)
     except BaseException:
         release_run_dir(cfg.run_dir)
         raise
+    if cfg.run_dir and tensorboard is None and not tensorboard_available():
+        console.print(TENSORBOARD_OFF, markup=False)
     outcome = TrainingOutcome(cfg)
     with contextlib.ExitStack() as stack:
         metrics = None
