@@ -136,9 +136,14 @@ def run_zmq(seed: int, target: float, timeout: float, stop: bool) -> dict[str, A
         "--no-plot",
         "--log-level",
         "warning",
+        # The measured setup: zmq-rl run's plain defaults (evaluation every 5 updates),
+        # not CartPole's preset, which zmq-rl run now applies by itself.
+        "--no-preset",
+        "--eval-every",
+        "5",
+        "--target-return",
+        str(target),
     ]
-    if target != 475.0:
-        cmd += ["--target-return", str(target)]
     try:
         solved = _zmq_solved(target)
         lines, exit_s, code = _timed_lines(cmd, timeout, work, solved, stop)

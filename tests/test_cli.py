@@ -196,9 +196,11 @@ def test_renamed_learner_flag_and_toml_key_still_work_with_a_warning(tmp_path, c
     assert "--num-envs" in help_text and "--envs-per-actor" not in help_text
 
 
-def test_default_run_dir_is_timestamped_under_runs() -> None:
+def test_default_run_dir_is_timestamped_under_runs(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default run dir is created (reserved) at once
     _, cfg, _, _ = learner_cli.resolve(["--env", STUB_ENV_ID])
     assert re.fullmatch(r"runs/Stub-v0-\d{8}-\d{6}(-\d+)?", cfg.run_dir), cfg.run_dir
+    assert (tmp_path / cfg.run_dir).is_dir()
 
 
 @pytest.mark.parametrize(
@@ -221,10 +223,16 @@ def test_bad_value_exit_code_of_the_real_process() -> None:
 
 
 def test_unparsable_value_is_a_usage_error(capsys) -> None:
+    """Changed with issue 20: one ``error: field=value: reason`` line and a pointer to
+    --help instead of the whole usage."""
     with pytest.raises(SystemExit) as exit_info:
         learner_cli.main(["--num-steps", "many"])
     assert exit_info.value.code == 2
-    assert "--num-steps" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "error: num_steps='many': not an integer",
+        "try 'zmq-learner --help'",
+    ], err
 
 
 def test_bad_choice_is_a_usage_error(capsys) -> None:
@@ -283,7 +291,8 @@ def test_toml_then_flags_precedence(tmp_path) -> None:
     assert cfg.gae_lambda == LearnerConfig().gae_lambda  # neither: the dataclass default
 
 
-def test_toml_precedence_for_a_subcommand(tmp_path) -> None:
+def test_toml_precedence_for_a_subcommand(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default run dir is created under runs/ here
     path = tmp_path / "run.toml"
     path.write_text("[learner]\neval_every = 7\ngamma = 0.9\n")
     parser = main_cli.build_parser()
@@ -292,7 +301,9 @@ def test_toml_precedence_for_a_subcommand(tmp_path) -> None:
         ["run", "--config", str(path), "--gamma", "0.97"], parser, sub
     )
     assert cfg.eval_every == 7 and cfg.gamma == 0.97
-    assert cfg.target_return == main_cli.RUN_DEFAULTS["target_return"]
+    # Changed with issue 20: zmq-rl run has no target of its own (it was CartPole's
+    # 475 for every env); with --config, no preset applies either.
+    assert "target_return" not in main_cli.RUN_DEFAULTS and math.isinf(cfg.target_return)
 
 
 def test_toml_round_trip(tmp_path) -> None:
@@ -427,7 +438,8 @@ def test_run_end_to_end(finished_run) -> None:
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S)
-def test_run_config_toml_repeats_the_run(finished_run) -> None:
+def test_run_config_toml_repeats_the_run(finished_run, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the repeat's new run dir is created under runs/ here
     run_dir, result, _ = finished_run
     assert result.returncode == 0
     parser = main_cli.build_parser()
@@ -450,6 +462,32 @@ def test_eval_prints_mean(finished_run, capsys) -> None:
     # The stub env's episodes are 5 steps of reward 1 whatever the policy does.
     assert re.search(r"mean return 5\.00 ± 0\.00 over 3 episodes", out), out
     assert main_cli.main(["eval", str(run_dir / "policy.pt"), "--episodes", "1"]) == 0
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_eval_of_a_checkpoint(finished_run, capsys) -> None:
+    """Issue 20: ``zmq-rl eval`` takes a checkpoint (``trainer``/``policy_config``/
+    ``learner_config`` keys) as well as a policy.pt."""
+    run_dir, result, _ = finished_run
+    assert result.returncode == 0
+    checkpoint = sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))[-1]
+    assert main_cli.main(["eval", str(checkpoint), "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"Stub-v0: mean return 5\.00 ± 0\.00 over 2 episodes", out), out
+    assert "policy version 4" in out and str(checkpoint) in out
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_run_says_when_tensorboard_is_off(finished_run) -> None:
+    """Issue 20: a run without the tensorboard package says so once, and how to turn
+    it on, instead of silently logging nothing."""
+    _, result, _ = finished_run
+    assert result.returncode == 0
+    lines = [line for line in result.stdout.splitlines() if "TensorBoard" in line]
+    if tensorboard_available():
+        assert lines == []
+    else:
+        assert len(lines) == 1 and "pip install 'zmq_rl[tensorboard]'" in lines[0], lines
 
 
 def test_eval_of_a_dir_without_policy_fails(tmp_path, capsys) -> None:

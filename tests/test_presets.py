@@ -2,7 +2,10 @@
 
 Every preset parses as a ``--config`` file, validates, names its own env, and makes
 that env; ``preset:NAME`` resolves on every learner command line, flags after it
-override it, and an unknown name fails naming the shipped ones. ``zmq-rl plot``'s
+override it, and an unknown name fails naming the shipped ones. Without
+``--config``, ``zmq-rl run --env ENV`` and ``zmq-learner --env ENV`` apply ENV's
+preset by themselves (``--no-preset`` not), and every preset's target return is the
+one docs/learning-quality.md states. ``zmq-rl plot``'s
 grouping (runs sharing a label -> mean and band) and reference lines are drawn from
 synthetic run directories.
 """
@@ -13,18 +16,22 @@ import dataclasses
 import importlib.util
 import json
 import math
+import re
+import shlex
 import tomllib
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
+from tests.conftest import STUB_ENV_ID
 from zmq_rl.cli import learner as learner_cli
 from zmq_rl.cli import main as main_cli
 from zmq_rl.cli import plot as plot_cli
-from zmq_rl.cli.flags import load_toml
+from zmq_rl.cli.flags import load_toml, parse_with_config
 from zmq_rl.cli.learner import LEARNER_SECTIONS
-from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
+from zmq_rl.cli.main import subparser
+from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig, replace
 from zmq_rl.presets import PRESET_PREFIX, UnknownPreset, available, preset_path
 
 EXPECTED = {
@@ -119,7 +126,88 @@ def test_preset_on_zmq_rl_run(monkeypatch) -> None:
     assert main_cli.main(["run", "--config", "preset:Pendulum-v1", "--run-dir", ""]) == 0
     cfg, ppo, policy = seen["configs"]
     assert cfg.env_id == "Pendulum-v1" and cfg.gamma == 0.9 and policy.normalize_obs
-    assert cfg.normalize_reward and ppo.num_epochs == 10 and math.isinf(cfg.target_return)
+    # Changed with issue 20: presets carry their env's target (was inf).
+    assert cfg.normalize_reward and ppo.num_epochs == 10 and cfg.target_return == -200.0
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _doc_targets() -> dict[str, float]:
+    """``{env: target}`` from the results table of docs/learning-quality.md (the
+    "target" column reads ``≥ 475 ✅``; the minus sign may be U+2212)."""
+    text = (ROOT / "docs" / "learning-quality.md").read_text()
+    found: dict[str, set[float]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 8 or cells[0] not in EXPECTED:
+            continue
+        match = re.match(r"≥\s*([−-]?\d+(?:\.\d+)?)", cells[6])
+        if match:
+            found.setdefault(cells[0], set()).add(float(match.group(1).replace("−", "-")))
+    assert all(len(v) == 1 for v in found.values()), f"one target per env: {found}"
+    return {env: values.pop() for env, values in found.items()}
+
+
+def test_every_preset_target_is_the_documented_one() -> None:
+    targets = _doc_targets()
+    assert set(targets) == EXPECTED, targets
+    for name in EXPECTED:
+        cfg = learner_cli.resolve(["--config", f"{PRESET_PREFIX}{name}", "--run-dir", ""])[1]
+        assert cfg.target_return == targets[name], name
+
+
+def _run_configs(argv: list[str]):
+    """The configs ``zmq-rl run ARGV`` would train with, and the preset it applied."""
+    parser = main_cli.build_parser()
+    args = parse_with_config(parser, ["run", *argv], LEARNER_SECTIONS, subparser(parser, "run"))
+    return args.applied_preset, *learner_cli.configs_from_args(args)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_env_with_a_preset_gets_it_without_config(name: str) -> None:
+    """Issue 20: ``--env ENV`` alone gives ENV's tuned settings and target, on both
+    commands; flags still win; ``--no-preset`` gives the plain defaults."""
+    want = learner_cli.resolve(["--config", f"{PRESET_PREFIX}{name}", "--run-dir", ""])
+    args, cfg, ppo, policy = learner_cli.resolve(["--env", name, "--run-dir", ""])
+    assert args.applied_preset == name
+    assert (cfg, ppo, policy) == tuple(want[1:])
+    preset, cfg, ppo, policy = _run_configs(["--env", name, "--run-dir", "", "--seed", "3"])
+    assert preset == name and cfg.seed == 3
+    assert (replace(cfg, seed=0), ppo, policy) == (replace(want[1], seed=0), *want[2:])
+    args, cfg, ppo, _ = learner_cli.resolve(["--env", name, "--no-preset", "--run-dir", ""])
+    assert args.applied_preset is None and math.isinf(cfg.target_return)
+    assert ppo == PPOConfig() and cfg.num_steps == LearnerConfig().num_steps
+
+
+def test_env_without_a_preset_gets_plain_defaults_and_no_early_stop() -> None:
+    for argv in (["--env", STUB_ENV_ID], ["--env", "MountainCar-v0"]):
+        preset, cfg, ppo, _ = _run_configs([*argv, "--run-dir", ""])
+        assert preset is None and math.isinf(cfg.target_return), argv
+        assert cfg.eval_every == main_cli.RUN_DEFAULTS["eval_every"] and ppo == PPOConfig()
+        args, cfg, _, _ = learner_cli.resolve([*argv, "--run-dir", ""])
+        assert args.applied_preset is None and math.isinf(cfg.target_return)
+
+
+def test_a_config_file_turns_the_preset_off(tmp_path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text("[learner]\ngamma = 0.95\n")
+    args, cfg, ppo, _ = learner_cli.resolve(
+        ["--env", "CartPole-v1", "--config", str(path), "--run-dir", ""]
+    )
+    assert args.applied_preset is None and cfg.gamma == 0.95
+    assert math.isinf(cfg.target_return) and ppo == PPOConfig()
+
+
+def test_bin_train_stops_cartpole_at_475_through_its_preset() -> None:
+    """bin/train runs ``zmq-rl run --env CartPole-v1 "$@"``: CartPole's preset gives
+    the stop at 475 that ``zmq-rl run`` no longer has for every env."""
+    lines = (ROOT / "bin" / "train").read_text().splitlines()
+    line = next(line for line in lines if line.startswith("exec ") and "zmq-rl run" in line)
+    argv = shlex.split(line.split("zmq-rl run", 1)[1].replace('"$@"', ""))
+    preset, cfg, _, _ = _run_configs([*argv, "--run-dir", ""])
+    assert preset == "CartPole-v1" and cfg.env_id == "CartPole-v1"
+    assert cfg.target_return == 475.0
 
 
 def test_unknown_preset_names_the_shipped_ones(capsys) -> None:

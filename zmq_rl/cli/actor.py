@@ -1,10 +1,14 @@
 """``zmq-actor``: step gymnasium envs with a local policy copy for a learner.
 
 Registers with the learner at ``--learner HOST[:PORT]``, then collects until the
-learner says shutdown (exit 0) or Ctrl-C / SIGTERM (exit 130). A learner that
-refuses the registration or does not answer within ``--register-timeout`` makes
-it print the reason and exit 1. Every :class:`~zmq_rl.config.ActorConfig` field
-is a flag (``zmq-actor --help``).
+learner says shutdown (exit 0) or Ctrl-C / SIGTERM / SIGHUP (exit 130). A learner
+that refuses the registration or does not answer within ``--register-timeout``
+makes it print the reason and exit 1; a host name that does not resolve, or an env
+whose spaces zmq_rl cannot train on, is a config error (exit 2). Every
+:class:`~zmq_rl.config.ActorConfig` field is a flag (``zmq-actor --help``).
+
+torch, gymnasium and ``zmq_rl.actor`` are imported only after the arguments
+are parsed, so ``--help`` and usage errors answer at once.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from .common import (
     EXIT_INTERRUPTED,
     CliFailure,
     check_env,
+    check_learner_host,
     guard,
     setup_logging,
 )
 from .flags import (
+    CliParser,
     HelpFormatter,
     Section,
     add_config_flags,
@@ -45,7 +51,7 @@ PARENT_GONE_GRACE_S = 10.0
 
 def build_parser(prog: str = "zmq-actor") -> argparse.ArgumentParser:
     """The ``zmq-actor`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog=prog,
         description="Run one actor: register with the learner (DEALER to its control "
         "port), then step --num-envs envs with the newest weights (SUB, port + 2) and push "
@@ -64,10 +70,10 @@ def resolve(
     argv: Sequence[str] | None, parser: argparse.ArgumentParser | None = None
 ) -> tuple[argparse.Namespace, ActorConfig]:
     """Parse ``argv`` (with ``--config``) into a validated :class:`ActorConfig`."""
-    from zmq_rl.transport import parse_learner_address
-
     parser = parser or build_parser()
     args = parse_with_config(parser, argv, ACTOR_SECTIONS)
+    from zmq_rl.transport import parse_learner_address  # after parsing: --help stays fast
+
     cfg = build_configs(args, ACTOR_SECTIONS)["actor"]
     try:
         parse_learner_address(cfg.learner)
@@ -94,15 +100,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
 
     def body() -> int:
+        args, cfg = resolve(argv, parser)  # before the heavy imports: --help is instant
         import gymnasium as gym
 
         from zmq_rl.actor import GymActor, SpaceMismatch
         from zmq_rl.client import LearnerLost, LearnerRefused, LearnerUnreachable
 
-        args, cfg = resolve(argv, parser)
         setup_logging(args.log_level)
         if args.parent_pid:
             _exit_with_parent(args.parent_pid)
+        check_learner_host(cfg.learner)
         if cfg.env_id:
             check_env(cfg.env_id)
         try:

@@ -2,23 +2,26 @@
 
 Exit codes of every command: 0 done, 1 failed at run time (learner unreachable or
 refused, starved, an actor crashed), 2 bad configuration or usage (argparse's own
-code), 130 interrupted (Ctrl-C or SIGTERM).
+code), 130 interrupted (Ctrl-C, SIGTERM, or SIGHUP: the terminal or ssh session
+closed, ``tmux kill-session``).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 
 from zmq_rl.config import ConfigError
 
@@ -28,13 +31,19 @@ __all__ = [
     "EXIT_CONFIG",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
+    "STOP_SIGNALS",
+    "SUPPORTED_SPACES",
     "CliFailure",
     "check_env",
+    "check_learner_host",
+    "check_spaces",
     "default_run_dir",
     "ensure_env_importable",
     "error",
     "format_duration",
     "guard",
+    "note_hangup",
+    "release_run_dir",
     "setup_logging",
     "sigterm_as_interrupt",
 ]
@@ -42,6 +51,14 @@ __all__ = [
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()),
+)
+"""The signals that stop a command cleanly (exit 130, everything written)."""
+_HANGUP = getattr(signal, "SIGHUP", None)
 
 
 class CliFailure(RuntimeError):
@@ -100,22 +117,72 @@ def error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
 
 
+_hangups = 0
+
+
+def _is_terminal(fd: int) -> bool:
+    """Whether ``fd`` is a terminal, or was one and has hung up (its writes then fail)."""
+    try:
+        import termios
+
+        termios.tcgetattr(fd)
+    except ImportError:
+        return False
+    except termios.error as exc:
+        return bool(exc.args) and exc.args[0] == errno.EIO
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def note_hangup() -> bool:
+    """Record a SIGHUP; True for the first one of this process.
+
+    The first hangup points stdout and stderr at ``/dev/null`` where they are a
+    terminal: the terminal is gone (or going), and a write to a hung-up terminal
+    fails, which would break the clean stop in the middle. Files and pipes are
+    left alone. Later hangups (a closing terminal can send several) are news to
+    nobody, so the signal handlers ignore them.
+    """
+    global _hangups
+    _hangups += 1
+    if _hangups > 1:
+        return False
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return True
+    try:
+        for fd in (1, 2):
+            if _is_terminal(fd):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    return True
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    if signum == _HANGUP and not note_hangup():
+        return
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`KeyboardInterrupt` like Ctrl-C, so both
-    exit cleanly; the previous handler is restored afterwards."""
+    """Within the block, SIGTERM and SIGHUP raise :class:`KeyboardInterrupt` like
+    Ctrl-C, so all three exit cleanly (a repeated SIGHUP is ignored, see
+    :func:`note_hangup`); the previous handlers are restored afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {
+        sig: signal.signal(sig, _raise_interrupt) for sig in STOP_SIGNALS if sig != signal.SIGINT
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextmanager
@@ -133,8 +200,8 @@ def guard(body: Callable[[], int], on_interrupt: Callable[[], None] | None = Non
 
     :class:`ConfigError` and :class:`ConfigFileError` print ``error: ...`` and give
     2; :class:`CliFailure` gives its code; :class:`KeyboardInterrupt` (Ctrl-C,
-    SIGTERM, which raises it while the body runs) calls ``on_interrupt`` and gives
-    130. Anything else is a bug and keeps its traceback.
+    SIGTERM or SIGHUP, which raise it while the body runs) calls ``on_interrupt``
+    and gives 130. Anything else is a bug and keeps its traceback.
     """
     try:
         with sigterm_as_interrupt(), _own_log_handlers():
@@ -166,26 +233,107 @@ def ensure_env_importable(env_id: str) -> None:
             sys.path.append(cwd)
 
 
-def check_env(env_id: str) -> None:
-    """Make (and close) the env once, so a bad id fails as a config error up front."""
+SUPPORTED_SPACES = "Box observations with Discrete (from 0) or 1-D Box actions"
+"""What the built-in policy and the wire protocol take, for error messages."""
+
+
+def check_spaces(env_id: str, observation_space: Any, action_space: Any, factory: str = "") -> None:
+    """Raise :class:`ConfigError` (naming the env and the space) for spaces zmq_rl
+    cannot train on. ``factory``: a custom policy factory is given, which may take
+    Box actions of any shape."""
+    from gymnasium import spaces
+
+    problem = ""
+    if not isinstance(observation_space, spaces.Box):
+        problem = f"observation space {observation_space}"
+    elif isinstance(action_space, spaces.Discrete):
+        if int(action_space.start) != 0:
+            problem = f"action space {action_space} (a Discrete space must start at 0)"
+    elif isinstance(action_space, spaces.Box):
+        if len(action_space.shape) != 1 and not factory:
+            problem = f"action space {action_space} (more than 1-D needs a --factory policy)"
+    else:
+        problem = f"action space {action_space}"
+    if problem:
+        raise ConfigError("env_id", env_id, f"unsupported {problem}; supported: {SUPPORTED_SPACES}")
+
+
+def check_env(env_id: str, factory: str = "") -> None:
+    """Make (and close) the env once, so a bad id or an unsupported space fails as a
+    config error up front (see :func:`check_spaces` for ``factory``)."""
     import gymnasium as gym
 
     ensure_env_importable(env_id)
     try:
-        gym.make(env_id).close()
+        env = gym.make(env_id)
     except Exception as exc:  # gymnasium raises many kinds for a bad id
         raise ConfigError("env_id", env_id, f"cannot make the env: {exc}") from None
+    try:
+        check_spaces(env_id, env.observation_space, env.action_space, factory)
+    finally:
+        env.close()
+
+
+def check_learner_host(address: str) -> None:
+    """Resolve the host of ``--learner`` now, so a name that does not resolve says so
+    (exit 2) instead of looking like a learner that does not answer. A temporary
+    resolver failure is a :class:`CliFailure` (exit 1)."""
+    from zmq_rl.transport import parse_learner_address
+
+    try:
+        host, port = parse_learner_address(address)
+    except ValueError as exc:
+        raise ConfigError("learner", address, str(exc)) from None
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno == getattr(socket, "EAI_AGAIN", None):
+            raise CliFailure(
+                f"cannot resolve the learner host {host!r} now ({exc.strerror}): "
+                "is the name server reachable?"
+            ) from None
+        raise ConfigError(
+            "learner",
+            address,
+            f"the host name {host!r} does not resolve ({exc.strerror}): check the "
+            "spelling, or give the learner's IP address",
+        ) from None
+
+
+_reserved_run_dirs: set[str] = set()
 
 
 def default_run_dir(env_id: str, root: str = "runs") -> str:
-    """``runs/<env>-<YYYYmmdd-HHMMSS>`` (made unique with ``-2``, ``-3``... if taken)."""
+    """``runs/<env>-<YYYYmmdd-HHMMSS>`` (made unique with ``-2``, ``-3``... if taken).
+
+    The directory is created here, exclusively, so two runs started in the same
+    second (even by two processes) never get the same one; :func:`release_run_dir`
+    removes it again if the command fails before it writes anything.
+    """
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", env_id.split(":")[-1]).strip("_") or "run"
     base = Path(root) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return str(candidate)
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+        except FileExistsError:
+            n += 1
+            candidate = base.with_name(f"{base.name}-{n}")
+            continue
+        except OSError as exc:
+            raise ConfigError(
+                "run_dir", str(candidate), f"cannot create it: {exc.strerror or exc}"
+            ) from None
+        _reserved_run_dirs.add(str(candidate))
+        return str(candidate)
+
+
+def release_run_dir(run_dir: str) -> None:
+    """Remove ``run_dir`` if :func:`default_run_dir` made it and it is still empty."""
+    if run_dir in _reserved_run_dirs:
+        _reserved_run_dirs.discard(run_dir)
+        with suppress(OSError):  # not empty (or gone): keep it
+            Path(run_dir).rmdir()
 
 
 def format_duration(seconds: float) -> str:

@@ -1,9 +1,11 @@
 """``zmq-rl eval``: load a saved policy and measure it on fresh episodes.
 
 The learner saves ``policy.pt`` as plain tensors plus the JSON policy config and
-env id (:meth:`zmq_rl.learner.Learner.save_policy`), so it is loaded with
+env id (:meth:`zmq_rl.learner.Learner.save_policy`), and its checkpoints
+(``checkpoints/ckpt-N.pt``, :meth:`~zmq_rl.learner.Learner.checkpoint`) hold the
+same policy under ``trainer``, with the configs as JSON; both load with
 ``torch.load(weights_only=True)``: nothing is unpickled beyond tensors and
-primitive values.
+primitive values. Any other file is refused in one line.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,13 +48,55 @@ def policy_path(target: str | Path) -> Path:
     if not path.is_file():
         raise CliFailure(
             f"{path}: no such policy file (a run writes {POLICY_NAME} when it ends; "
-            "an interrupted run has none)"
+            "a checkpoint, RUN_DIR/checkpoints/ckpt-N.pt, can be evaluated too)"
         )
     return path
 
 
+NOT_OURS = (
+    "not a policy.pt or checkpoint written by zmq_rl (a run dir's policy.pt, or its "
+    "checkpoints/ckpt-N.pt)"
+)
+
+
+def _load_error(exc: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` failed, in one line (none of torch's
+    advice on unsafe loading or filing issues)."""
+    text = str(exc)
+    if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in text:
+        return "it holds Python objects besides tensors"
+    if "zip archive" in text or "central directory" in text:
+        return "the file is truncated or corrupt"
+    if isinstance(exc, EOFError):
+        return "the file is empty or truncated"
+    return "not a torch file"
+
+
+def read_saved_policy(path: Path, state: Any) -> tuple[PolicyConfig, str, Any, int]:
+    """The policy config, env id, weights and version stored in a loaded ``policy.pt``
+    or checkpoint; :class:`CliFailure` naming the file when it is neither."""
+    if not isinstance(state, dict):
+        raise CliFailure(f"{path}: {NOT_OURS}; it holds a {type(state).__name__}")
+    try:
+        if "trainer" in state and "learner_config" in state:  # Learner.checkpoint()
+            env_id = str(json.loads(state["learner_config"])["env_id"])
+            weights = state["trainer"]["policy"]
+        else:  # Learner.save_policy()
+            env_id = str(state["env_id"])
+            weights = state["policy"]
+        raw = json.loads(state["policy_config"])
+        raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
+        config = PolicyConfig(**raw).validate()
+        version = int(state.get("version", 0))
+    except (KeyError, TypeError, ValueError) as exc:
+        missing = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise CliFailure(f"{path}: {NOT_OURS} ({missing})") from None
+    return config, env_id, weights, version
+
+
 def load_policy(target: str | Path, env_id: str = "") -> LoadedPolicy:
-    """Rebuild the actor-critic saved at ``target`` (a run dir or a ``policy.pt``).
+    """Rebuild the actor-critic saved at ``target``: a run dir, its ``policy.pt``, or
+    one of its checkpoints (``checkpoints/ckpt-N.pt``).
 
     ``env_id`` overrides the saved env id (e.g. a variant with the same spaces).
     """
@@ -64,15 +109,9 @@ def load_policy(target: str | Path, env_id: str = "") -> LoadedPolicy:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated file or not a torch file at all
-        raise CliFailure(f"{path}: cannot load the policy: {exc}") from None
-    try:
-        raw = json.loads(state["policy_config"])
-        raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
-        config = PolicyConfig(**raw).validate()
-        env_id = env_id or str(state["env_id"])
-        weights = state["policy"]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CliFailure(f"{path}: not a zmq_rl policy file ({exc})") from None
+        raise CliFailure(f"{path}: {NOT_OURS}: {_load_error(exc)}") from None
+    config, saved_env, weights, version = read_saved_policy(path, state)
+    env_id = env_id or saved_env
     ensure_env_importable(env_id)
     env = gym.make(env_id)
     try:
@@ -82,9 +121,10 @@ def load_policy(target: str | Path, env_id: str = "") -> LoadedPolicy:
     try:
         policy.load_state_dict(weights)
     except RuntimeError as exc:
-        raise CliFailure(f"{path}: the weights do not fit env {env_id}: {exc}") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CliFailure(f"{path}: the weights do not fit env {env_id}: {first}") from None
     policy.eval()
-    return LoadedPolicy(policy, env_id, int(state.get("version", 0)), config, path)
+    return LoadedPolicy(policy, env_id, version, config, path)
 
 
 def evaluate(loaded: LoadedPolicy, episodes: int, seed: int) -> tuple[float, float]:

@@ -41,6 +41,7 @@ from zmq_rl.config import ConfigError
 
 __all__ = [
     "LOG_LEVELS",
+    "CliParser",
     "ConfigFileError",
     "HelpFormatter",
     "Section",
@@ -51,6 +52,7 @@ __all__ = [
     "flag_name",
     "load_toml",
     "parse_with_config",
+    "preset_for",
 ]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -91,6 +93,109 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or text
 
 
+class CliParser(argparse.ArgumentParser):
+    """The argument parser of every command: no prefix matching, one-line errors.
+
+    * ``allow_abbrev`` is off (and subparsers inherit the class), so ``--learning-rat``
+      is an unknown flag instead of ``--learning-rate``;
+    * a value that does not convert or is not among the choices reads
+      ``error: <field>=<value>: <reason>``, like a config error;
+    * any usage error prints that one ``error:`` line (with a "did you mean" for an
+      unknown flag close to a real one) and a pointer to ``--help``, not the whole
+      usage, and exits 2.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError:
+            reason = _conversion_reason(action, arg_string)
+            raise argparse.ArgumentError(None, _field_message(action, arg_string, reason)) from None
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError:
+            choices = ", ".join(str(c) for c in action.choices or ())
+            reason = f"must be one of {choices}"
+            raise argparse.ArgumentError(None, _field_message(action, value, reason)) from None
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """As argparse's; remembers ``args`` so that an error can name the subcommand."""
+        self._last_args = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> typing.NoReturn:
+        """Print ``error: message`` and a pointer to ``--help``; exit 2."""
+        message = " ".join(message.split())  # one line
+        prog = self.prog
+        if message.startswith("unrecognized arguments:"):
+            sub = self._subcommand_parser()
+            prog = sub.prog if sub is not None else prog
+            message += _suggest_flags(sub or self, message.split(":", 1)[1].split())
+        self.exit(2, f"error: {message}\ntry '{prog} --help'\n")
+
+    def _subcommand_parser(self) -> argparse.ArgumentParser | None:
+        """The subparser named in the arguments being parsed, if any."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for word in getattr(self, "_last_args", ()):
+                    if word in action.choices:
+                        return action.choices[word]
+        return None
+
+
+def _suggest_flags(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """`` (did you mean --x?)`` for unknown flags close to one of ``parser``'s."""
+    known = _option_strings(parser)
+    hints = []
+    for word in unknown:
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--"):
+            close = difflib.get_close_matches(flag, known, n=1)
+            if close:
+                hints.append(f"{flag}: did you mean {close[0]}?")
+    return f" ({'; '.join(hints)})" if hints else ""
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every long option of ``parser`` and of its subparsers."""
+    found: list[str] = []
+    for action in parser._actions:
+        found.extend(o for o in action.option_strings if o.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.extend(_option_strings(sub))
+    return found
+
+
+def _field_of(action: argparse.Action) -> str:
+    """The config field (or plain dest) an action sets: ``ppo.num_epochs`` -> ``num_epochs``."""
+    return str(action.dest).rsplit(".", 1)[-1]
+
+
+def _field_message(action: argparse.Action, value: Any, reason: str) -> str:
+    return f"{_field_of(action)}={value!r}: {reason}"
+
+
+def _conversion_reason(action: argparse.Action, text: str) -> str:
+    """Why ``action.type`` did not take ``text``, in a few words."""
+    try:
+        action.type(text)  # type: ignore[misc]
+    except argparse.ArgumentTypeError as exc:
+        return str(exc)
+    except (TypeError, ValueError):
+        pass
+    name = getattr(action.type, "__name__", "")
+    return {"int": "not an integer", "float": "not a number"}.get(name, f"not a valid {name}")
+
+
 def flag_name(field_name: str) -> str:
     """``num_envs`` -> ``--num-envs``."""
     return "--" + field_name.replace("_", "-")
@@ -107,9 +212,9 @@ def _parse_int(text: str) -> int:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError("not an integer") from None
     if not value.is_integer():
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+        raise argparse.ArgumentTypeError("not an integer")
     return int(value)
 
 
@@ -117,14 +222,17 @@ def _parse_float(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError("not a number") from None
 
 
 def _parse_int_list(text: str) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers")
-    return tuple(_parse_int(p) for p in parts)
+        raise argparse.ArgumentTypeError("not a comma list of integers")
+    try:
+        return tuple(_parse_int(p) for p in parts)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError("not a comma list of integers") from None
 
 
 def _kind(annotation: Any) -> str:
@@ -441,6 +549,17 @@ def dump_toml(configs: Mapping[str, Any], header: str = "", commented: Iterable[
     return "\n".join(lines) + "\n"
 
 
+def preset_for(env_id: str) -> Path | None:
+    """The shipped preset of ``env_id`` (:mod:`zmq_rl.presets`), or None if it has none."""
+    from zmq_rl.presets import available, preset_path
+
+    return preset_path(env_id) if env_id in available() else None
+
+
+PRESET_ENV_DEST = "learner.env_id"
+"""The dest whose value picks the automatic preset."""
+
+
 def parse_with_config(
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None,
@@ -452,11 +571,23 @@ def parse_with_config(
     The file's values become the defaults of ``flags_parser`` (the parser, or the
     subcommand parser, that owns the generated flags), so flags given on the
     command line win over the file and the file wins over the dataclass defaults.
+
+    Without ``--config``, on a parser that has ``--no-preset`` (dest ``use_preset``)
+    and not given it: when the env (``--env`` or its default) has a shipped preset,
+    that preset is loaded as if it were the ``--config`` file. The namespace's
+    ``applied_preset`` then names the env (None when no preset was applied).
     """
     args = parser.parse_args(argv)
     path = getattr(args, "config", None)
+    preset = None
+    if path is None and getattr(args, "use_preset", False):
+        path = preset_for(str(getattr(args, PRESET_ENV_DEST, "")))
+        preset = getattr(args, PRESET_ENV_DEST) if path is not None else None
     if path is None:
+        args.applied_preset = None
         return args
     values = load_toml(path, sections)
     (flags_parser or parser).set_defaults(**values)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.applied_preset = preset
+    return args

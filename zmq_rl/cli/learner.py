@@ -16,6 +16,7 @@ from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 
 from .common import EXIT_INTERRUPTED, CliFailure, guard, setup_logging
 from .flags import (
+    CliParser,
     HelpFormatter,
     Section,
     add_config_flags,
@@ -39,19 +40,33 @@ LEARNER_SECTIONS = (
     Section("policy", PolicyConfig, "policy network"),
 )
 ALIASES = {"env_id": ["--env"], "num_actors": ["--actors"]}
-RUN_DIR_DEFAULT = "runs/<env>-<timestamp>; '' = no run directory"
+RUN_DIR_DEFAULT = "runs/<env>-<timestamp>, new for every run; '' = no run directory"
+PRESET_NOTE = (
+    "Per-env defaults: when the env has a shipped preset (zmq_rl/presets: {names}) and "
+    "no --config is given, the preset's values replace the defaults shown here (its "
+    "tuned hyper-parameters, budget and target return; the first output line says so); "
+    "flags still override it, --no-preset turns it off. Other envs get these defaults "
+    "and train the whole budget (no target return)."
+)
 
 
 def add_learner_flags(
     parser: argparse.ArgumentParser, defaults: Mapping[str, Any] | None = None
 ) -> None:
-    """Add every learner/PPO/policy field, ``--config``, ``--log-level`` and ``--tensorboard``."""
+    """Add every learner/PPO/policy field, ``--config``, ``--no-preset``, ``--log-level``
+    and ``--tensorboard``."""
     add_config_flags(
         parser,
         LEARNER_SECTIONS,
         aliases=ALIASES,
         defaults=defaults,
         default_help={"run_dir": RUN_DIR_DEFAULT},
+    )
+    parser.add_argument(
+        "--no-preset",
+        dest="use_preset",
+        action="store_false",
+        help="do not take the defaults from the env's shipped preset (see above)",
     )
     add_logging_flag(parser)
     parser.add_argument(
@@ -63,15 +78,22 @@ def add_learner_flags(
     )
 
 
+def preset_note() -> str:
+    """The ``--help`` paragraph on per-env presets."""
+    from zmq_rl.presets import available
+
+    return PRESET_NOTE.format(names=", ".join(available()))
+
+
 def build_parser(prog: str = "zmq-learner") -> argparse.ArgumentParser:
     """The ``zmq-learner`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog=prog,
         description="Run the learner: bind control (ROUTER, --port), experience (PULL, "
         "port + 1) and weights (PUB, port + 2), wait for --num-actors actors, train with "
         "PPO until --total-env-steps are consumed, then shut the actors down. Writes "
         "config.toml, metrics.jsonl, metrics.csv, report.json and policy.pt into the "
-        "run dir.",
+        "run dir, which must not hold a run already (continue one with --resume). " + preset_note(),
         epilog="Example: zmq-learner --host 0.0.0.0 --env CartPole-v1 --actors 2, then on "
         "each actor machine: zmq-actor --learner LEARNER_HOST:5555",
         formatter_class=HelpFormatter,
@@ -85,7 +107,8 @@ def resolve(
     parser: argparse.ArgumentParser | None = None,
     flags_parser: argparse.ArgumentParser | None = None,
 ) -> tuple[argparse.Namespace, LearnerConfig, PPOConfig, PolicyConfig]:
-    """Parse ``argv`` (with ``--config``) into validated configs; run_dir resolved.
+    """Parse ``argv`` (with ``--config``, or the env's preset) into validated configs;
+    run_dir resolved. ``args.applied_preset`` names the preset applied automatically.
 
     Raises :class:`~zmq_rl.config.ConfigError` or
     :class:`~zmq_rl.cli.flags.ConfigFileError`; argparse exits 2 on bad syntax.
@@ -110,7 +133,7 @@ RESUME_OVERRIDES = ("host", "port", "total_env_steps", "starvation_timeout", "ac
 
 def build_resume_parser(prog: str = "zmq-learner") -> argparse.ArgumentParser:
     """The parser of ``zmq-learner --resume RUN_DIR [overrides]``."""
-    parser = argparse.ArgumentParser(prog=f"{prog} --resume", formatter_class=HelpFormatter)
+    parser = CliParser(prog=f"{prog} --resume", formatter_class=HelpFormatter)
     parser.add_argument("--resume", metavar="RUN_DIR", required=True)
     for name in RESUME_OVERRIDES:
         kind = LearnerConfig.__dataclass_fields__[name].type
@@ -157,7 +180,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             resume = None
         setup_logging(args.log_level)
         console = make_console()
-        outcome = train(cfg, ppo, policy, console, tensorboard=args.tensorboard, resume=resume)
+        outcome = train(
+            cfg,
+            ppo,
+            policy,
+            console,
+            tensorboard=args.tensorboard,
+            resume=resume,
+            preset=getattr(args, "applied_preset", None),
+        )
         print_summary(console, outcome)
         return EXIT_INTERRUPTED if outcome.interrupted else 0
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from .common import EXIT_INTERRUPTED, guard, setup_logging
-from .flags import LOG_LEVELS, HelpFormatter, Section, flag_name, parse_with_config
-from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args
+from .flags import LOG_LEVELS, CliParser, HelpFormatter, Section, flag_name, parse_with_config
+from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .plot import add_plot_flags, plot_from_args
 
 __all__ = ["arg", "build_parser", "main", "subcommand"]
@@ -91,8 +91,9 @@ def subcommand(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``zmq-rl`` parser with one subparser per registered subcommand."""
-    parser = argparse.ArgumentParser(
+    """The ``zmq-rl`` parser with one subparser per registered subcommand (all
+    :class:`~zmq_rl.cli.flags.CliParser`: no prefix matching, one-line errors)."""
+    parser = CliParser(
         prog="zmq-rl",
         description="Distributed PPO over ZeroMQ. 'zmq-rl run' trains with local actors; "
         "for several machines use zmq-learner and zmq-actor.",
@@ -125,8 +126,9 @@ def subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentPa
 
 # -- run ------------------------------------------------------------------------------
 
-RUN_DEFAULTS = {"num_actors": 2, "eval_every": 5, "target_return": 475.0}
-"""Where ``zmq-rl run`` differs from the learner's defaults: solve CartPole-v1 and stop."""
+RUN_DEFAULTS = {"num_actors": 2, "eval_every": 5}
+"""Where ``zmq-rl run`` differs from the learner's defaults. No ``target_return``: an
+env's stop condition comes from its preset (CartPole-v1: 475) or from the user."""
 
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
@@ -211,12 +213,12 @@ def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     "train with a learner here and --actors local actor processes",
     _run_flags,
     description="Train in one command: the learner runs in this process and --actors "
-    "actor processes (python -m zmq_rl.cli.actor) connect to it over loopback. The "
-    "defaults solve CartPole-v1 (evaluation every 5 updates; stop at mean return 475). "
-    "Ctrl-C stops everything. An actor process that dies is restarted (--actor-restarts); "
-    "--resume RUN_DIR continues an interrupted run. The run dir gets config.toml, "
-    "metrics.jsonl, metrics.csv, report.json, policy.pt, learning_curve.png and "
-    "logs/actor-N.log.",
+    "actor processes (python -m zmq_rl.cli.actor) connect to it over loopback. "
+    "Ctrl-C (or SIGTERM, SIGHUP) stops everything. An actor process that dies is "
+    "restarted (--actor-restarts); --resume RUN_DIR continues an interrupted run. The run "
+    "dir gets config.toml, metrics.jsonl, metrics.csv, report.json, policy.pt, "
+    "learning_curve.png and logs/actor-N.log. " + preset_note() + " CartPole-v1's "
+    "preset, the default env, stops at mean return 475.",
     sections=LEARNER_SECTIONS,
 )
 def run_command(args: argparse.Namespace) -> int:
@@ -267,6 +269,8 @@ def run_command(args: argparse.Namespace) -> int:
         command="zmq-rl run",
         resume=resume,
         wrap_learner=wrap_learner,
+        preset=getattr(args, "applied_preset", None),
+        resume_command="zmq-rl run --resume",
     )
     extra = summary_lines(supervised.get("actors"), supervised.get("learner"))
     if "learner" in supervised and supervised["learner"].learner_restarts:
@@ -286,7 +290,11 @@ def run_command(args: argparse.Namespace) -> int:
 @subcommand(
     "eval",
     "measure a saved policy: mean ± std return over fresh episodes",
-    arg("target", metavar="RUN_DIR_OR_POLICY", help="a run directory or its policy.pt"),
+    arg(
+        "target",
+        metavar="RUN_DIR_OR_POLICY",
+        help="a run directory, its policy.pt, or one of its checkpoints/ckpt-N.pt",
+    ),
     arg("--episodes", type=int, default=20, help="deterministic episodes to play"),
     arg(
         "--seed",
@@ -393,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         args = parser.parse_args(argv)
         sub = SUBCOMMANDS[args._subcommand]
-        if sub.sections and getattr(args, "config", None) is not None:
+        if sub.sections:  # --config FILE, or the env's preset
             args = parse_with_config(parser, argv, sub.sections, subparser(parser, sub.name))
         return sub.run(args)
 

@@ -378,9 +378,9 @@ def plot_from_args(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m zmq_rl.cli.plot``: the same as ``zmq-rl plot``."""
     from .common import guard
-    from .flags import HelpFormatter
+    from .flags import CliParser, HelpFormatter
 
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="python -m zmq_rl.cli.plot",
         description="Draw learning curves (return vs env steps) of one or more runs; runs "
         "sharing a label are drawn as a mean with a band.",

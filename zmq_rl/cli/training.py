@@ -19,17 +19,41 @@ from typing import Any
 
 from rich.console import Console
 
-from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig, replace
+from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig, replace
 
-from .common import CliFailure, check_env, default_run_dir, format_duration
+from .common import (
+    STOP_SIGNALS,
+    CliFailure,
+    check_env,
+    default_run_dir,
+    format_duration,
+    note_hangup,
+    release_run_dir,
+)
 from .flags import dump_toml
 from .progress import TrainingProgress
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainingOutcome", "make_console", "print_summary", "resolve_run_dir", "train"]
+__all__ = [
+    "RUN_MARKERS",
+    "TrainingOutcome",
+    "check_run_dir_is_new",
+    "make_console",
+    "print_summary",
+    "resolve_run_dir",
+    "train",
+]
 
 CONFIG_NAME = "config.toml"
+RUN_MARKERS = ("config.toml", "metrics.jsonl", "report.json", "policy.pt")
+"""Files whose presence means a run directory holds a run already."""
+RESUME_COMMAND = "zmq-learner --resume"
+"""The command that continues a run, named when a run dir is refused."""
+TENSORBOARD_OFF = (
+    "TensorBoard logging is off: the tensorboard package is not installed "
+    "(pip install 'zmq_rl[tensorboard]'; --no-tensorboard hides this line)"
+)
 
 
 def make_console() -> Console:
@@ -38,32 +62,72 @@ def make_console() -> Console:
 
 
 def resolve_run_dir(cfg: LearnerConfig, run_dir: str | None) -> LearnerConfig:
-    """Fill in ``runs/<env>-<timestamp>`` when no ``--run-dir`` was given (None);
-    an explicit empty string keeps the run without a directory."""
+    """Fill in ``runs/<env>-<timestamp>`` when no ``--run-dir`` was given (None; the
+    directory is created now, see :func:`~zmq_rl.cli.common.default_run_dir`); an
+    explicit empty string keeps the run without a directory."""
     if run_dir is None:
         run_dir = default_run_dir(cfg.env_id)
     return replace(cfg, run_dir=run_dir)
 
 
+def check_run_dir_is_new(run_dir: str, resume_command: str = RESUME_COMMAND) -> None:
+    """Refuse (:class:`ConfigError`) a run dir that holds a run already, so that two
+    runs are never merged into one directory; the message says how to continue it
+    and how to start a new one."""
+    if not run_dir:
+        return
+    path = Path(run_dir)
+    found = [name for name in RUN_MARKERS if (path / name).exists()]
+    if not found and any((path / "checkpoints").glob("ckpt-*.pt")):
+        found.append("checkpoints/")
+    if found:
+        raise ConfigError(
+            "run_dir",
+            run_dir,
+            f"holds a run already ({', '.join(found)}): continue it with "
+            f"'{resume_command} {run_dir}', or start a new run with another --run-dir "
+            "(or without --run-dir: every run gets its own runs/<env>-<timestamp>)",
+        )
+
+
 def write_config(
-    cfg: LearnerConfig, ppo: PPOConfig, policy: PolicyConfig, command: str = "zmq-learner"
+    cfg: LearnerConfig,
+    ppo: PPOConfig,
+    policy: PolicyConfig,
+    command: str = "zmq-learner",
+    preset: str | None = None,
 ) -> Path | None:
     """Write the resolved config as ``config.toml`` in the run dir (loadable by ``--config``).
 
     ``run_dir`` is written as a comment, so that repeating a run with ``--config``
-    makes a new run directory instead of appending to this one.
+    makes a new run directory instead of appending to this one. A run dir that
+    cannot be created or written is a :class:`ConfigError` naming it.
     """
     if not cfg.run_dir:
         return None
     path = Path(cfg.run_dir) / CONFIG_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
     header = (
         f"zmq_rl run config, written {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
-        f"Repeat the run with: {command} --config {path}"
+        + (f"Defaults from preset {preset} (zmq_rl/presets/{preset}.toml).\n" if preset else "")
+        + f"Repeat the run with: {command} --config {path}"
     )
     text = dump_toml({"learner": cfg, "ppo": ppo, "policy": policy}, header, commented=("run_dir",))
-    path.write_text(text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        what = "create it" if not path.parent.is_dir() else f"write {CONFIG_NAME} in it"
+        raise ConfigError("run_dir", cfg.run_dir, f"cannot {what}: {exc.strerror or exc}") from None
     return path
+
+
+def preset_line(name: str, cfg: LearnerConfig) -> str:
+    """The line that says a run took its defaults from the env's preset."""
+    return (
+        f"using preset {name} (zmq_rl/presets/{name}.toml: tuned settings, "
+        f"{cfg.total_env_steps:,} steps, target return {cfg.target_return:g}); "
+        "flags override it, --no-preset ignores it"
+    )
 
 
 class TrainingOutcome:
@@ -93,6 +157,8 @@ def train(
     command: str = "zmq-learner",
     resume: tuple[str, Mapping[str, Any]] | None = None,
     wrap_learner: Callable[[Any], Any] | None = None,
+    preset: str | None = None,
+    resume_command: str = RESUME_COMMAND,
 ) -> TrainingOutcome:
     """Bind a learner, run it to the end of its budget and return the outcome.
 
@@ -102,17 +168,33 @@ def train(
     starved learner. The first Ctrl-C or SIGTERM during the run asks the learner
     to stop (:meth:`~zmq_rl.learner.Learner.request_stop`: it shuts the actors down
     and writes its report, checkpoint and policy); a second one aborts at once,
-    without a report. Either way the outcome has ``interrupted`` set.
+    without a report. Either way the outcome has ``interrupted`` set. SIGHUP stops
+    it like SIGTERM, and never aborts (a closing terminal may send several).
     ``resume=(run_dir, overrides)`` continues that run's newest checkpoint.
     ``wrap_learner(learner)``, when given, returns what is run and stopped instead
     of the learner (``zmq-rl run --resume-on-crash`` restarts a crashed one there).
+
+    ``preset``: the env preset the configs came from, announced as the first line.
+    Before the learner binds, a new run's dir is checked: one that holds a run
+    already (``resume_command`` is the way the message names to continue it) or
+    cannot be created is a :class:`ConfigError`.
     """
     from zmq_rl.learner import Learner, LearnerStarved
-    from zmq_rl.metrics import MetricsWriter
+    from zmq_rl.metrics import MetricsWriter, tensorboard_available
 
-    check_env(cfg.env_id)
-    if resume is None:
-        write_config(cfg, ppo, policy, command)
+    if preset:
+        console.print(preset_line(preset, cfg), markup=False)
+    try:
+        if resume is None:
+            check_run_dir_is_new(cfg.run_dir, resume_command)
+        check_env(cfg.env_id, policy.factory)
+        if resume is None:
+            write_config(cfg, ppo, policy, command, preset)
+    except BaseException:
+        release_run_dir(cfg.run_dir)
+        raise
+    if cfg.run_dir and tensorboard is None and not tensorboard_available():
+        console.print(TENSORBOARD_OFF, markup=False)
     outcome = TrainingOutcome(cfg)
     with contextlib.ExitStack() as stack:
         metrics = None
@@ -156,21 +238,29 @@ def train(
 
 @contextlib.contextmanager
 def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
-    """First Ctrl-C / SIGTERM: ask the learner to stop after the current step (it
-    shuts the actors down and writes its report and policy); a second one raises
-    :class:`KeyboardInterrupt` at once."""
+    """First Ctrl-C / SIGTERM / SIGHUP: ask the learner to stop after the current
+    step (it shuts the actors down and writes its report and policy); a second
+    Ctrl-C or SIGTERM raises :class:`KeyboardInterrupt` at once. A SIGHUP never
+    does: the terminal is gone, and closing one can send several."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        hangup = signum == getattr(signal, "SIGHUP", None)
+        if hangup:
+            note_hangup()
         if outcome.interrupted:
+            if hangup:
+                return
             raise KeyboardInterrupt(signal.Signals(signum).name)
         outcome.interrupted = True
         name = signal.Signals(signum).name
-        sys.stderr.write(
-            f"\n{name}: stopping after the current update (press Ctrl-C again to abort at once)\n"
-        )
         learner.request_stop(f"interrupted ({name})")
+        with contextlib.suppress(OSError):  # stderr may be a pipe whose reader is gone
+            sys.stderr.write(
+                f"\n{name}: stopping after the current update "
+                "(press Ctrl-C again to abort at once)\n"
+            )
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
