@@ -65,8 +65,9 @@ class BackgroundEvaluator:
     replaces the waiting one (the newest snapshot wins: an evaluation of old weights
     is worth less than a later one). :meth:`results` returns what finished, each with
     the ``tag`` it was submitted with. The child process is started on the first
-    :meth:`submit`, runs at ``nice`` +10 with one torch thread, rebuilds the policy
-    from the env's spaces and ``policy_cfg`` exactly as an actor does, and exits
+    :meth:`submit`, runs at ``nice`` +19 (it takes the CPU time nothing else wants)
+    with one torch thread, rebuilds the policy from the env's spaces and
+    ``policy_cfg`` exactly as an actor does, and exits
     when :meth:`close` is called or the learner's end of the pipe closes.
     """
 
@@ -149,7 +150,7 @@ def _evaluate_forever(conn: Any, env_id: str, episodes: int, seed: int, policy: 
     from .policy import build_policy, import_weights
 
     with contextlib.suppress(OSError):
-        os.nice(10)
+        os.nice(19)
     torch.set_num_threads(1)
     policy_cfg = PolicyConfig(**{**policy, "hidden_sizes": tuple(policy["hidden_sizes"])})
     probe = gym.make(env_id)
