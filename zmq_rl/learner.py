@@ -140,6 +140,11 @@ class Learner:
         self.trainer.version = value
 
     @property
+    def on_update(self) -> Callable[[dict[str, Any]], None] | None:
+        """The hook called with every update's metrics row (:attr:`RunLog.on_update`)."""
+        return self.runlog.on_update
+
+    @property
     def queues(self) -> SlotQueues:
         """The per-slot queues of received rows (:attr:`Ingest.queues`)."""
         return self.ingest.queues

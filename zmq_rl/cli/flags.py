@@ -575,12 +575,14 @@ def parse_with_config(
     Without ``--config``, on a parser that has ``--no-preset`` (dest ``use_preset``)
     and not given it: when the env (``--env`` or its default) has a shipped preset,
     that preset is loaded as if it were the ``--config`` file. The namespace's
-    ``applied_preset`` then names the env (None when no preset was applied).
+    ``applied_preset`` then names the env (None when no preset was applied). A
+    namespace with ``resume`` set gets no preset: a resumed run keeps its own settings.
     """
     args = parser.parse_args(argv)
     path = getattr(args, "config", None)
     preset = None
-    if path is None and getattr(args, "use_preset", False):
+    resuming = getattr(args, "resume", None) is not None  # the run's own config applies
+    if path is None and getattr(args, "use_preset", False) and not resuming:
         path = preset_for(str(getattr(args, PRESET_ENV_DEST, "")))
         preset = getattr(args, PRESET_ENV_DEST) if path is not None else None
     if path is None:
