@@ -152,7 +152,7 @@ def record_episodes(
     import numpy as np
     import torch
 
-    from zmq_rl.actor import env_seeds
+    from zmq_rl.seeding import env_seeds
 
     try:
         env = gym.make(loaded.env_id, render_mode="rgb_array")
