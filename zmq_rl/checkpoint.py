@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .config import LearnerConfig, PolicyConfig, PPOConfig
+from .report import LearnerReport
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def checkpoint_name(updates_completed: int) -> str:
 
 def run_state(
     configs: tuple[Any, Any, Any],
-    report: Any,
+    report: LearnerReport,
     counters: dict[str, int],
     queued: tuple[int, int],
 ) -> dict[str, Any]:
@@ -155,7 +156,7 @@ def save_learner_checkpoint(
     run_dir: str | Path,
     trainer_state: dict[str, Any],
     configs: tuple[Any, Any, Any],
-    report: Any,
+    report: LearnerReport,
     counters: dict[str, int],
     queued: tuple[int, int],
 ) -> Path:
@@ -166,7 +167,7 @@ def save_learner_checkpoint(
     return write_checkpoint(Path(run_dir) / "checkpoints", name, state)
 
 
-def restore_run_state(state: dict[str, Any], report: Any, counters: Counter[str]) -> None:
+def restore_run_state(state: dict[str, Any], report: LearnerReport, counters: Counter[str]) -> None:
     """Put a checkpoint's report and counters back (the new run keeps its own run id
     and actor lines); rows that were queued when it was written died with the old
     learner and are counted as ``discarded/.../learner_restart``, so that received =

@@ -39,6 +39,7 @@ from .checkpoint import (
 )
 from .config import LearnerConfig, PolicyConfig, PPOConfig
 from .ingest import POLL_MS, Ingest
+from .policy import Policy
 from .protocol import (
     RunSettings,
     Weights,
@@ -65,7 +66,10 @@ class StopRequested(Exception):
 
 
 def run_settings(
-    cfg: LearnerConfig, observation_space: Any, action_space: Any, policy_cfg: PolicyConfig
+    cfg: LearnerConfig,
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    policy_cfg: PolicyConfig,
 ) -> RunSettings:
     """The settings every actor of this run obeys (the welcome's ``config``), with
     ``num_envs`` the default an actor gets when its hello asks for none."""
@@ -126,7 +130,7 @@ class Learner:
         self.publish_weights(publish=False)
 
     @property
-    def policy(self) -> Any:
+    def policy(self) -> Policy:
         """The trainer's policy (what is broadcast)."""
         return self.trainer.policy
 

@@ -22,7 +22,7 @@ import numpy as np
 from .protocol import Fragment, Hello, space_from_spec
 from .rollout import SlotKey
 
-RunSpaces = tuple[Any, Any]
+RunSpaces = tuple[gym.Space, gym.Space]
 """The run's ``(observation_space, action_space)`` (gymnasium spaces)."""
 
 
@@ -319,8 +319,8 @@ def check_hello(
     routing_id: bytes,
     hello: Hello,
     env_id: str,
-    observation_space: Any,
-    action_space: Any,
+    observation_space: gym.Space,
+    action_space: gym.Space,
     limits: MembershipLimits | None = None,
     default_envs: int = 1,
 ) -> tuple[str, str] | None:

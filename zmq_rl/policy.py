@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import gymnasium
 import numpy as np
@@ -34,6 +34,9 @@ from torch.nn import functional as F
 
 from zmq_rl.config import ConfigError, PolicyConfig
 from zmq_rl.normalization import merge_moments
+
+if TYPE_CHECKING:
+    from zmq_rl.protocol import RunSettings, Welcome
 
 __all__ = [
     "ActorCritic",
@@ -319,7 +322,7 @@ def build_policy(
     )
 
 
-def policy_config_from(settings: Any) -> PolicyConfig:
+def policy_config_from(settings: RunSettings) -> PolicyConfig:
     """The :class:`PolicyConfig` of a welcome's :class:`~zmq_rl.protocol.RunSettings`
     (its ``policy`` map; lists become tuples), validated."""
     raw = dict(settings.policy)
@@ -328,7 +331,7 @@ def policy_config_from(settings: Any) -> PolicyConfig:
     return PolicyConfig(**raw).validate()
 
 
-def policy_from_welcome(welcome: Any) -> Policy:
+def policy_from_welcome(welcome: Welcome) -> Policy:
     """Build the learner's network from a :class:`~zmq_rl.protocol.Welcome` and load
     its weights: what an embedding actor needs to start acting."""
     settings = welcome.settings

@@ -22,10 +22,13 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgpack
 import numpy as np
+
+if TYPE_CHECKING:  # gymnasium is imported where spaces are built, not by every peer
+    import gymnasium as gym
 
 PROTOCOL_VERSION = 1
 """Bumped whenever a message changes incompatibly."""
@@ -595,8 +598,8 @@ class RunSettings:
     """
 
     env_id: str
-    observation_space: Any  # a gymnasium space (a space map on the wire)
-    action_space: Any
+    observation_space: gym.Space  # a space map on the wire (§3.4)
+    action_space: gym.Space
     policy: dict[str, Any]  # the PolicyConfig fields (zmq_rl.policy.policy_config_from)
     num_steps: int
     broadcast_every: int

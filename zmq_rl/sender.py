@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import zmq
 
@@ -85,7 +86,7 @@ class ExperienceSender:
         self.slot_steps = np.zeros(num_envs, np.int64)  # steps per slot since the welcome
         self.throttle = ActorThrottle.disabled()
         self.fragment_length = 1
-        self.observation_space: Any = None
+        self.observation_space: gym.Space | None = None
         self.actor_id = -1
         self.run_id = ""
         self.socket: zmq.Socket | None = None
@@ -99,7 +100,7 @@ class ExperienceSender:
         actor_id: int,
         run_id: str,
         base_version: int,
-        observation_space: Any,
+        observation_space: gym.Space | None,
     ) -> None:
         """Begin a registration: a new connected PUSH socket (the old one is closed)
         and the welcome's settings. Sequence numbers carry on (they tell the learner

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from .config import LearnerConfig, PolicyConfig, PPOConfig
@@ -48,8 +49,8 @@ class Trainer:
         cfg: LearnerConfig,
         ppo_cfg: PPOConfig,
         policy_cfg: PolicyConfig,
-        observation_space: Any,
-        action_space: Any,
+        observation_space: gym.Space,
+        action_space: gym.Space,
     ) -> None:
         torch.manual_seed(cfg.seed)
         torch.set_num_threads(cfg.torch_threads)
