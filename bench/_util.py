@@ -221,3 +221,24 @@ class RssSampler:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def run_with_actor_processes(
+    learner: Any, target: Any, args: tuple[Any, ...], count: int, join_s: float = 30.0
+) -> Any:
+    """Start ``count`` spawned processes of ``target(*args)`` (actors), run the learner
+    to its end, close it and reap the processes (killed after ``join_s``); the report."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=args) for _ in range(count)]
+    for p in procs:
+        p.start()
+    try:
+        return learner.run()
+    finally:
+        learner.close()
+        for p in procs:
+            p.join(join_s)
+            if p.is_alive():
+                p.kill()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -66,18 +65,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         rows.append((time.monotonic(), int(row["env_steps"])))
 
     learner = Learner(cfg, PPOConfig(), PolicyConfig(), on_update=on_update)
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_actor_main, args=(port, args.envs)) for _ in range(args.actors)]
-    for p in procs:
-        p.start()
-    try:
-        report = learner.run()
-    finally:
-        learner.close()
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    report = _util.run_with_actor_processes(learner, _actor_main, (port, args.envs), args.actors)
     (t0, s0), (t1, s1) = rows[0], rows[-1]
     periodic = [e for e in report.evaluations if e["updates"] != report.updates_completed]
     return {
