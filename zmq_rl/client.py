@@ -24,6 +24,11 @@ experience side (lockstep buffer, fragments, back-pressure, the staleness valve)
 its :attr:`ActorClient.subscriber` (:class:`~zmq_rl.subscriber.WeightsSubscriber`)
 reads the weights broadcast, newest first.
 No RL here: the client moves arrays and counts steps; it never looks inside them.
+
+**Link fields** (docs/protocol.md section 4.6): the client answers every learner
+heartbeat that carries ``sent_at`` on its next :meth:`~LearnerConnection.poll`, echoing
+it, so that the learner can measure the round trip, and reports the share of time the
+staleness valve held it paused.
 """
 
 from __future__ import annotations
@@ -149,6 +154,13 @@ class LearnerConnection:
         self.subscriber = WeightsSubscriber(self.rejects, self._reject, self.max_message_bytes)
         self._last_heartbeat = 0.0
         self.last_heard = time.monotonic()
+        # Link fields (docs/protocol.md section 4.6).
+        self._peer_sent_at: float | None = None  # sent_at of the newest learner heartbeat
+        self._peer_heard_at = 0.0
+        self._answer_due = False
+        self._valve_since: float | None = None  # the valve holds the actor since then
+        self._valve_total = 0.0  # seconds the valve held it since _share_since
+        self._share_since = self.last_heard
 
     @property
     def config(self) -> dict[str, Any]:
@@ -254,7 +266,9 @@ class LearnerConnection:
         self.version = welcome.weights.version
         self.num_envs = settings.num_envs
         self.heartbeat_interval = settings.heartbeat_interval
-        self.last_heard = time.monotonic()
+        self.last_heard = self._share_since = time.monotonic()
+        self._peer_sent_at, self._answer_due = None, False
+        self._valve_since, self._valve_total = None, 0.0
         push = self._socket(
             zmq.PUSH, SocketOptions(linger_ms=ACTOR_PUSH_LINGER_MS, sndhwm=EXPERIENCE_HWM)
         )
@@ -378,23 +392,67 @@ class LearnerConnection:
                     self.shutdown_reason = message.reason
                     log.info("learner requested shutdown: %s", message.reason)
             elif isinstance(message, Heartbeat):
-                self.last_heard = time.monotonic()
-                if message.run_id != self.run_id:
-                    self.needs_reregister = True
+                self._on_heartbeat(message)
             elif isinstance(message, Refuse) and message.code == "reregister":
                 self.last_heard = time.monotonic()
                 self.needs_reregister = True
             else:
                 self.rejects["control:unexpected_type"] += 1
 
-    def _maybe_heartbeat(self) -> None:
+    def _on_heartbeat(self, message: Heartbeat) -> None:
+        """A learner heartbeat: liveness, a new run, the link fields (answer due)."""
         now = time.monotonic()
-        if self._control is None or now - self._last_heartbeat < self.heartbeat_interval:
+        self.last_heard = now
+        if message.run_id != self.run_id:
+            self.needs_reregister = True
+            return
+        if message.sent_at is not None:
+            self._peer_sent_at, self._peer_heard_at = message.sent_at, now
+            self._answer_due = True
+
+    def _maybe_heartbeat(self) -> None:
+        """Send a heartbeat when one is due: every ``heartbeat_interval``, and at once
+        after a learner heartbeat (so that the learner's round trip is not a second
+        late)."""
+        now = time.monotonic()
+        if self._control is None:
+            return
+        if not self._answer_due and now - self._last_heartbeat < self.heartbeat_interval:
             return
         self._last_heartbeat = now
-        beat = Heartbeat(actor_id=self.actor_id, run_id=self.run_id, version=self.version)
+        self._answer_due = False
+        echo = self._peer_sent_at
+        beat = Heartbeat(
+            actor_id=self.actor_id,
+            run_id=self.run_id,
+            version=self.version,
+            sent_at=now,
+            echo=echo,
+            held=None if echo is None else max(0.0, now - self._peer_heard_at),
+            paused=self._take_paused_share(now),
+        )
         with contextlib.suppress(zmq.Again):  # a full queue already tells the learner enough
             self._control.send(encode(beat), zmq.NOBLOCK)
+
+    # ------------------------------------------------------------------ link fields
+
+    def _note_valve(self, paused: bool, now: float) -> None:
+        """Track when the staleness valve holds the actor (for the heartbeat's ``paused``)."""
+        if paused and self._valve_since is None:
+            self._valve_since = now
+        elif not paused and self._valve_since is not None:
+            self._valve_total += now - self._valve_since
+            self._valve_since = None
+
+    def _take_paused_share(self, now: float) -> float:
+        """The share of wall time the valve held the actor since the previous call."""
+        total = self._valve_total
+        if self._valve_since is not None:
+            total += now - self._valve_since
+            self._valve_since = now
+        window = now - self._share_since
+        self._valve_total, self._share_since = 0.0, now
+        return min(1.0, max(0.0, total / window)) if window > 0 else 0.0
 
     def _reject(self, where: str, exc: ProtocolError) -> None:
         self.rejects[f"{where}:{exc.reason}"] += 1
@@ -414,8 +472,11 @@ class ActorClient(LearnerConnection):
 
     def should_pause(self) -> bool:
         """Whether the staleness valve says: wait for newer weights (see
-        :meth:`ExperienceSender.should_pause`; a pausing client flushes first)."""
-        return self.sender.should_pause(self.version)
+        :meth:`ExperienceSender.should_pause`; a pausing client flushes first). The
+        time it says so goes into the heartbeat's ``paused``."""
+        paused = self.sender.should_pause(self.version)
+        self._note_valve(paused, time.monotonic())
+        return paused
 
     def step(
         self,

@@ -7,6 +7,7 @@ place that turns them into a throttle.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,3 +57,35 @@ class ActorThrottle:
             max_lead_steps=settings.max_lead_steps,
             base_version=base_version,
         )
+
+
+def fitting_max_lead_steps(
+    *,
+    steps_per_broadcast: int,
+    fragment_length: int,
+    step_rate: float,
+    round_trip: float,
+    cycle_time: float,
+) -> int:
+    """The smallest ``max_lead_steps`` that keeps an actor stepping through a round trip.
+
+    After the learner consumed the ``steps_per_broadcast`` (S) rows of a cycle from a
+    slot, it trains for ``cycle_time`` (U, its update time per broadcast cycle), and
+    the weights that prove it take half a round trip to the actor, whose rows took
+    the other half to arrive: the proof of a row reaches the actor ``round_trip + U``
+    after the row was made. An actor stepping ``r`` steps per second per slot must not
+    reach its budget meanwhile, so
+
+        max_lead_steps >= S + r * (round_trip + U)
+
+    where ``r`` is ``step_rate`` (the actor's rate while not paused) but at most
+    ``S / U``, the rate at which the learner can consume a slot (a faster actor is
+    held by the learner, not by the link). Rounded up to a multiple of
+    ``fragment_length``.
+    """
+    rate = step_rate
+    if cycle_time > 0:
+        rate = min(rate, steps_per_broadcast / cycle_time)
+    need = steps_per_broadcast + max(0.0, rate) * max(0.0, round_trip + cycle_time)
+    chunk = max(1, fragment_length)
+    return int(math.ceil(need / chunk - 1e-9) * chunk)  # (not up for a rounding error)
