@@ -1,11 +1,16 @@
-"""Long links: the heartbeat's link fields and what the learner measures of each
+"""Long and broken links: the heartbeat's link fields, an actor that pauses for the
+link and re-registers before it sends again, and what the learner measures of each
 actor's link (round trip, valve-paused share, the ``max_lead_steps`` that fits).
 
 * Protocol: the optional heartbeat fields round-trip, may be omitted (a v1 peer), and
   are range-checked.
 * Actor side, against the fake learner of ``tests/test_client_actor.py`` (real sockets,
   the client driven by hand): a learner heartbeat is answered on the next poll with its
-  ``sent_at`` echoed; ``paused`` is the valve's share of the time.
+  ``sent_at`` echoed; ``paused`` is the valve's share of the time; a silent learner
+  pauses the actor, a stale heartbeat does not end the pause, an echo of a heartbeat
+  sent since does; a ``refuse reregister`` or weights no member could have received make
+  it register again before it sends anything; toward a learner without the fields
+  nothing changes.
 * Learner side: a real Learner with a real actor measures a round trip and a paused
   share and reports them (report line, :meth:`Ingest.link_stats`); the advice is
   logged once per actor, with the value of the formula in docs/multi-host.md.
@@ -33,11 +38,11 @@ from tests.test_client_actor import (
     weights_of,
 )
 from zmq_rl.cli.progress import format_row
-from zmq_rl.client import ActorClient
+from zmq_rl.client import LINK_SILENCE_INTERVALS, ActorClient
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 from zmq_rl.ingest import ADVICE_MIN_SAMPLES
 from zmq_rl.learner import Learner
-from zmq_rl.protocol import Heartbeat, Hello, ProtocolError, decode, encode
+from zmq_rl.protocol import Heartbeat, Hello, ProtocolError, Refuse, decode, encode
 from zmq_rl.valve import fitting_max_lead_steps
 
 TIMEOUT = 20.0
@@ -83,6 +88,10 @@ def test_heartbeat_link_fields_are_checked(key, value, reason):
 
 # -- the actor side -------------------------------------------------------------------
 
+FAST_BEAT = 0.2
+"""heartbeat_interval of these fake learners: the client pauses for the link after
+LINK_SILENCE_INTERVALS of them (0.6 s)."""
+
 
 def registered(ctx, fake: FakeLearner, **config: Any) -> tuple[ActorClient, bytes]:
     """A client welcomed by ``fake`` (stub env, one slot) with ``config`` in the welcome."""
@@ -119,6 +128,16 @@ def send_rows(client: ActorClient, start: int, n: int) -> None:
     for t in range(start, start + n):
         obs = stub_rows(t, 1)
         client.step(obs, np.array([0]), [1.0], [False], [False], [0.0], [0.0], stub_rows(t + 1, 1))
+
+
+def poll_until(client: ActorClient, condition, timeout: float, what: str) -> float:
+    """Poll (10 ms apart) until ``condition()``; return how long it took."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        client.wait_for_weights(0.01)
+    return time.monotonic() - start
 
 
 def test_actor_answers_a_learner_heartbeat_at_once_echoing_it(ctx, learner_port):
@@ -159,6 +178,161 @@ def test_heartbeat_reports_the_share_of_time_the_valve_held_the_actor(ctx, learn
     print(f"\nvalve-paused share: running {running.paused:.3f}, held {held.paused:.3f}")
     assert running.paused < 0.05
     assert held.paused > 0.6
+    client.close()
+
+
+def pause_by_silence(fake: FakeLearner, client: ActorClient, routing_id: bytes) -> float:
+    """Arm the link checks with one learner heartbeat (sent_at), then stay silent until
+    the client pauses for the link; return how long that took."""
+    learner_beat(fake, routing_id, sent_at=100.0)
+    actor_beat(fake, client, lambda b: b.echo == 100.0)
+    quiet_since = time.monotonic()
+    limit = LINK_SILENCE_INTERVALS * FAST_BEAT
+    poll_until(client, lambda: client.link_paused_since is not None, 10 * limit, "a link pause")
+    took = time.monotonic() - quiet_since
+    assert took >= limit * 0.95, f"paused after {took:.2f}s of silence, limit {limit}s"
+    return took
+
+
+def test_silent_learner_pauses_the_actor_until_an_echo_proves_it_is_known(ctx, learner_port):
+    """No control message for LINK_SILENCE_INTERVALS heartbeat intervals: the actor stops
+    stepping (and sends nothing). A learner heartbeat that echoes a heartbeat sent before
+    the pause (as one queued in a cut link would) does not end it; one that echoes a
+    heartbeat sent since does."""
+    fake = FakeLearner(ctx, learner_port)
+    client, routing_id = registered(ctx, fake, heartbeat_interval=FAST_BEAT)
+    send_rows(client, 0, 2)  # buffered, not a whole fragment (fragment_length 6)
+    took = pause_by_silence(fake, client, routing_id)
+    since = client.link_paused_since
+    assert since is not None and client.should_pause()
+    # The actor's heartbeat sent at the pause: what the learner must echo.
+    probe = actor_beat(fake, client, lambda b: b.sent_at >= since)
+    stale = learner_beat(fake, routing_id, sent_at=101.0, echo=since - 0.5, held=0.0)
+    poll_until(client, lambda: time.monotonic() - stale > 0.3, 1.0, "the stale heartbeat")
+    assert client.link_paused_since == since and client.should_pause()
+    learner_beat(fake, routing_id, sent_at=102.0, echo=probe.sent_at, held=0.0)
+    poll_until(client, lambda: client.link_paused_since is None, 5.0, "the end of the pause")
+    assert not client.should_pause()
+    assert client.stats["link_pauses"] == 1
+    assert "steps_sent_in_link_pause" not in client.stats
+    assert not fake.pull.poll(100), "the actor sent experience while paused for the link"
+    send_rows(client, 2, 4)  # the buffered rows were kept: a whole fragment now
+    fragment = fake.recv_fragment()
+    assert (fragment.seq, fragment.length) == (0, 6)
+    print(f"\npaused after {took:.2f}s of silence")
+    client.close()
+
+
+def reregister(fake: FakeLearner, client: ActorClient, trigger) -> Hello:
+    """``trigger()`` makes the client register again: answer its hello with a welcome;
+    return the hello. Fails if any fragment reached the learner meanwhile."""
+    before = client.registrations
+    trigger()
+
+    def poll_until_registered() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while client.registrations == before and time.monotonic() < deadline:
+            client.wait_for_weights(0.02)
+
+    polling = Background(poll_until_registered)
+    routing_id, hello = fake.recv_control(Hello)
+    assert not fake.pull.poll(0), "the actor sent experience before registering again"
+    fake.welcome(routing_id, client.actor_id, weights_of(make_policy(0), 9))
+    polling.join()
+    assert polling.error is None, repr(polling.error)
+    assert client.version == 9  # the new welcome's weights
+    return hello
+
+
+def test_refuse_after_a_silence_makes_the_actor_register_again_first(ctx, learner_port):
+    fake = FakeLearner(ctx, learner_port)
+    client, routing_id = registered(ctx, fake, heartbeat_interval=FAST_BEAT)
+    send_rows(client, 0, 6)  # one fragment sent, seq 0
+    assert fake.recv_fragment().seq == 0
+    send_rows(client, 6, 3)  # buffered
+    pause_by_silence(fake, client, routing_id)
+    hello = reregister(
+        fake, client, lambda: fake.send(routing_id, Refuse("reregister", "who are you?"))
+    )
+    assert (hello.actor_id, hello.rejoin_run_id, hello.next_seq) == (0, RUN_ID, [1])
+    assert client.link_paused_since is None and not client.should_pause()
+    assert not fake.pull.poll(100), "rows of the ended registration were sent"
+    send_rows(client, 0, 6)
+    assert fake.recv_fragment().seq == 1
+    assert client.stats["reregistrations"] == 1 and client.stats["link_pauses"] == 1
+    client.close()
+
+
+def test_weights_no_member_could_get_pause_the_actor_and_it_registers_again(ctx, learner_port):
+    """Version 2 proves that the learner consumed 2 * 40 steps of every member slot; an
+    actor that sent 6 cannot still be a member: it loads them, pauses for the link, and
+    on the learner's refusal registers again without sending."""
+    fake = FakeLearner(ctx, learner_port)
+    client, routing_id = registered(ctx, fake, heartbeat_interval=5.0)
+    learner_beat(fake, routing_id, sent_at=5.0)  # a learner with the link fields
+    actor_beat(fake, client, lambda b: b.echo == 5.0)
+    fake.wait_subscribers(1)
+    send_rows(client, 0, 6)
+    assert fake.recv_fragment().seq == 0
+    send_rows(client, 6, 2)  # buffered, version 0
+    deadline = time.monotonic() + TIMEOUT
+    while client.version < 2:
+        assert time.monotonic() < deadline, "version 2 never arrived"
+        fake.pub.send(encode(weights_of(make_policy(1), 2)))
+        client.wait_for_weights(0.05)
+    assert client.link_paused_since is not None and client.should_pause()
+    # Loading them flushed the two rows acted with version 0 (the one fragment a slot
+    # may lose), then nothing more.
+    flushed = fake.recv_fragment()
+    assert (flushed.seq, flushed.length, flushed.version) == (1, 2, 0)
+    hello = reregister(fake, client, lambda: fake.send(routing_id, Refuse("reregister", "no")))
+    assert hello.next_seq == [2]
+    assert client.stats["steps_sent_in_link_pause"] == 2
+    client.close()
+
+
+def test_weights_beyond_its_steps_end_in_a_resume_when_the_learner_still_knows_it(
+    ctx, learner_port
+):
+    fake = FakeLearner(ctx, learner_port)
+    client, routing_id = registered(ctx, fake, heartbeat_interval=5.0)
+    learner_beat(fake, routing_id, sent_at=5.0)
+    actor_beat(fake, client, lambda b: b.echo == 5.0)
+    fake.wait_subscribers(1)
+    deadline = time.monotonic() + TIMEOUT
+    while client.version < 3:
+        assert time.monotonic() < deadline, "version 3 never arrived"
+        fake.pub.send(encode(weights_of(make_policy(1), 3)))
+        client.wait_for_weights(0.05)
+    since = client.link_paused_since
+    assert since is not None
+    probe = actor_beat(fake, client, lambda b: b.sent_at >= since, timeout=2.0)
+    learner_beat(fake, routing_id, sent_at=6.0, echo=probe.sent_at, held=0.0)
+    poll_until(client, lambda: client.link_paused_since is None, 5.0, "the end of the pause")
+    assert not client.should_pause() and client.version == 3
+    client.close()
+
+
+def test_toward_a_learner_without_link_fields_nothing_changes(ctx, learner_port):
+    """A v1 learner (heartbeats without sent_at): no pause for silence, none for weights
+    beyond the actor's steps; heartbeats still go out, with sent_at but no echo."""
+    fake = FakeLearner(ctx, learner_port)
+    client, routing_id = registered(ctx, fake, heartbeat_interval=FAST_BEAT)
+    learner_beat(fake, routing_id)
+    beat = actor_beat(fake, client, lambda b: True)
+    assert beat.echo is None and beat.held is None and beat.sent_at is not None
+    quiet = time.monotonic()
+    while time.monotonic() - quiet < 4 * LINK_SILENCE_INTERVALS * FAST_BEAT:
+        assert not client.should_pause()
+        client.wait_for_weights(0.02)
+    fake.wait_subscribers(1)
+    deadline = time.monotonic() + TIMEOUT
+    while client.version < 5:
+        assert time.monotonic() < deadline, "version 5 never arrived"
+        fake.pub.send(encode(weights_of(make_policy(1), 5)))
+        client.wait_for_weights(0.05)
+    assert client.link_paused_since is None and not client.should_pause()
+    assert "link_pauses" not in client.stats
     client.close()
 
 

@@ -40,8 +40,18 @@ class ActorThrottle:
 
     def budget(self, version: int) -> int:
         """Steps per slot this actor may have sent while running ``version``."""
-        proven = max(0, version - self.base_version) * self.steps_per_broadcast
-        return proven + self.max_lead_steps
+        return self.proven(version) + self.max_lead_steps
+
+    def proven(self, version: int) -> int:
+        """Steps per slot that ``version`` proves the learner consumed from this actor
+        (if the actor is still a member of the rollout)."""
+        return max(0, version - self.base_version) * self.steps_per_broadcast
+
+    def impossible_for_member(self, version: int, steps_sent: int) -> bool:
+        """Whether weights of ``version`` prove more consumption than an actor that sent
+        ``steps_sent`` steps per slot (its least-advanced slot) can have supplied: the
+        learner trained on without this actor, so its registration is gone."""
+        return self.proven(version) > steps_sent
 
     def should_pause(self, steps_sent: int, version: int) -> bool:
         """Whether an actor that sent ``steps_sent`` steps per slot must wait."""
