@@ -14,6 +14,9 @@ actor's link (round trip, valve-paused share, the ``max_lead_steps`` that fits).
 * Learner side: a real Learner with a real actor measures a round trip and a paused
   share and reports them (report line, :meth:`Ingest.link_stats`); the advice is
   logged once per actor, with the value of the formula in docs/multi-host.md.
+* ``bench/long_link.py --smoke`` over a 200 ms round trip between network namespaces
+  (``tc netem``, or the userspace delay line where the kernel has no netem); skipped
+  without root or iproute2.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +51,7 @@ from zmq_rl.learner import Learner
 from zmq_rl.protocol import Heartbeat, Hello, ProtocolError, Refuse, decode, encode
 from zmq_rl.valve import fitting_max_lead_steps
 
+ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 20.0
 
 # -- protocol -------------------------------------------------------------------------
@@ -448,3 +455,40 @@ def test_progress_line_shows_the_worst_link_when_measured():
     assert "rtt" not in format_row(row) and "paused" not in format_row(row)
     row |= {"links/rtt_ms_max": 201.4, "links/valve_paused_share_max": 0.724}
     assert format_row(row).endswith("rtt 201 ms  paused 72%")
+
+
+# -- the long-link benchmark, smoke-sized, on a real 200 ms link ------------------------
+
+
+def test_long_link_benchmark_smoke(tmp_path):
+    """``bench/long_link.py --smoke``: three short runs (loopback, 200 ms with the
+    default lead, 200 ms with the lead the learner suggested). Checks shapes, not
+    speeds: the learner measured about the netem round trip and made a suggestion."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import long_link
+
+    reason = long_link.unavailable()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "long_link.json"
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "long_link.py"), "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3 * long_link.run_bound_s(1.0, 3.0),
+    )
+    took = time.monotonic() - start
+    print(result.stdout[-3000:], result.stderr[-3000:])
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    runs = {run["name"]: run for run in data["runs"]}
+    assert set(runs) == {"loopback", "long_default", "long_suggested"}
+    for run in runs.values():
+        assert run["steps_per_s"] > 0, run
+    measured = runs["long_default"]["rtt_ms"]
+    assert 0.8 * data["rtt_ms"] <= measured <= 2.0 * data["rtt_ms"], runs["long_default"]
+    assert runs["long_suggested"]["max_lead_steps"] == data["suggested_max_lead_steps"]
+    assert data["suggested_max_lead_steps"] > runs["long_default"]["max_lead_steps"]
+    print(f"smoke took {took:.1f}s")
