@@ -12,6 +12,12 @@ Needs root and iproute2; :func:`unavailable` says why a test must skip otherwise
 :meth:`Topology.close` kills whatever still runs in the namespaces and deletes
 them; it is safe to call on a half-built topology and more than once.
 
+A long link: :meth:`Topology.delay` adds ``tc netem`` delay on a host's ``eth0``
+where the kernel has netem (:func:`netem_unavailable` says why not otherwise); where
+it has not, :class:`DelayLine` is a userspace delay line, a TCP relay on a host of its
+own that holds every byte for a fixed time in each direction (run it in a namespace
+with ``python -m tests.netns delay-line ...``).
+
 Also here: ``tests.netns:SlowStub-v0``, the stub env with a fixed step time, so
 that a run's speed has an upper bound whatever the CPU (a fault must not be
 outrun by the budget).
@@ -19,11 +25,14 @@ outrun by the budget).
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 
@@ -73,6 +82,27 @@ def unavailable() -> str:
         return f"ip netns add failed: {result.stderr.strip()}"
     _ip("netns", "del", probe, check=False)
     return ""
+
+
+def netem_unavailable() -> str:
+    """Why ``tc netem`` cannot delay a link here ('' when it can): no ``tc``, or a
+    kernel without the netem qdisc. Needs namespaces (:func:`unavailable`)."""
+    if shutil.which("tc") is None:
+        return "the tc command (iproute2) is not installed"
+    probe = f"zrl{os.getpid()}netem"
+    if _ip("netns", "add", probe, check=False).returncode != 0:
+        return "cannot create a network namespace"
+    try:
+        _ip("-n", probe, "link", "set", "lo", "up", check=False)
+        result = subprocess.run(
+            ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return "" if result.returncode == 0 else f"tc netem: {result.stderr.strip()}"
+    finally:
+        _ip("netns", "del", probe, check=False)
 
 
 class Topology:
@@ -146,6 +176,19 @@ class Topology:
         """Plug host ``name`` back in."""
         _ip("-n", self.bridge_ns, "link", "set", self.port(name), "up")
 
+    def delay(self, name: str, seconds: float) -> None:
+        """Delay every packet host ``name`` sends by ``seconds`` (``tc netem`` on its
+        ``eth0``; see :func:`netem_unavailable`)."""
+        result = subprocess.run(
+            [*self.prefix(name), "tc", "qdisc", "replace", "dev", "eth0", "root", "netem"]
+            + ["delay", f"{seconds * 1000:g}ms"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"tc netem on {name}: {result.stderr.strip()}")
+
     def close(self) -> None:
         """Kill every process left in the namespaces, then delete them."""
         for ns in reversed(self.created):
@@ -164,3 +207,123 @@ class Topology:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)
         _ip("netns", "del", ns, check=False)
+
+
+# -- a userspace delay line -----------------------------------------------------------
+
+DELAY_CHUNKS = 1024
+"""Chunks (of at most 64 KiB) a direction of a DelayLine connection may hold: a bound of
+64 MiB, after which it stops reading and TCP pushes back."""
+
+
+class DelayLine:
+    """A TCP relay that delays every byte by ``delay`` seconds in each direction (so a
+    round trip through it takes ``2 * delay`` longer), for kernels without netem.
+
+    It listens on ``ports`` of ``listen`` and relays each connection to the same port
+    of ``target``: an actor given the relay's address reaches the learner's three
+    sockets through it (the welcome names the ports, not the host). Bytes keep their
+    order; each direction holds at most :data:`DELAY_CHUNKS` chunks.
+    """
+
+    def __init__(self, listen: str, target: str, ports: Sequence[int], delay: float) -> None:
+        self.listen, self.target, self.ports, self.delay = listen, target, list(ports), delay
+
+    async def _direction(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(DELAY_CHUNKS)
+
+        async def take_in() -> None:
+            while chunk := await reader.read(65536):
+                await queue.put((loop.time() + self.delay, chunk))
+            await queue.put((loop.time() + self.delay, b""))
+
+        async def give_out() -> None:
+            while True:
+                due, chunk = await queue.get()
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                if not chunk:
+                    return
+                writer.write(chunk)
+                await writer.drain()
+
+        reading = asyncio.ensure_future(take_in())
+        try:
+            await give_out()
+        finally:
+            reading.cancel()
+            writer.close()
+
+    async def _relay(
+        self, port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            far_reader, far_writer = await asyncio.open_connection(self.target, port)
+        except OSError:
+            writer.close()
+            return
+        directions = [
+            asyncio.ensure_future(self._direction(reader, far_writer)),
+            asyncio.ensure_future(self._direction(far_reader, writer)),
+        ]
+        with contextlib.suppress(ConnectionError, OSError):
+            await asyncio.wait(directions, return_when=asyncio.FIRST_COMPLETED)
+        for task in directions:
+            task.cancel()
+
+    async def _wait_for_target(self, deadline: float) -> None:
+        """Until every target port accepts a connection: a relay that accepted while the
+        learner was not there yet would have to close at once, and a ZeroMQ peer takes
+        a connection closed during its handshake for a failed handshake, not a learner
+        that is still starting (a refused connection, which it retries)."""
+        loop = asyncio.get_running_loop()
+        for port in self.ports:
+            while True:
+                try:
+                    _, writer = await asyncio.open_connection(self.target, port)
+                except OSError:
+                    if loop.time() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)  # polling a port, with a deadline
+                    continue
+                writer.close()
+                break
+
+    async def serve(self, seconds: float) -> None:
+        """Relay for ``seconds`` (a bound: the caller's run must fit in it), then stop.
+        Listens only once the target's ports are open."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        await self._wait_for_target(end)
+        servers = [
+            await asyncio.start_server(
+                lambda r, w, port=port: self._relay(port, r, w), self.listen, port
+            )
+            for port in self.ports
+        ]
+        print(f"delay line {self.listen} -> {self.target} ports {self.ports}", flush=True)
+        try:
+            await asyncio.sleep(max(0.0, end - loop.time()))
+        finally:
+            for server in servers:
+                server.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.netns delay-line LISTEN TARGET DELAY_S SECONDS PORT...``."""
+    parser = argparse.ArgumentParser(prog="python -m tests.netns")
+    sub = parser.add_subparsers(dest="command", required=True)
+    line = sub.add_parser("delay-line", help="relay TCP ports with a delay each way")
+    line.add_argument("listen")
+    line.add_argument("target")
+    line.add_argument("delay", type=float, help="seconds added in each direction")
+    line.add_argument("seconds", type=float, help="stop after this long")
+    line.add_argument("ports", type=int, nargs="+")
+    args = parser.parse_args(argv)
+    relay = DelayLine(args.listen, args.target, args.ports, args.delay)
+    asyncio.run(relay.serve(args.seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,10 @@ of one actor goes down for a while and comes back.
 
 * a cut longer than the learner's ``--actor-timeout``: the learner declares the actor
   dead and trains on; once the link is back, the same actor process hears that it
-  was forgotten, registers again, rejoins the rollout, and the run completes.
+  was forgotten, registers again, rejoins the rollout, and the run completes. The
+  actor paused for the link during the cut, so it wastes no work after the link is
+  back: the steps it sent that the learner rejected are those it had made before it
+  paused (within its valve's lead), and at most one fragment per slot after.
 * a cut shorter than the timeout: TCP retransmits, nothing is lost, nobody dies.
 
 The actors' ``--learner-timeout`` (30 s) and the learner's ``--starvation-timeout``
@@ -17,6 +20,7 @@ Measured times print as ``FAULT-TIMING ...`` (``pytest -s``).
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +48,8 @@ from tests.test_faults import (
 )
 
 HOSTS = ["l", "a1", "a2"]
+FRAGMENT_LENGTH = 8
+"""learner_argv's fragment_length: rows per fragment of each actor's one slot."""
 
 
 def _topology(tag: str) -> Topology:
@@ -149,7 +155,43 @@ def _long_cut(net: Net, tmp: Path) -> dict[str, Any]:
         "again": again,
         "codes": codes,
         "logs": procs.logs(),
+        "a1_log": a1.text()[a1_mark:],
         "report": read_report(run_dir),
+    }
+
+
+WASTE = (
+    r"registering again \((\d+) steps per slot sent since the welcome"
+    r"(?:; (\d+) steps sent since the link pause ([\d.]+)s ago)?\)"
+)
+"""The actor's log line when it registers again: what it had sent in the registration
+that ended, and how much of it after it paused for the link."""
+
+
+def cut_waste(run: dict[str, Any]) -> dict[str, Any]:
+    """What the cut cost the returning actor (one env, so per slot): the steps it sent
+    that the learner never accepted (``rejected``: its bye's ``steps_sent`` minus the
+    steps received over all its registrations), and of them, those sent after it paused
+    for the link (from its log and its ``steps_sent_in_link_pause``)."""
+    report, a1_id = run["report"], run["a1_id"]
+    lines = [report["actor_stats"][str(a1_id)]] + [
+        line for line in report["departed_actors"] if line["actor_id"] == a1_id
+    ]
+    sent = report["actor_stats"][str(a1_id)]["actor/steps_sent"]
+    waste = re.search(WASTE, run["a1_log"])
+    counters = report["counters"]
+    return {
+        "sent": int(sent),
+        "received": sum(line["steps_received"] for line in lines),
+        "rejected": int(sent) - sum(line["steps_received"] for line in lines),
+        "rejected_fragments": counters.get("rejected/experience/unknown_actor", 0)
+        + counters.get("rejected/experience/old_seq", 0),
+        "after_pause": int(waste.group(2)) if waste and waste.group(2) else None,
+        "paused_for_s": float(waste.group(3)) if waste and waste.group(3) else None,
+        "sent_in_link_pause": int(
+            report["actor_stats"][str(a1_id)].get("actor/steps_sent_in_link_pause", 0)
+        ),
+        "link_pauses": int(report["actor_stats"][str(a1_id)].get("actor/link_pauses", 0)),
     }
 
 
@@ -178,6 +220,29 @@ def test_cut_longer_than_actor_timeout_actor_dies_then_rejoins(long_cut):
     assert summary["actor/reregistrations"] == 1
     discarded = check_accounting(report)
     print(f"discarded steps by reason: {discarded}; counters: {report['counters']}")
+
+
+@pytest.mark.timeout(240)
+def test_cut_longer_than_actor_timeout_wastes_at_most_a_fragment_after_the_pause(long_cut):
+    """The drill of docs/failure-model.md: a 6 s cut at actor_timeout 3. The actor
+    paused for the link during the cut and registered again before sending anything
+    new: of its steps, only the ones made before it paused (at most its valve's lead,
+    max_lead_steps = 2 * 16, plus one fragment in flight) and at most one fragment per
+    slot after the pause (its partial fragment, flushed when weights arrived) were
+    rejected."""
+    waste = cut_waste(long_cut)
+    print(
+        f"FAULT-WASTE 6 s cut, actor_timeout 3: {waste['rejected']} of {waste['sent']} steps "
+        f"rejected ({100 * waste['rejected'] / max(1, waste['sent']):.1f} %; "
+        f"{waste['rejected_fragments']} fragments), {waste['after_pause']} of them sent after "
+        f"the link pause ({waste['paused_for_s']} s long); {waste}",
+        flush=True,
+    )
+    assert waste["link_pauses"] >= 1, "the actor never paused for the link"
+    assert waste["after_pause"] is not None, long_cut["a1_log"]
+    assert waste["after_pause"] <= FRAGMENT_LENGTH, waste
+    assert waste["sent_in_link_pause"] <= FRAGMENT_LENGTH, waste
+    assert 0 <= waste["rejected"] <= 2 * 16 + FRAGMENT_LENGTH + FRAGMENT_LENGTH, waste
 
 
 @pytest.mark.timeout(240)

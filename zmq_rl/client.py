@@ -24,6 +24,17 @@ experience side (lockstep buffer, fragments, back-pressure, the staleness valve)
 its :attr:`ActorClient.subscriber` (:class:`~zmq_rl.subscriber.WeightsSubscriber`)
 reads the weights broadcast, newest first.
 No RL here: the client moves arrays and counts steps; it never looks inside them.
+
+**Link checks** (toward a learner whose heartbeats carry ``sent_at``; docs/protocol.md
+sections 4.6 and 5.5): the client answers every learner heartbeat on its next
+:meth:`~LearnerConnection.poll`, echoing its ``sent_at``, and reports the share of time
+the valve held it paused. It *pauses for the link* (:meth:`ActorClient.should_pause`
+says True, nothing new is sent) when it has heard no control message from the learner
+for :data:`LINK_SILENCE_INTERVALS` heartbeat intervals, or when weights arrive whose
+version proves that the learner consumed more of its slots than it sent (the learner
+trained on without it). It resumes when a learner heartbeat echoes a heartbeat it sent
+after pausing (the learner still knows it); a ``refuse reregister`` or a heartbeat or
+weights of another run make it register again first.
 """
 
 from __future__ import annotations
@@ -81,6 +92,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RECEIVE_BYTES = 256 * 1024 * 1024
 """Largest weights/welcome message an actor accepts (ZMQ_MAXMSGSIZE)."""
+LINK_SILENCE_INTERVALS = 3.0
+"""Heartbeat intervals without a control message from the learner after which the
+actor pauses for the link. The learner heartbeats every interval while it is in its
+receive loop; three intervals is the least ``actor_timeout`` docs/failure-model.md
+recommends, so an actor cut off pauses about when the learner may evict it."""
+LOG_AT = (1, 10, 100, 1000, 10000)
+"""Occurrences of a repeated event that are logged at INFO (the others at DEBUG)."""
 
 
 class LearnerRefused(RuntimeError):
@@ -149,6 +167,18 @@ class LearnerConnection:
         self.subscriber = WeightsSubscriber(self.rejects, self._reject, self.max_message_bytes)
         self._last_heartbeat = 0.0
         self.last_heard = time.monotonic()
+        # Link checks (armed per registration by a learner heartbeat with sent_at).
+        self._link_checks = False
+        self._last_control = self.last_heard  # newest control message of the learner
+        self.link_paused_since: float | None = None
+        """Monotonic time the client paused for the link; None while it is not paused."""
+        self._link_pause_sent = 0.0  # steps_sent when the pause began
+        self._peer_sent_at: float | None = None  # sent_at of the newest learner heartbeat
+        self._peer_heard_at = 0.0
+        self._answer_due = False
+        self._valve_since: float | None = None  # the valve holds the actor since then
+        self._valve_total = 0.0  # seconds the valve held it since _share_since
+        self._share_since = self.last_heard
 
     @property
     def config(self) -> dict[str, Any]:
@@ -254,7 +284,12 @@ class LearnerConnection:
         self.version = welcome.weights.version
         self.num_envs = settings.num_envs
         self.heartbeat_interval = settings.heartbeat_interval
-        self.last_heard = time.monotonic()
+        self.last_heard = now = time.monotonic()
+        self._end_link_pause(now, "registered again")
+        self._link_checks = False
+        self._last_control = self._share_since = now
+        self._peer_sent_at, self._answer_due = None, False
+        self._valve_since, self._valve_total = None, 0.0
         push = self._socket(
             zmq.PUSH, SocketOptions(linger_ms=ACTOR_PUSH_LINGER_MS, sndhwm=EXPERIENCE_HWM)
         )
@@ -324,8 +359,9 @@ class LearnerConnection:
         """
         self._poll_control()
         if self.needs_reregister:
-            log.warning("learner restarted or forgot this actor; registering again")
+            self._log_reregister()
             return self.register().weights
+        self._check_link(time.monotonic())
         self._check_learner_alive("no message from the learner")
         self._maybe_heartbeat()
         if not self.subscriber.pending():
@@ -338,6 +374,17 @@ class LearnerConnection:
         self.last_heard = time.monotonic()
         if weights.version <= self.version:
             return None
+        if (
+            self._link_checks
+            and self.link_paused_since is None
+            and self.sender.impossible_version(weights.version)
+        ):
+            sent = int(self.sender.sent_steps.min())
+            self._pause_for_link(
+                f"weights version {weights.version} prove more consumption than the "
+                f"{sent} steps per slot this actor sent since its welcome (base version "
+                f"{self.sender.throttle.base_version}): the learner may have dropped it"
+            )
         self.flush()  # rows collected under the old version leave tagged with it
         self._version_before = self.version
         self.version = weights.version
@@ -374,27 +421,136 @@ class LearnerConnection:
                 continue
             if isinstance(message, Shutdown):
                 if message.run_id in ("", self.run_id):
+                    self._last_control = time.monotonic()
                     self.shutdown_requested = True
                     self.shutdown_reason = message.reason
                     log.info("learner requested shutdown: %s", message.reason)
             elif isinstance(message, Heartbeat):
-                self.last_heard = time.monotonic()
-                if message.run_id != self.run_id:
-                    self.needs_reregister = True
+                self._on_heartbeat(message)
             elif isinstance(message, Refuse) and message.code == "reregister":
-                self.last_heard = time.monotonic()
+                self.last_heard = self._last_control = time.monotonic()
                 self.needs_reregister = True
             else:
                 self.rejects["control:unexpected_type"] += 1
 
-    def _maybe_heartbeat(self) -> None:
+    def _on_heartbeat(self, message: Heartbeat) -> None:
+        """A learner heartbeat: liveness, a new run, the link fields (answer due,
+        the end of a pause for the link when it echoes a heartbeat sent since)."""
         now = time.monotonic()
-        if self._control is None or now - self._last_heartbeat < self.heartbeat_interval:
+        self.last_heard = now
+        if message.run_id != self.run_id:
+            self.needs_reregister = True
+            return
+        self._last_control = now
+        if message.sent_at is not None:
+            self._link_checks = True
+            self._peer_sent_at, self._peer_heard_at = message.sent_at, now
+            self._answer_due = True
+        since = self.link_paused_since
+        if since is not None and message.echo is not None and message.echo >= since:
+            self._end_link_pause(now, "the learner answered")
+
+    def _maybe_heartbeat(self) -> None:
+        """Send a heartbeat when one is due: every ``heartbeat_interval``, and at once
+        after a learner heartbeat (so that the learner's round trip is not a second
+        late) or a pause for the link."""
+        now = time.monotonic()
+        if self._control is None:
+            return
+        if not self._answer_due and now - self._last_heartbeat < self.heartbeat_interval:
             return
         self._last_heartbeat = now
-        beat = Heartbeat(actor_id=self.actor_id, run_id=self.run_id, version=self.version)
+        self._answer_due = False
+        echo = self._peer_sent_at
+        beat = Heartbeat(
+            actor_id=self.actor_id,
+            run_id=self.run_id,
+            version=self.version,
+            sent_at=now,
+            echo=echo,
+            held=None if echo is None else max(0.0, now - self._peer_heard_at),
+            paused=self._take_paused_share(now),
+        )
         with contextlib.suppress(zmq.Again):  # a full queue already tells the learner enough
             self._control.send(encode(beat), zmq.NOBLOCK)
+
+    # ------------------------------------------------------------------ link checks
+
+    def _check_link(self, now: float) -> None:
+        """Pause for the link once the learner has been silent on the control channel
+        for :data:`LINK_SILENCE_INTERVALS` heartbeat intervals (only toward a learner
+        whose heartbeats carry ``sent_at``: one that will answer with ``echo``)."""
+        if not self._link_checks or self.link_paused_since is not None:
+            return
+        silent = now - self._last_control
+        if silent > LINK_SILENCE_INTERVALS * self.heartbeat_interval:
+            self._pause_for_link(f"heard nothing from the learner for {silent:.1f}s")
+
+    def _pause_for_link(self, why: str) -> None:
+        """Stop stepping until the learner shows that it still knows this actor (a
+        heartbeat echoing one sent from now on) or tells it to register again."""
+        now = time.monotonic()
+        self.link_paused_since = now
+        self._link_pause_sent = self.stats["steps_sent"]
+        count = int(self.stats.get("link_pauses", 0)) + 1
+        self.stats["link_pauses"] = count
+        log.log(
+            logging.INFO if count in LOG_AT else logging.DEBUG,
+            "%s; paused until the learner answers (link pause %d)",
+            why,
+            count,
+        )
+        self._answer_due = True  # a heartbeat sent after the pause began, at once
+
+    def _end_link_pause(self, now: float, how: str) -> None:
+        """Leave a pause for the link (``how``: why), counting what was sent during it."""
+        since = self.link_paused_since
+        if since is None:
+            return
+        self.link_paused_since = None
+        self._last_control = now
+        sent = self.stats["steps_sent"] - self._link_pause_sent
+        if sent:
+            self.stats["steps_sent_in_link_pause"] = (
+                self.stats.get("steps_sent_in_link_pause", 0) + sent
+            )
+        count = int(self.stats.get("link_pauses", 0))
+        log.log(
+            logging.INFO if count in LOG_AT else logging.DEBUG,
+            "link pause %d ended after %.1fs: %s",
+            count,
+            now - since,
+            how,
+        )
+
+    def _log_reregister(self) -> None:
+        sent = self.sender.sent_steps
+        paused = self.link_paused_since
+        detail = f"{int(sent.min()) if sent.size else 0} steps per slot sent since the welcome"
+        if paused is not None:
+            detail += (
+                f"; {int(self.stats['steps_sent'] - self._link_pause_sent)} steps sent "
+                f"since the link pause {time.monotonic() - paused:.1f}s ago"
+            )
+        log.warning("learner restarted or forgot this actor; registering again (%s)", detail)
+
+    def _note_valve(self, paused: bool, now: float) -> None:
+        """Track when the staleness valve holds the actor (for the heartbeat's ``paused``)."""
+        if paused and self._valve_since is None:
+            self._valve_since = now
+        elif not paused and self._valve_since is not None:
+            self._valve_total += now - self._valve_since
+            self._valve_since = None
+
+    def _take_paused_share(self, now: float) -> float:
+        """The share of wall time the valve held the actor since the previous call."""
+        total = self._valve_total
+        if self._valve_since is not None:
+            total += now - self._valve_since
+            self._valve_since = now
+        window = now - self._share_since
+        self._valve_total, self._share_since = 0.0, now
+        return min(1.0, max(0.0, total / window)) if window > 0 else 0.0
 
     def _reject(self, where: str, exc: ProtocolError) -> None:
         self.rejects[f"{where}:{exc.reason}"] += 1
@@ -413,9 +569,17 @@ class ActorClient(LearnerConnection):
     """
 
     def should_pause(self) -> bool:
-        """Whether the staleness valve says: wait for newer weights (see
-        :meth:`ExperienceSender.should_pause`; a pausing client flushes first)."""
-        return self.sender.should_pause(self.version)
+        """Whether to wait instead of stepping: the staleness valve says wait for newer
+        weights (see :meth:`ExperienceSender.should_pause`; a pausing client flushes
+        first), the client is paused for the link (see the module's "Link checks"),
+        or it must register again (the next :meth:`poll` does)."""
+        now = time.monotonic()
+        if self.needs_reregister or self.link_paused_since is not None:
+            self._note_valve(False, now)
+            return True
+        paused = self.sender.should_pause(self.version)
+        self._note_valve(paused, now)
+        return paused
 
     def step(
         self,

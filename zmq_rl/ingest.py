@@ -3,7 +3,10 @@
 :class:`Ingest` binds the learner's three sockets, reads fragments into the per-slot
 queues (every check in :meth:`~zmq_rl.membership.Membership.admit`), serves hello,
 heartbeat and bye on the control socket, sends heartbeats, evicts silent actors,
-welcomes, publishes weights and shuts the actors down. It holds no RL object: the
+welcomes, publishes weights and shuts the actors down. It also measures each actor's
+link from the heartbeats (round trip, the share of time its staleness valve holds it
+paused, :meth:`Ingest.link_stats`) and says once per actor which ``max_lead_steps``
+would fit its round trip when the valve holds it too often. It holds no RL object: the
 :class:`~zmq_rl.learner.Learner` asks it for rollouts' rows and tells it the policy
 version (a callable) and what to forget when an actor leaves.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
+import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -47,6 +51,7 @@ from .protocol import (
 from .report import LearnerReport
 from .rollout import SlotKey, SlotQueues
 from .transport import bind_learner_sockets, tcp_endpoint
+from .valve import fitting_max_lead_steps
 
 __all__ = ["Ingest"]
 
@@ -58,6 +63,18 @@ POLL_MS = 50
 """Longest a poll blocks, so timers (heartbeats, timeouts) run on time."""
 SHUTDOWN_GRACE_S = 3.0
 """How long the learner waits for every actor's bye after asking them to stop."""
+BUSY_GAP_S = 0.005
+"""A pause between two pumps longer than this is busy time (an update, an evaluation);
+a round trip read in the pump right after one is not measured (its answer may have
+waited in the socket). So round trips are measured while the learner waits for rows,
+with an error of at most about this much; a learner that never waits measures none."""
+PAUSED_ADVICE_SHARE = 0.30
+"""An actor held paused by its valve more than this share of the time gets the
+``max_lead_steps`` advice (logged once per actor)."""
+ADVICE_MIN_SAMPLES = 5
+"""Heartbeats (with ``paused``, after training started) before the advice is given."""
+CYCLE_WINDOW = 16
+"""Broadcast cycles over which the learner's busy time per cycle is the median."""
 
 
 class Ingest:
@@ -106,6 +123,11 @@ class Ingest:
         # Processes a supervisor saw exit (any thread appends; pump reads). Bounded by
         # what one pump handles: the supervisor reports each exit once.
         self._exited: deque[int] = deque(maxlen=1024)
+        self._pump_end = 0.0  # when the previous pump returned
+        self._after_busy = True  # this pump follows busy time
+        self._busy = 0.0  # seconds outside pump since the last broadcast
+        self._cycle_busy: deque[float] = deque(maxlen=CYCLE_WINDOW)
+        self._advised: set[int] = set()  # actor ids told which max_lead_steps fits
         self.sockets = bind_learner_sockets(
             context or zmq.Context.instance(), cfg, self.max_message_bytes
         )
@@ -123,6 +145,8 @@ class Ingest:
         """Make ``weights`` what welcomes carry and, with ``send``, PUBlish them."""
         self.current_weights = weights
         if send:
+            self._cycle_busy.append(self._busy)
+            self._busy = 0.0
             self.sockets.weights.send(encode(weights), copy=False)
             self.report.broadcasts_sent += 1
             self.report.last_policy_version = weights.version
@@ -157,7 +181,10 @@ class Ingest:
         evicted only after what arrived was read: while the learner was busy (a long
         update, an evaluation), live actors' heartbeats queued up and must count.
         """
-        self._maybe_heartbeat()
+        start = time.monotonic()
+        if self._pump_end:
+            self._busy += start - self._pump_end
+        self._after_busy = start - self._pump_end > BUSY_GAP_S
         while self._exited:
             self._declare_exited(self._exited.popleft())
         events = dict(self.poller.poll(timeout_ms))
@@ -167,7 +194,11 @@ class Ingest:
             )
         if self.experience in events:
             self._drain(lambda: self.experience.recv(zmq.NOBLOCK, copy=False), self._on_experience)
+        # After reading: a heartbeat echoes the newest one each actor sent (an actor
+        # paused for the link resumes on that echo), also right after a long update.
+        self._maybe_heartbeat()
         self._evict_silent_actors()
+        self._pump_end = time.monotonic()
 
     @staticmethod
     def _drain(receive: Callable[[], Any], handle: Callable[[Any], None]) -> None:
@@ -248,6 +279,9 @@ class Ingest:
             self._send_control(routing_id, Refuse("reregister", f"{reason}; say hello again"))
             return
         rec.last_seen = time.monotonic()
+        if isinstance(message, Heartbeat):
+            self._on_heartbeat(rec, message, rec.last_seen)
+            return
         if isinstance(message, Bye):
             rec.said_bye = True
             rec.bye_stats = message.stats
@@ -322,10 +356,114 @@ class Ingest:
         if now - self._last_heartbeat < self.settings.heartbeat_interval:
             return
         self._last_heartbeat = now
-        beat = Heartbeat(actor_id=-1, run_id=self.run_id, version=self.version())
+        version = self.version()
         for rec in self.members:
             if not rec.said_bye:
+                echo = rec.peer_sent_at
+                beat = Heartbeat(
+                    actor_id=-1,
+                    run_id=self.run_id,
+                    version=version,
+                    sent_at=now,
+                    echo=echo,
+                    held=None if echo is None else max(0.0, now - rec.peer_heard_at),
+                )
                 self._send_control(rec.routing_id, beat)
+
+    # ------------------------------------------------------------------ links
+
+    def _on_heartbeat(self, rec: ActorRecord, beat: Heartbeat, now: float) -> None:
+        """An actor's heartbeat: keep its ``sent_at`` to echo, measure the round trip
+        (``now - echo - held``, unless busy time came in between) and the valve share."""
+        if beat.sent_at is not None:
+            rec.peer_sent_at, rec.peer_heard_at = beat.sent_at, now
+        if beat.echo is not None and beat.held is not None and not self._after_busy:
+            rec.link.add_rtt(now - beat.echo - beat.held)
+        if beat.paused is not None and self.started:
+            rec.link.add_paused(now, beat.paused, rec.steps_received, rec.num_envs)
+            rec.link.suggested_max_lead_steps = self._fitting_lead(rec)
+            self._maybe_advise(rec)
+
+    def cycle_time(self) -> float | None:
+        """The learner's busy time per broadcast cycle (its updates, and whatever else
+        it did outside its receive loop), median over the last cycles; None before the
+        first broadcast."""
+        return statistics.median(self._cycle_busy) if self._cycle_busy else None
+
+    def _fitting_lead(self, rec: ActorRecord) -> int | None:
+        """The ``max_lead_steps`` that covers ``rec``'s round trip, when measured."""
+        link, cycle = rec.link, self.cycle_time()
+        if link.rtt is None or link.step_rate is None or cycle is None:
+            return None
+        return fitting_max_lead_steps(
+            steps_per_broadcast=self.settings.steps_per_broadcast,
+            fragment_length=self.settings.fragment_length,
+            step_rate=link.step_rate,
+            round_trip=link.rtt,
+            cycle_time=cycle,
+        )
+
+    def _maybe_advise(self, rec: ActorRecord) -> None:
+        """Once per actor: when its valve holds it more than PAUSED_ADVICE_SHARE of the
+        time, log which ``max_lead_steps`` would fit its round trip."""
+        link, suggested = rec.link, rec.link.suggested_max_lead_steps
+        if (
+            rec.actor_id in self._advised
+            or suggested is None
+            or link.paused_samples < ADVICE_MIN_SAMPLES
+            or (link.paused_share or 0.0) <= PAUSED_ADVICE_SHARE
+        ):
+            return
+        self._advised.add(rec.actor_id)
+        current = self.settings.max_lead_steps
+        facts = (
+            f"actor {rec.actor_id} ({rec.host} pid {rec.pid}) is held paused by the staleness "
+            f"valve {100 * (link.paused_share or 0.0):.0f}% of the time; round trip "
+            f"{1e3 * (link.rtt or 0.0):.0f} ms, {link.step_rate or 0.0:,.0f} steps/s per slot "
+            f"while running, learner busy {1e3 * (self.cycle_time() or 0.0):.0f} ms per "
+            f"broadcast cycle"
+        )
+        if suggested > current + self.settings.fragment_length:  # more than rounding
+            log.warning(
+                "%s: --max-lead-steps %d would cover its round trip (now %d; "
+                "steps_per_broadcast + rate * (round trip + learner busy time), "
+                "see docs/multi-host.md 'Long links')",
+                facts,
+                suggested,
+                current,
+            )
+        else:
+            log.info(
+                "%s: --max-lead-steps %d already covers its round trip (%d would do); "
+                "the learner, not the link, holds it",
+                facts,
+                current,
+                suggested,
+            )
+
+    def link_stats(self) -> dict[str, float]:
+        """Aggregate link figures over the registered actors, for the metrics row (only
+        the measured ones): ``links/rtt_ms_max``, ``links/rtt_ms_mean``,
+        ``links/valve_paused_share_max``, ``links/valve_paused_share_mean`` and
+        ``links/suggested_max_lead_steps`` (the largest suggestion)."""
+        links = [rec.link for rec in self.members if not rec.said_bye]
+        rtts = [1e3 * link.rtt for link in links if link.rtt is not None]
+        shares = [link.paused_share for link in links if link.paused_share is not None]
+        leads = [
+            link.suggested_max_lead_steps
+            for link in links
+            if link.suggested_max_lead_steps is not None
+        ]
+        out: dict[str, float] = {}
+        if rtts:
+            out["links/rtt_ms_max"] = max(rtts)
+            out["links/rtt_ms_mean"] = sum(rtts) / len(rtts)
+        if shares:
+            out["links/valve_paused_share_max"] = max(shares)
+            out["links/valve_paused_share_mean"] = sum(shares) / len(shares)
+        if leads:
+            out["links/suggested_max_lead_steps"] = float(max(leads))
+        return out
 
     def _evict_silent_actors(self) -> None:
         """Declare dead every actor silent for ``actor_timeout``: its slots leave the

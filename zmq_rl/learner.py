@@ -181,6 +181,7 @@ class Learner:
                 if metrics is None:
                     break
                 solved = runlog.maybe_evaluate(self.policy, metrics)
+                metrics.update(self.ingest.link_stats())  # round trips, valve shares
                 runlog.record(metrics, self.version, sum(1 for r in self.members if r.member))
                 if (
                     cfg.checkpoint_every

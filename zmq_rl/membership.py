@@ -25,6 +25,74 @@ from .rollout import SlotKey
 RunSpaces = tuple[gym.Space, gym.Space]
 """The run's ``(observation_space, action_space)`` (gymnasium spaces)."""
 
+RTT_GAIN = 0.125
+"""Weight of a new round-trip sample in the smoothed round trip (TCP's SRTT gain)."""
+SHARE_GAIN = 0.1
+"""Weight of a new heartbeat's ``paused`` share (and step-rate window): about the
+last ten heartbeats, ten seconds by default."""
+MAX_RTT_S = 60.0
+"""Round-trip samples outside [0, MAX_RTT_S] are ignored (a peer's clock is not ours)."""
+
+
+@dataclass
+class LinkEstimate:
+    """What the learner measures of one actor's link from its heartbeats
+    (docs/protocol.md section 4.6): the smoothed round trip, the smoothed share of time
+    its staleness valve holds it paused, and its step rate while it runs."""
+
+    rtt: float | None = None
+    """Smoothed round trip, seconds (None before the first sample)."""
+    rtt_samples: int = 0
+    paused_share: float | None = None
+    """Smoothed share of wall time the valve held the actor paused, in [0, 1]."""
+    paused_samples: int = 0
+    step_rate: float | None = None
+    """Steps per second per slot while the valve did not hold the actor (None until a
+    window with running time was seen)."""
+    suggested_max_lead_steps: int | None = None
+    """The lead that would cover its round trip (set by the learner's Ingest)."""
+    last_at: float | None = None
+    last_steps: int = 0
+    window_steps: float = 0.0
+    window_running: float = 0.0
+
+    def add_rtt(self, sample: float) -> None:
+        """A round-trip sample in seconds (ignored outside [0, MAX_RTT_S])."""
+        if not 0.0 <= sample <= MAX_RTT_S:
+            return
+        self.rtt = sample if self.rtt is None else self.rtt + RTT_GAIN * (sample - self.rtt)
+        self.rtt_samples += 1
+
+    def add_paused(self, now: float, paused: float, steps_received: int, num_envs: int) -> None:
+        """A heartbeat's ``paused`` share, read at ``now``, when the learner had received
+        ``steps_received`` steps from the actor in all: updates the smoothed share and
+        the step rate over the time it ran (``now`` minus the previous heartbeat's time,
+        times ``1 - paused``)."""
+        share = self.paused_share
+        self.paused_share = paused if share is None else share + SHARE_GAIN * (paused - share)
+        self.paused_samples += 1
+        if self.last_at is not None and now > self.last_at:
+            steps = (steps_received - self.last_steps) / max(1, num_envs)
+            running = (now - self.last_at) * (1.0 - paused)
+            self.window_steps += SHARE_GAIN * (steps - self.window_steps)
+            self.window_running += SHARE_GAIN * (running - self.window_running)
+            if self.window_running > 1e-3:
+                self.step_rate = self.window_steps / self.window_running
+        self.last_at, self.last_steps = now, steps_received
+
+    def summary(self) -> dict[str, Any]:
+        """The measured figures for the actor's report line (only those measured)."""
+        out: dict[str, Any] = {}
+        if self.rtt is not None:
+            out["rtt_ms"] = round(1e3 * self.rtt, 2)
+        if self.paused_share is not None:
+            out["valve_paused_share"] = round(self.paused_share, 4)
+        if self.step_rate is not None:
+            out["running_steps_per_s_per_slot"] = round(self.step_rate, 1)
+        if self.suggested_max_lead_steps is not None:
+            out["suggested_max_lead_steps"] = self.suggested_max_lead_steps
+        return out
+
 
 @dataclass
 class ActorRecord:
@@ -48,6 +116,9 @@ class ActorRecord:
     said_bye: bool = False
     bye_stats: dict[str, float] = field(default_factory=dict)
     bye_last_seq: list[int] = field(default_factory=list)
+    peer_sent_at: float | None = None  # sent_at of its newest heartbeat (echoed back)
+    peer_heard_at: float = 0.0  # when the learner read that heartbeat
+    link: LinkEstimate = field(default_factory=LinkEstimate)
 
     def slots(self) -> list[SlotKey]:
         """The ``(actor_id, slot)`` keys of this actor."""
@@ -82,6 +153,7 @@ class ActorRecord:
             "fragments_received": self.fragments_received,
             "steps_received": self.steps_received,
             "steps_consumed": self.steps_consumed,
+            **self.link.summary(),
             **{f"actor/{k}": v for k, v in self.bye_stats.items()},
         }
 

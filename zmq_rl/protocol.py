@@ -220,6 +220,20 @@ def _finite_float(value: Any, where: str) -> float:
     return float(value)
 
 
+def _optional_number(
+    value: Any, where: str, lo: float = -math.inf, hi: float = math.inf
+) -> float | None:
+    """None when absent; else a finite number (int or float) in ``[lo, hi]``."""
+    if value is None:
+        return None
+    number = _finite_float(value, where)
+    if not lo <= number <= hi:
+        raise ProtocolError(
+            "bad_field", f"{where}: expected a number in [{lo}, {hi}], got {value!r}"
+        )
+    return number
+
+
 def _positive_float(value: Any, where: str) -> float:
     """A finite number > 0; an int is accepted where a float is meant (msgpack encoders
     may write 1.0 as 1)."""
@@ -773,6 +787,17 @@ class Heartbeat(Message):
 
     From an actor, ``actor_id`` is its id; from the learner, -1. ``run_id`` lets
     each side notice that the other one restarted.
+
+    The optional link fields (absent on the wire when None; a v1 peer that omits
+    them just gets no link measurement, see docs/protocol.md section 4.6):
+
+    * ``sent_at``: the sender's monotonic clock at sending, seconds (any origin);
+    * ``echo``: the ``sent_at`` of the newest heartbeat the sender received from the
+      other side, unchanged, and ``held`` (>= 0): seconds between receiving that
+      heartbeat and sending this one, so the receiver's round trip is
+      ``now - echo - held`` on its own clock;
+    * ``paused`` (actor only, in [0, 1]): the share of wall time the staleness valve
+      held the actor paused since its previous heartbeat.
     """
 
     TYPE: ClassVar[str] = "heartbeat"
@@ -780,9 +805,24 @@ class Heartbeat(Message):
     actor_id: int
     run_id: str
     version: int = 0
+    sent_at: float | None = None
+    echo: float | None = None
+    held: float | None = None
+    paused: float | None = None
+
+    LINK_FIELDS: ClassVar[tuple[str, ...]] = ("sent_at", "echo", "held", "paused")
 
     def to_map(self) -> dict[str, Any]:
-        return {"actor_id": self.actor_id, "run_id": self.run_id, "version": self.version}
+        body: dict[str, Any] = {
+            "actor_id": self.actor_id,
+            "run_id": self.run_id,
+            "version": self.version,
+        }
+        for key in self.LINK_FIELDS:
+            value = getattr(self, key)
+            if value is not None:
+                body[key] = float(value)
+        return body
 
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Heartbeat:
@@ -790,6 +830,10 @@ class Heartbeat(Message):
             actor_id=_int(body.get("actor_id"), "heartbeat.actor_id", -1),
             run_id=_str(body.get("run_id"), "heartbeat.run_id"),
             version=_int(body.get("version", 0), "heartbeat.version"),
+            sent_at=_optional_number(body.get("sent_at"), "heartbeat.sent_at"),
+            echo=_optional_number(body.get("echo"), "heartbeat.echo"),
+            held=_optional_number(body.get("held"), "heartbeat.held", lo=0.0),
+            paused=_optional_number(body.get("paused"), "heartbeat.paused", lo=0.0, hi=1.0),
         )
 
 

@@ -84,6 +84,7 @@ class ExperienceSender:
         self.num_envs = num_envs
         self.seq = np.zeros(num_envs, np.int64)  # next seq per slot, kept across registrations
         self.slot_steps = np.zeros(num_envs, np.int64)  # steps per slot since the welcome
+        self.sent_steps = np.zeros(num_envs, np.int64)  # of those, sent (PUSH took them)
         self.throttle = ActorThrottle.disabled()
         self.fragment_length = 1
         self.observation_space: gym.Space | None = None
@@ -111,6 +112,7 @@ class ExperienceSender:
             self.num_envs = settings.num_envs
             self.seq = np.zeros(self.num_envs, np.int64)
         self.slot_steps = np.zeros(self.num_envs, np.int64)
+        self.sent_steps = np.zeros(self.num_envs, np.int64)
         self.throttle = ActorThrottle.from_settings(settings, base_version)
         self.fragment_length = settings.fragment_length
         self.observation_space = observation_space
@@ -137,6 +139,15 @@ class ExperienceSender:
         if paused:
             self.flush(version)
         return paused
+
+    def impossible_version(self, version: int) -> bool:
+        """Whether weights of ``version`` prove that the learner consumed more from
+        some slot than this actor sent on it since its welcome: it trained on without
+        this actor, whose registration is therefore gone (:meth:`ActorThrottle.
+        impossible_for_member`)."""
+        if not self.sent_steps.size:
+            return False
+        return self.throttle.impossible_for_member(version, int(self.sent_steps.min()))
 
     def step(
         self,
@@ -218,6 +229,7 @@ class ExperienceSender:
         if not self._push(encode(fragment)):
             return
         self.seq[slot] += 1
+        self.sent_steps[slot] += fragment.length
         self.stats["steps_sent"] += fragment.length
         self.stats["fragments_sent"] += 1
 

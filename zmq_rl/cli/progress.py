@@ -4,6 +4,9 @@ On a terminal it is a rich progress bar::
 
     update ━━━━━━━━━━━━ 120/390  5,210 steps/s  return 187.3  actors 2  lag 0.41  0:00:06
 
+and, once the learner measured its actors' links, ``rtt 201 ms  paused 72%`` after the
+lag (the worst round trip, the largest share of time a valve held an actor paused).
+
 Elsewhere (a pipe, a CI log) the same facts are printed as plain lines, at most
 every tenth of the run or every 15 seconds, plus one line per evaluation.
 """
@@ -35,7 +38,9 @@ def _get(row: Mapping[str, Any], key: str) -> float:
 
 
 def format_row(row: Mapping[str, Any]) -> str:
-    """One line of the facts a person watches: speed, return, actors, lag, evaluation."""
+    """One line of the facts a person watches: speed, return, actors, lag, evaluation,
+    and, when the learner measured them, the worst actor's round trip and the largest
+    share of time an actor's staleness valve held it paused."""
     text = (
         f"{_get(row, 'charts/SPS'):,.0f} steps/s  "
         f"return {_get(row, 'charts/mean_return'):.1f}  "
@@ -44,6 +49,10 @@ def format_row(row: Mapping[str, Any]) -> str:
     )
     if "eval/mean_return" in row:
         text += f"  eval {_get(row, 'eval/mean_return'):.1f}"
+    if "links/rtt_ms_max" in row:
+        text += f"  rtt {_get(row, 'links/rtt_ms_max'):.0f} ms"
+    if "links/valve_paused_share_max" in row:
+        text += f"  paused {100 * _get(row, 'links/valve_paused_share_max'):.0f}%"
     return text
 
 
