@@ -608,7 +608,6 @@ class ResumingLearner:
         )
         old.close()
         self.current = self._resume(old)
-        self.current.report.stop_reason = ""  # a final checkpoint's reason is not this run's
         record["resumed_at_update"] = self.current.report.updates_completed
         self.learner_restarts.append(record)
         if self._stop_reason:

@@ -241,7 +241,6 @@ def run_command(args: argparse.Namespace) -> int:
     supervised: dict[str, Any] = {}
 
     def wrap_learner(learner: Any) -> Any:
-        learner.report.stop_reason = ""  # a resumed final checkpoint's reason is not this run's
         if args.resume_on_crash:
             learner = ResumingLearner(learner, args.resume_on_crash)
             supervised["learner"] = learner
