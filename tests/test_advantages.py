@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zmq_rl.advantages import GaeOutput, VTraceOutput, discounts_from, gae, vtrace
+from zmq_rl.advantages import GaeOutput, VTraceOutput, gae, vtrace
 
 RTOL = 1e-5
 ATOL = 1e-4
@@ -361,18 +361,6 @@ def test_vtrace_pg_rho_bar_used_when_given():
     np.testing.assert_allclose(with_pg.pg_advantages, pg, rtol=RTOL, atol=ATOL)
     # Every ratio exceeds both thresholds, so pg advantages scale by exactly 1.5.
     np.testing.assert_allclose(with_pg.pg_advantages, 1.5 * default.pg_advantages, rtol=1e-5)
-
-
-def test_discounts_from():
-    terminated = np.array([[False, True], [True, False]])
-    out = discounts_from(terminated, 0.9)
-    assert out.dtype == np.float32
-    np.testing.assert_allclose(out, [[0.9, 0.0], [0.0, 0.9]], rtol=1e-7)
-    np.testing.assert_allclose(
-        discounts_from(terminated.astype(np.float32), 0.5), [[0.5, 0], [0, 0.5]]
-    )
-    with pytest.raises(ValueError, match="gamma"):
-        discounts_from(terminated, 1.5)
 
 
 # --------------------------------------------------------------------------- dtypes / inputs

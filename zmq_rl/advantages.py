@@ -16,7 +16,7 @@ and ``v_t`` the values ``V(x_{t+1})`` of the states they lead to (``v_tm1``
 shifted by one, with the bootstrap value appended).
 
 Episode boundaries enter *only* through ``discounts``: the caller passes
-``discounts[t] = gamma * (1 - terminated[t])`` (see :func:`discounts_from`), so
+``discounts[t] = gamma * (1 - done[t])`` (as :mod:`zmq_rl.targets` does), so
 a zero discount at step ``t`` stops both bootstrapping from ``V(x_{t+1})`` and
 any propagation of later advantages back across the boundary. Truncation
 (time-limit) handling is the caller's business. With autoreset rows, where the
@@ -37,7 +37,6 @@ from numpy.typing import ArrayLike
 __all__ = [
     "GaeOutput",
     "VTraceOutput",
-    "discounts_from",
     "gae",
     "vtrace",
 ]
@@ -114,22 +113,6 @@ def _check_unit_interval(name: str, value: float) -> float:
     if not 0.0 <= value <= 1.0:  # also rejects NaN
         raise ValueError(f"`{name}` must be in [0, 1], got {value}.")
     return value
-
-
-def discounts_from(terminated: ArrayLike, gamma: float) -> np.ndarray:
-    """Per-step discounts ``gamma * (1 - terminated)`` as float32.
-
-    Args:
-      terminated: ``[T, B]`` (or any shape) bool/0-1 array; true where the step
-        ends the episode, so nothing after it may be bootstrapped from.
-      gamma: discount factor in ``[0, 1]``.
-
-    Returns:
-      float32 array of the same shape as `terminated`.
-    """
-    gamma = _check_unit_interval("gamma", gamma)
-    done = np.asarray(terminated).astype(np.float64)
-    return (gamma * (1.0 - done)).astype(np.float32)
 
 
 def gae(
