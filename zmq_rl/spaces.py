@@ -358,3 +358,19 @@ def value_nbytes(space: Any) -> int:
     if isinstance(space, spaces.Tuple):
         return sum(value_nbytes(s) for s in space.spaces)
     return int(np.prod(space.shape, dtype=np.int64)) * wire_dtype(space).itemsize
+
+
+def env_actions(space: Any, actions: np.ndarray) -> np.ndarray:
+    """The env's actions for the policy's ``actions`` (``[B, ...]``): discrete and
+    multi-discrete indices shifted by the space's ``start``, multi-binary as int8, box
+    actions clipped to the bounds. (On the wire actions are the policy's: 0-based
+    indices and unclipped floats, docs/protocol.md section 3.5.)"""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        return actions + int(space.start)
+    if isinstance(space, spaces.MultiDiscrete):
+        return actions + space.start
+    if isinstance(space, spaces.MultiBinary):
+        return actions.astype(np.int8)
+    return np.clip(actions, space.low, space.high)
