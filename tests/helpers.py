@@ -4,6 +4,7 @@ messages, a registered raw peer and the base of the fuzzers."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -328,3 +329,49 @@ class RegisteredPeer:
     def close(self) -> None:
         self.dealer.close()
         self.push.close()
+
+
+@dataclasses.dataclass
+class SlotRows:
+    """One column of a v2 fragment as ``[T]`` rows (what a v1 fragment of one slot was):
+    the tests of single-slot actors read these."""
+
+    actor_id: int
+    slot: int
+    seq: int
+    version: int
+    run_id: str
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    values: np.ndarray
+    log_probs: np.ndarray
+    next_obs: np.ndarray
+    final_obs_index: np.ndarray
+    final_obs: np.ndarray
+    state: np.ndarray | None
+
+    @property
+    def length(self) -> int:
+        return int(self.rewards.shape[0])
+
+
+def slot_rows(fragment: Fragment, column: int = 0) -> SlotRows:
+    """Column ``column`` of ``fragment`` as :class:`SlotRows` (final rows by row number)."""
+    width = fragment.num_slots
+    rows, cols = np.divmod(fragment.final_obs_index.astype(np.int64), width)
+    mine = cols == column
+    return SlotRows(
+        actor_id=fragment.actor_id,
+        slot=int(fragment.slots[column]),
+        seq=fragment.seq,
+        version=fragment.version,
+        run_id=fragment.run_id,
+        **{name: getattr(fragment, name)[:, column] for name in Fragment.STEP_FIELDS},
+        next_obs=fragment.next_obs[column],
+        final_obs_index=rows[mine],
+        final_obs=fragment.final_obs[mine],
+        state=None if fragment.state is None else fragment.state[column],
+    )

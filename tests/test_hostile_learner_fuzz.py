@@ -222,7 +222,7 @@ class ExperienceFuzzer(Fuzzer):
         if self.r.random() < 0.2:
             del body["proto"]
             return [pack(body)]
-        return self.set_one(body, "proto", [2, 0, "1", None, 1.0, True, -1, 2**40])
+        return self.set_one(body, "proto", [1, 3, 0, "2", None, 2.0, True, -1, 2**40])
 
     def unknown_actor(self) -> list[bytes]:
         return [encode(self.fragment(actor_id=self.r.choice([2, 7, 999, 123_456, 2**31])))]
@@ -440,7 +440,7 @@ class ControlFuzzer(Fuzzer):
             if self.r.random() < 0.5
             else body_of(Heartbeat(actor_id=0, run_id=self.run_id))
         )
-        return self.set_one(body, "proto", [2, 0, "1", None, 1.0, True])
+        return self.set_one(body, "proto", [1, 3, 0, "2", None, 2.0, True])
 
     def unknown_actor(self) -> list[bytes]:
         """Valid heartbeats / byes from a peer that never registered; answered with
