@@ -36,10 +36,12 @@ from tests.helpers import (
     TIMEOUT,
     CheckedBackground,
     Fuzzer,
+    SlotRows,
     body_of,
     cartpole_fragment,
     gym_actor,
     pack,
+    slot_rows,
     stub_client,
     total,
     wait_until,
@@ -95,7 +97,7 @@ class FakeLearner:
         self.router.bind(f"tcp://127.0.0.1:{port}")
         self.pull.bind(f"tcp://127.0.0.1:{port + 1}")
         self.pub.bind(f"tcp://127.0.0.1:{port + 2}")
-        self.fragments: list[Fragment] = []
+        self.fragments: list[SlotRows] = []
 
     def recv_control(self, kind: type[Message], timeout: float = TIMEOUT) -> tuple[bytes, Any]:
         """The next control message of type ``kind`` (heartbeats are skipped)."""
@@ -112,8 +114,8 @@ class FakeLearner:
     def drain_fragments(self) -> None:
         while self.pull.poll(0):
             message = decode(self.pull.recv(), (Fragment,))
-            assert isinstance(message, Fragment)
-            self.fragments.append(message)
+            assert isinstance(message, Fragment) and message.num_slots == 1
+            self.fragments.append(slot_rows(message))
 
     def welcome(self, routing_id: bytes, weights: Weights) -> None:
         policy = dataclasses.asdict(STUB_POLICY)

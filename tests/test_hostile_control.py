@@ -56,7 +56,7 @@ torch.set_num_threads(1)
 def test_protocol_version_mismatch_is_refused_naming_both_versions(
     ctx, learner_port, start_learner, monkeypatch, caplog
 ):
-    """A hello in protocol 1 (a v1 actor) (made by hand on a raw DEALER, and from an ActorClient whose
+    """A v1 actor's hello (made by hand on a raw DEALER, and from an ActorClient whose
     encoder is made to stamp proto 1) is refused with ``version_mismatch``; the refusal,
     the client's LearnerRefused and the learner's log name both versions, and the
     learner counts each under ``rejected/control/version_mismatch``."""

@@ -153,7 +153,10 @@ def test_structured_fragment_round_trip():
     sent = make_fragment(B=2)
     T, B = 6, 2
     sent.obs = {"pos": sent.obs, "cell": (np.ones((T, B), np.int64), np.zeros((T, B, 2), np.int8))}
-    sent.next_obs = {"pos": sent.next_obs, "cell": (np.ones(B, np.int64), np.zeros((B, 2), np.int8))}
+    sent.next_obs = {
+        "pos": sent.next_obs,
+        "cell": (np.ones(B, np.int64), np.zeros((B, 2), np.int8)),
+    }
     sent.final_obs = {
         "pos": sent.final_obs,
         "cell": (np.ones(2, np.int64), np.zeros((2, 2), np.int8)),
@@ -343,8 +346,20 @@ def test_space_spec_distinguishes_spaces():
             "kind": "dict",
             "spaces": [[k, {"kind": "discrete", "n": 2}] for k in ("dtype", "shape", "data")],
         },
-        {"kind": "tuple", "spaces": [{"kind": "tuple", "spaces": [{"kind": "tuple", "spaces": [
-            {"kind": "tuple", "spaces": [{"kind": "discrete", "n": 2}]}]}]}]},
+        {
+            "kind": "tuple",
+            "spaces": [
+                {
+                    "kind": "tuple",
+                    "spaces": [
+                        {
+                            "kind": "tuple",
+                            "spaces": [{"kind": "tuple", "spaces": [{"kind": "discrete", "n": 2}]}],
+                        }
+                    ],
+                }
+            ],
+        },
     ],
 )
 def test_space_from_spec_rejects_garbage(spec):
