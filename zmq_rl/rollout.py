@@ -134,9 +134,13 @@ class SlotQueues:
         return len({id(f) for q in self._queues.values() for f, _ in q.entries})
 
     def take(self, slots: list[SlotKey], num_steps: int) -> Rollout:
-        """Pop ``num_steps`` rows of every slot into a :class:`Rollout`."""
-        columns = [(key, self._queues[key].take(num_steps)) for key in slots]
-        first = columns[0][1][0][0]
+        """Pop ``num_steps`` rows of every slot into a :class:`Rollout`.
+
+        Neighbouring rollout columns whose rows come from neighbouring columns of the
+        same fragments (an actor's lockstep flushes) are copied as one block: the cost
+        is per fragment, not per slot."""
+        columns = [self._queues[key].take(num_steps) for key in slots]
+        first = columns[0][0][0]
         T, B = num_steps, len(slots)
         steps = StepArrays.allocate((T, B), first.obs, first.actions, 2)
         versions = np.empty((T, B), np.int64)
@@ -145,30 +149,50 @@ class SlotQueues:
         states = np.zeros((T, B, first.state.shape[1]), np.float32) if recurrent else None
         starts = np.zeros((T, B), bool) if recurrent else None
         final_t, final_b, final_obs = [], [], []
-        for b, (_, pieces) in enumerate(columns):
+        b = 0
+        while b < B:
+            pieces = columns[b]
+            e = b + 1
+            while e < B and _continues(pieces, columns[e], e - b):
+                e += 1
             t = 0
             for fragment, column, start, stop in pieces:
-                n = stop - start
-                steps.write((slice(t, t + n), b), fragment.select((slice(start, stop), column)))
-                versions[t : t + n, b] = fragment.version
+                n, cols = stop - start, slice(column, column + e - b)
+                steps.write(
+                    (slice(t, t + n), slice(b, e)), fragment.select((slice(start, stop), cols))
+                )
+                versions[t : t + n, b:e] = fragment.version
                 if recurrent and start == 0 and fragment.state is not None:
-                    states[t, b] = fragment.state[column]
-                    starts[t, b] = True
+                    states[t, b:e] = fragment.state[cols]
+                    starts[t, b:e] = True
                 if fragment.final_obs_index.size:
-                    width = fragment.num_slots
-                    rows, cols = np.divmod(fragment.final_obs_index.astype(np.int64), width)
-                    for k in np.flatnonzero((cols == column) & (rows >= start) & (rows < stop)):
+                    rows, cells = np.divmod(
+                        fragment.final_obs_index.astype(np.int64), fragment.num_slots
+                    )
+                    mine = (
+                        (cells >= cols.start)
+                        & (cells < cols.stop)
+                        & (rows >= start)
+                        & (rows < stop)
+                    )
+                    for k in np.flatnonzero(mine):
                         final_t.append(t + int(rows[k]) - start)
-                        final_b.append(b)
+                        final_b.append(b + int(cells[k]) - column)
                         final_obs.append(map_value(lambda a, k=k: a[k], fragment.final_obs))
                 t += n
             fragment, column, _, stop = pieces[-1]
+            cols = slice(column, column + e - b)
             after = (
-                map_value(lambda a, s=stop, c=column: a[s, c], fragment.obs)
+                map_value(lambda a, s=stop, c=cols: a[s, c], fragment.obs)
                 if stop < fragment.length
-                else map_value(lambda a, c=column: a[c], fragment.next_obs)
+                else map_value(lambda a, c=cols: a[c], fragment.next_obs)
             )
-            map_value(lambda mine, theirs, b=b: mine.__setitem__(b, theirs), bootstrap_obs, after)
+            map_value(
+                lambda mine, theirs, r=slice(b, e): mine.__setitem__(r, theirs),
+                bootstrap_obs,
+                after,
+            )
+            b = e
         return Rollout(
             **steps.step_arrays(),
             slots=list(slots),
@@ -184,3 +208,16 @@ class SlotQueues:
             states=states,
             state_starts=starts,
         )
+
+
+def _continues(
+    pieces: list[tuple[Fragment, int, int, int]],
+    other: list[tuple[Fragment, int, int, int]],
+    offset: int,
+) -> bool:
+    """Whether ``other``'s rows are ``pieces``' rows ``offset`` columns to the right in
+    the same fragments (so both columns can be copied as one block)."""
+    return len(other) == len(pieces) and all(
+        f is g and c + offset == d and s == u and e == v
+        for (f, c, s, e), (g, d, u, v) in zip(pieces, other, strict=True)
+    )
