@@ -258,6 +258,12 @@ class InferenceServer:
                 spaces.append(space_from_spec(spec, f"attach.{name}") if spec else None)
             except ProtocolError as exc:
                 raise RequestError("bad_field", str(exc)) from None
+        if (spaces[0] is None) != (spaces[1] is None):
+            raise RequestError(
+                "bad_field",
+                "attach.observation_space, attach.action_space: give both or neither "
+                "(neither: the learner's)",
+            )
         env_id, actor_id = body.get("env_id", ""), body.get("actor_id", -1)
         if not isinstance(env_id, str) or type(actor_id) is not int:
             raise RequestError("bad_field", "attach.env_id must be a str, attach.actor_id an int")
@@ -332,6 +338,8 @@ class InferenceServer:
         session = self.sessions.get(address[0])
         if session is None:
             raise RequestError("not_attached", "infer: attach first")
+        session.requests += 1
+        self.stats["requests"] += 1
         if session.request is not None:
             raise RequestError("bad_message", "infer: the previous request is not answered yet")
         session.last_seen = time.monotonic()
@@ -355,8 +363,6 @@ class InferenceServer:
                 "bad_field", "infer.reward: no action is outstanding (first request after attach)"
             )
         session.request = obs
-        session.requests += 1
-        self.stats["requests"] += 1
 
     def _record(self, session: Session, body: dict[str, Any], obs: Value, space: Any) -> None:
         """Hand the previous step of ``session`` (its outcome in ``body``) to its client."""
@@ -370,6 +376,12 @@ class InferenceServer:
         truncated = _field_array(body, "truncated", ("bool",), (n,))
         needs = np.flatnonzero(truncated & ~terminated)
         final_obs: dict[int, Value] = {}
+        if needs.size and "final_obs_index" not in body:
+            raise RequestError(
+                "bad_field",
+                f"infer.final_obs_index: missing; slots {needs.tolist()} are truncated and not "
+                "terminated and need their final observations",
+            )
         if needs.size or "final_obs_index" in body:
             k = int(needs.size)
             index = _field_array(body, "final_obs_index", ("int32", "int64"), (k,))
