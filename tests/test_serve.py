@@ -23,7 +23,8 @@ from zmq_rl.config import LearnerConfig, ServeConfig
 from zmq_rl.inference import InferenceClient, InferenceError, RunOver
 from zmq_rl.serve import InferenceServer
 
-TIMEOUT = 60.0
+TIMEOUT = 120.0
+"""Bound of every wait (a run takes about 10 s on an idle 2-core machine, 70 s under load)."""
 
 
 def start_server(ctx: zmq.Context, learner_port: int) -> tuple[InferenceServer, CheckedBackground]:

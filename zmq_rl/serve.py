@@ -60,6 +60,9 @@ IDLE_WAIT_MS = 100
 """Longest wait for a request while nothing is deferred (heartbeats are due each second)."""
 PAUSED_WAIT_MS = 10
 """Wait while some request is held by its staleness valve: re-checked this often."""
+LEARNER_POLL_S = 0.01
+"""Every registration's control, heartbeats and weights are served this often (not on
+every request: with 64 simulators that would cost milliseconds per batch)."""
 REQUEST_TYPES = ("attach", "infer", "detach")
 
 
@@ -186,6 +189,7 @@ class InferenceServer:
 
     def run(self) -> dict[str, float]:
         """Serve until the run is over (see the class docstring); return the counters."""
+        next_learner_poll = 0.0
         try:
             while not self._stop:
                 if self.shutdown_seen and not self.sessions and not self.cfg.keep_serving:
@@ -194,9 +198,12 @@ class InferenceServer:
                 deferred = any(s.request is not None for s in self.sessions.values())
                 if self.socket.poll(PAUSED_WAIT_MS if deferred else IDLE_WAIT_MS):
                     self._receive()
-                self._poll_learner()
+                now = time.monotonic()
+                if now >= next_learner_poll:
+                    self._poll_learner()
+                    self._expire(now)
+                    next_learner_poll = now + LEARNER_POLL_S
                 self._serve_waiting()
-                self._expire(time.monotonic())
         finally:
             self.close()
         return dict(self.stats)
