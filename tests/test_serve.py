@@ -163,3 +163,18 @@ def test_refusals_are_error_replies_naming_the_field(ctx, start_learner, learner
     assert actor["actor/steps_sent"] == 2  # the one step recorded (2 slots), flushed at detach
     assert actor["actor/serve/requests"] == 7  # every infer of the attachment, refused or not
     assert server.stats["errors"] == 13  # every refused call above
+
+
+def test_serve_command_help_and_config_errors(capsys):
+    from zmq_rl.cli import main as main_cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        main_cli.main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--learner", "--bind", "--max-batch", "--sim-timeout", "--keep-serving"):
+        assert flag in text
+    assert main_cli.main(["serve", "--bind", "5600"]) == 2  # a config error names the field
+    assert "bind='5600'" in capsys.readouterr().err
+    assert main_cli.main(["serve", "--max-batch", "-1"]) == 2
+    assert "max_batch=-1" in capsys.readouterr().err
