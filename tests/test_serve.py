@@ -16,6 +16,7 @@ import gymnasium as gym
 import msgpack
 import numpy as np
 import pytest
+import torch
 import zmq
 
 from tests.helpers import STUB_ENV_ID, CheckedBackground, stub_learner_config
@@ -178,3 +179,65 @@ def test_serve_command_help_and_config_errors(capsys):
     assert "bind='5600'" in capsys.readouterr().err
     assert main_cli.main(["serve", "--max-batch", "-1"]) == 2
     assert "max_batch=-1" in capsys.readouterr().err
+
+
+class FakeRecurrentPolicy(torch.nn.Module):
+    """state_size 2; next state = state + 1; action 1 where state[:, 0] > 0."""
+
+    state_size = 2
+
+    def initial_state(self, batch: int) -> torch.Tensor:
+        return torch.zeros(batch, 2)
+
+    def act_recurrent(self, obs, state, generator=None, deterministic=False):
+        zeros = torch.zeros(state.shape[0])
+        return (state[:, 0] > 0).long(), zeros, zeros, state + 1
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_recurrent_state_per_simulator_slot_across_batches(ctx, start_learner, learner_port):
+    """Two simulators (1 and 2 slots) share one batched network: each slot keeps its
+    own state, the state a row acted from is recorded, an ended episode restarts
+    from zeros, and every simulator gets its own rows' actions."""
+    learner, run = start_learner(stub_learner_config(learner_port, num_actors=2, num_envs=1))
+    server, serving = start_server(ctx, learner_port)
+    clients = [InferenceClient(server.endpoint, ctx, timeout=TIMEOUT) for _ in range(2)]
+    try:
+        for client, n in zip(clients, (1, 2), strict=True):
+            client.attach(n, env_id=STUB_ENV_ID)
+        assert server.runner is not None
+        server.runner.policy, server.runner.state_size = FakeRecurrentPolicy(), 2
+        recorded: dict[int, list] = {1: [], 2: []}
+        for session in list(server.sessions.values()):
+            n = session.num_envs
+            session.state = np.zeros((n, 2), np.float32)
+            session.client.step = lambda *a, n=n: recorded[n].append(a)  # capture, not send
+        obs = {n: np.full((n, 2), n, np.float32) for n in (1, 2)}
+
+        def both(outcomes: dict) -> dict[int, np.ndarray]:
+            calls = {
+                n: CheckedBackground(lambda c=c, n=n: c.infer(obs[n], *outcomes[n]))
+                for c, n in zip(clients, (1, 2), strict=True)
+            }
+            return {n: call.join(TIMEOUT) for n, call in calls.items()}
+
+        none = {1: (), 2: ()}
+        assert {n: a.tolist() for n, a in both(none).items()} == {1: [0], 2: [0, 0]}
+        goes_on = (np.zeros(2), [False, False], [False, False])
+        outcomes = {1: (np.zeros(1), [True], [False]), 2: goes_on}  # slot 0 of sim 1 ends
+        assert {n: a.tolist() for n, a in both(outcomes).items()} == {1: [0], 2: [1, 1]}
+        for n in (1, 2):
+            (row,) = recorded[n]
+            np.testing.assert_array_equal(row[0], obs[n])  # its own observations
+            np.testing.assert_array_equal(row[-1], np.zeros((n, 2)))  # acted from zeros
+        outcomes = {1: (np.zeros(1), [False], [False]), 2: goes_on}
+        assert {n: a.tolist() for n, a in both(outcomes).items()} == {1: [1], 2: [1, 1]}
+        np.testing.assert_array_equal(recorded[1][-1][-1], [[0, 0]])  # restarted
+        np.testing.assert_array_equal(recorded[2][-1][-1], [[1, 1], [1, 1]])
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
+        serving.join(TIMEOUT)
+        learner.request_stop("test over")
+        run.join(TIMEOUT)
