@@ -15,7 +15,10 @@ own work is not counted for the sockets it has not read yet.
 
 Per simulator count: a warm-up of ``--warmup`` requests per simulator, then
 ``--requests`` timed requests in all (spread over the simulators); p50, p99, max,
-and requests per second. The simulators detach before the next count.
+requests per second, and the server process's CPU time per timed request (psutil:
+what the server itself costs, which a busy machine's scheduling delays do not
+inflate the way they inflate the latencies). The simulators detach before the next
+count.
 
     python bench/inference_latency.py                 # 1, 8, 64 simulators
     python bench/inference_latency.py --smoke         # 1, 8; a few hundred requests
@@ -24,6 +27,7 @@ and requests per second. The simulators detach before the next count.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -79,8 +83,11 @@ def call(sock: zmq.Socket, frame: bytes, timeout_s: float = 60.0) -> dict[str, A
     return reply
 
 
-def measure(ctx: zmq.Context, endpoint: str, sims: int, warmup: int, total: int) -> dict:
-    """Attach ``sims`` simulators, run the warm-up and the timed requests, detach."""
+def measure(
+    ctx: zmq.Context, endpoint: str, sims: int, warmup: int, total: int, cpu: Any = None
+) -> dict:
+    """Attach ``sims`` simulators, run the warm-up and the timed requests, detach.
+    ``cpu()``: the server process's CPU seconds so far (sampled around the timed part)."""
     socks = []
     for _ in range(sims):
         sock = ctx.socket(zmq.DEALER)
@@ -113,7 +120,7 @@ def measure(ctx: zmq.Context, endpoint: str, sims: int, warmup: int, total: int)
         sent_at[i] = time.perf_counter()
         sock.send(first)
     index = {sock: i for i, sock in enumerate(socks)}
-    start = None
+    start, cpu_start = None, math.nan
     while done < target:
         events = dict(poller.poll(60_000))
         if not events:
@@ -125,16 +132,18 @@ def measure(ctx: zmq.Context, endpoint: str, sims: int, warmup: int, total: int)
             i = index[sock]
             if done >= warmup * sims:
                 if start is None:
-                    start = now
+                    start, cpu_start = now, cpu() if cpu else math.nan
                 latencies.append(now - sent_at[i])
             done += 1
-            if msgpack.unpackb(reply)["type"] != "action":
-                raise RuntimeError(f"unexpected reply {msgpack.unpackb(reply)}")
+            body = msgpack.unpackb(reply)
+            if body["type"] != "action":
+                raise RuntimeError(f"unexpected reply {body}")
             ready.append(i)
         for i in ready:
             sent_at[i] = time.perf_counter()
             socks[i].send(frames[done % len(frames)])
     elapsed = time.perf_counter() - (start or time.perf_counter())
+    cpu_used = (cpu() if cpu else math.nan) - cpu_start
     for sock in socks:  # the request in flight, then detach
         if sock.poll(60_000):
             sock.recv()
@@ -148,6 +157,7 @@ def measure(ctx: zmq.Context, endpoint: str, sims: int, warmup: int, total: int)
         "p99_ms": _util.percentile(ms, 99),
         "max_ms": max(ms),
         "requests_per_s": len(ms) / elapsed if elapsed > 0 else float("nan"),
+        "server_cpu_ms_per_request": cpu_used * 1000.0 / len(ms),
     }
 
 
@@ -168,19 +178,31 @@ def main() -> int:
     endpoint = f"tcp://127.0.0.1:{serve_port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "zmq_rl.cli.main", "serve", "--learner", f"127.0.0.1:{port}",
-         "--bind", endpoint, "--log-level", "warning"],
+         "--bind", endpoint, "--register-timeout", "300", "--log-level", "warning"],
         env=env,
         **quiet,
     )  # fmt: skip
     ctx = zmq.Context()
     rows = []
     try:
+        import psutil
+
+        process = psutil.Process(server.pid)
+
+        def server_cpu() -> float:
+            times = process.cpu_times()
+            return times.user + times.system
+
+    except ImportError:  # psutil is in the test extras
+        server_cpu = None  # type: ignore[assignment]
+    try:
         for sims in counts:
-            row = measure(ctx, endpoint, sims, args.warmup, args.requests)
+            row = measure(ctx, endpoint, sims, args.warmup, args.requests, server_cpu)
             rows.append(row)
             print(
                 f"{sims:3d} simulators: p50 {row['p50_ms']:.3f} ms  p99 {row['p99_ms']:.3f} ms  "
-                f"max {row['max_ms']:.1f} ms  {row['requests_per_s']:.0f} requests/s",
+                f"max {row['max_ms']:.1f} ms  {row['requests_per_s']:.0f} requests/s  "
+                f"server CPU {row['server_cpu_ms_per_request']:.3f} ms/request",
                 flush=True,
             )
     finally:
@@ -194,10 +216,11 @@ def main() -> int:
                 proc.kill()
                 proc.wait()
     _util.print_table(
-        ["simulators", "requests", "p50 ms", "p99 ms", "max ms", "requests/s"],
+        ["simulators", "requests", "p50 ms", "p99 ms", "max ms", "requests/s", "server CPU ms"],
         [
             [r["simulators"], r["requests"], f"{r['p50_ms']:.3f}", f"{r['p99_ms']:.3f}",
-             f"{r['max_ms']:.1f}", f"{r['requests_per_s']:.0f}"]
+             f"{r['max_ms']:.1f}", f"{r['requests_per_s']:.0f}",
+             f"{r['server_cpu_ms_per_request']:.3f}"]
             for r in rows
         ],
     )  # fmt: skip

@@ -231,7 +231,7 @@ def test_inference_latency_smoke(smoke: SmokeRuns) -> None:
     for row in data["rows"]:
         assert row["requests"] >= data["config"]["requests"]
         assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
-        assert row["requests_per_s"] > 0
+        assert row["requests_per_s"] > 0 and row["server_cpu_ms_per_request"] > 0
 
 
 def test_pyspy_summary_parses_raw(tmp_path: Path) -> None:
