@@ -29,8 +29,8 @@ TOTAL_STEPS = 16384
 EVAL_BOUND = 100.0
 """Mean return of the learner's final 10 deterministic evaluation episodes. A random
 CartPole policy scores about 22; PPO with these settings solves it (500) in about
-6,400 steps with the built-in actor (docs/benchmarks.md, time to solve). Five runs
-of this test gave 168, 247, 383, 500 and 500 (about 10 to 19 s each)."""
+6,400 steps with the built-in actor (docs/benchmarks.md, time to solve). Four runs
+of this test gave 168, 247, 383 and 500 (10 to 19 s each on 2 cores, 130 s under load 25)."""
 RUN_TIMEOUT_S = 240.0
 """About 12 to 20 s on an idle 2-core machine; 130 s was seen under a load average of 25."""
 
