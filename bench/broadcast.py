@@ -1,7 +1,7 @@
 """Weight broadcast: time from publish until every actor runs the new version.
 
 Actors report back on a PUSH back channel ``(actor_id, version, time.time())`` right
-after the new weights are loaded into their policy (``zmq_rl.actor.load_weights``:
+after the new weights are loaded into their policy (``Agent._load`` or ``import_weights``:
 decode + ``import_weights``). The latency of version ``v`` is the latest of the
 actors' first report of a version >= ``v`` (an actor that finds several versions
 queued loads only the newest) minus the learner's ``time.time()`` when it started
@@ -65,9 +65,8 @@ def idle_actor(port: int, ack: str) -> None:
     import torch
     import zmq
 
-    from zmq_rl import actor as actor_mod
     from zmq_rl.client import ActorClient
-    from zmq_rl.policy import policy_from_welcome
+    from zmq_rl.policy import import_weights, policy_from_welcome
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
@@ -90,7 +89,7 @@ def idle_actor(port: int, ack: str) -> None:
         while not client.shutdown_requested:
             weights = client.wait_for_weights(0.05)
             if weights is not None:
-                actor_mod.load_weights(client, policy, weights)
+                import_weights(policy, weights.tensors)
                 back.send_pyobj((client.actor_id, client.version, time.time()))
     finally:
         client.close()
@@ -102,21 +101,22 @@ def busy_actor(port: int, ack: str) -> None:
     import torch
     import zmq
 
-    from zmq_rl import actor as actor_mod
     from zmq_rl.actor import GymActor
+    from zmq_rl.agent import Agent
     from zmq_rl.config import ActorConfig
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
     ctx = zmq.Context()
     back = _ack_socket(ctx, ack)
-    original = actor_mod.load_weights
+    original = Agent._load
 
-    def load_weights(client: Any, policy: Any, weights: Any) -> None:
-        original(client, policy, weights)
-        back.send_pyobj((client.actor_id, client.version, time.time()))
+    def load(agent: Any, weights: Any) -> None:
+        original(agent, weights)
+        if weights is not None:
+            back.send_pyobj((agent.client.actor_id, agent.client.version, time.time()))
 
-    actor_mod.load_weights = load_weights
+    Agent._load = load  # the built-in actor is an Agent: its weights pass through here
     try:
         GymActor(ActorConfig(learner=f"127.0.0.1:{port}", num_envs=4), context=ctx).run()
     finally:

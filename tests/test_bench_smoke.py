@@ -32,6 +32,7 @@ SCRIPTS = (
     "actor_loop",
     "launch",
     "eval_overhead",
+    "inference_latency",
 )
 TIMEOUT_S = 150.0
 
@@ -224,6 +225,15 @@ def test_eval_overhead_smoke(smoke: SmokeRuns) -> None:
     for result in results.values():
         assert result["steps_per_s"] > 0 and result["env_steps"] >= data["config"]["steps"] // 2
         assert result["final_eval"] is not None  # the final evaluation always runs
+
+
+def test_inference_latency_smoke(smoke: SmokeRuns) -> None:
+    data = smoke.result("inference_latency")
+    assert [r["simulators"] for r in data["rows"]] == [1, 8]  # --smoke leaves out 64
+    for row in data["rows"]:
+        assert row["requests"] >= data["config"]["requests"]
+        assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
+        assert row["requests_per_s"] > 0 and row["server_cpu_ms_per_request"] > 0
 
 
 def test_pyspy_summary_parses_raw(tmp_path: Path) -> None:

@@ -1,42 +1,31 @@
-"""The built-in actor: gymnasium envs + a local policy copy, on :class:`ActorClient`.
+"""The built-in actor: gymnasium envs driven by a :class:`~zmq_rl.agent.Agent`.
 
-It uses only the public client API, exactly as an embedding simulator would.
-Env slots step in lockstep with one batched policy forward per step. The loop:
-
-1. handle control and load the newest weights (non-blocking poll);
-2. if the staleness valve says so, wait for weights (50 ms at a time, so a
-   shutdown is noticed) and go back to 1;
-3. act on every slot, step every env, hand the step to the client (which sends a
-   fragment per slot every ``fragment_length`` steps).
+It uses only the public embedding API, exactly as a simulator would: env slots step
+in lockstep, :meth:`Agent.act` (weights, staleness valve, one batched policy forward)
+gives every slot its action, :meth:`Agent.observe` records the step (a fragment per
+group of slots every ``fragment_length`` steps).
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from .agent import PAUSE_WAIT_S, Agent
 from .client import ActorClient
 from .config import ActorConfig
-from .policy import (
-    Policy,
-    WeightsMismatch,
-    build_policy,
-    import_weights,
-    policy_config_from,
-)
-from .protocol import Weights, Welcome
+from .policy import Policy, WeightsMismatch, import_weights
+from .protocol import Weights
 from .seeding import env_seeds
+from .spaces import as_value, map_value
 from .transport import CurveClientKeys, load_public_certificate, load_secret_certificate
 
 log = logging.getLogger(__name__)
-
-PAUSE_WAIT_S = 0.05
-"""How long a paused actor blocks on SUB before re-checking control: short, so a
-shutdown or a learner restart is noticed within a step's time."""
 
 
 class SpaceMismatch(RuntimeError):
@@ -53,12 +42,23 @@ def curve_client_keys(cfg: ActorConfig) -> CurveClientKeys | None:
 
 
 def load_weights(client: ActorClient, policy: Policy, weights: Weights) -> None:
-    """Load broadcast weights into the policy; weights whose tensors do not fit the
-    network are rejected (counted by the client) and the old ones stay in use."""
+    """Deprecated (the built-in actor is an :class:`~zmq_rl.agent.Agent`, which loads
+    weights itself): load broadcast weights into ``policy``; weights whose tensors do
+    not fit are rejected (counted by the client) and the old ones stay in use."""
+    warnings.warn(
+        "zmq_rl.actor.load_weights is deprecated; zmq_rl.Agent loads weights itself",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     try:
         import_weights(policy, weights.tensors)
     except WeightsMismatch as exc:
         client.reject_weights(weights, exc)
+
+
+def stack(values: list[Any]) -> Any:
+    """One batched value (leading dim ``len(values)``) of per-env observations."""
+    return map_value(lambda *xs: np.stack(xs), *(as_value(v) for v in values))
 
 
 class GymActor:
@@ -72,98 +72,60 @@ class GymActor:
         """Run until the learner asks for shutdown; return the actor's stats."""
         cfg = self.cfg
         torch.set_num_threads(cfg.torch_threads)
-        probe = gym.make(cfg.env_id) if cfg.env_id else None
-        client = ActorClient(
+        spaces: tuple[Any, Any] = (None, None)
+        if cfg.env_id:
+            with gym.make(cfg.env_id) as probe:
+                spaces = (probe.observation_space, probe.action_space)
+        with Agent(
             cfg.learner,
+            *spaces,
+            cfg.num_envs,
+            seed=cfg.seed,
             env_id=cfg.env_id,
-            observation_space=probe.observation_space if probe else None,
-            action_space=probe.action_space if probe else None,
-            num_envs=cfg.num_envs,
             actor_id=cfg.actor_id,
             context=self.context,
             register_timeout=cfg.register_timeout,
             learner_timeout=cfg.learner_timeout,
             curve=curve_client_keys(cfg),
-        )
-        if probe is not None:
-            probe.close()
-        try:
-            welcome = client.register()
-            return self._collect(client, welcome)
-        finally:
-            client.close()
+        ) as agent:
+            env_id = cfg.env_id or agent.settings.env_id
+            envs = [gym.make(env_id) for _ in range(agent.num_envs)]
+            try:
+                return self._collect(agent, env_id, envs)
+            finally:
+                for env in envs:
+                    env.close()
 
-    def _collect(self, client: ActorClient, welcome: Welcome) -> dict[str, float]:
-        cfg = self.cfg
-        settings = welcome.settings
-        env_id = cfg.env_id or settings.env_id
-        num_envs = client.num_envs
-        envs = [gym.make(env_id) for _ in range(num_envs)]
-        obs_space, act_space = settings.observation_space, settings.action_space
-        if envs[0].observation_space != obs_space or envs[0].action_space != act_space:
+    def _collect(self, agent: Agent, env_id: str, envs: list[gym.Env]) -> dict[str, float]:
+        spaces = (envs[0].observation_space, envs[0].action_space)
+        if spaces != (agent.observation_space, agent.action_space):
             raise SpaceMismatch(
-                f"env {env_id} has spaces {envs[0].observation_space} / "
-                f"{envs[0].action_space}, the learner's are {obs_space} / {act_space}"
+                f"env {env_id} has spaces {spaces[0]} / {spaces[1]}, the learner's are "
+                f"{agent.observation_space} / {agent.action_space}"
             )
-        policy = build_policy(obs_space, act_space, policy_config_from(settings))
-        policy.eval()
-        import_weights(policy, welcome.weights.tensors)
-        seed = cfg.seed if cfg.seed >= 0 else settings.seed + 1 + client.actor_id
-        generator = torch.Generator().manual_seed(seed)
-        discrete = isinstance(act_space, gym.spaces.Discrete)
-        low = None if discrete else act_space.low
-        high = None if discrete else act_space.high
-        obs = np.stack(
-            [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, num_envs), strict=True)]
-        ).astype(obs_space.dtype)
+        seeds = env_seeds(agent.seed, len(envs))
+        obs = stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds, strict=True)])
         log.info(
-            "actor %d collecting on %d x %s (seed %d)", client.actor_id, num_envs, env_id, seed
+            "actor %d collecting on %d x %s (seed %d)",
+            *(agent.client.actor_id, len(envs), env_id, agent.seed),
         )
-        rewards = np.zeros(num_envs, np.float32)
-        terminated = np.zeros(num_envs, bool)
-        truncated = np.zeros(num_envs, bool)
-        next_obs = np.empty_like(obs)
-        with torch.inference_mode():
-            while True:
-                weights = client.poll()
-                if weights is not None:
-                    load_weights(client, policy, weights)
-                if client.shutdown_requested:
-                    break
-                if client.should_pause():
-                    weights = client.wait_for_weights(PAUSE_WAIT_S)
-                    if weights is not None:
-                        load_weights(client, policy, weights)
-                    continue
-                action_t, log_prob_t, value_t = policy.act(torch.from_numpy(obs), generator)
-                actions = action_t.numpy()
-                env_actions = actions if discrete else np.clip(actions, low, high)
-                final_obs = {}
-                for j, env in enumerate(envs):
-                    o, r, term, trunc, _ = env.step(
-                        env_actions[j].item() if discrete else env_actions[j]
-                    )
-                    rewards[j], terminated[j], truncated[j] = r, term, trunc
-                    if term or trunc:
-                        if trunc and not term:
-                            final_obs[j] = o
-                        o, _ = env.reset()
-                    next_obs[j] = o
-                client.step(
-                    obs,
-                    actions,
-                    rewards,
-                    terminated,
-                    truncated,
-                    value_t.numpy(),
-                    log_prob_t.numpy(),
-                    next_obs,
-                    final_obs,
-                )
-                obs, next_obs = next_obs, obs
-        for env in envs:
-            env.close()
-        return dict(client.stats)
+        rewards = np.zeros(len(envs), np.float32)
+        terminated = np.zeros(len(envs), bool)
+        truncated = np.zeros(len(envs), bool)
+        while not agent.shutdown_requested:
+            actions = agent.act(obs)
+            final_obs, next_obs = {}, []
+            for j, env in enumerate(envs):
+                action = actions[j].item() if actions[j].ndim == 0 else actions[j]
+                o, rewards[j], terminated[j], truncated[j], _ = env.step(action)
+                if terminated[j] or truncated[j]:
+                    if not terminated[j]:
+                        final_obs[j] = o
+                    o, _ = env.reset()
+                next_obs.append(o)
+            obs = stack(next_obs)
+            agent.observe(rewards, terminated, truncated, obs, final_obs)
+        return dict(agent.stats)
 
 
-__all__ = ["GymActor", "SpaceMismatch", "env_seeds", "load_weights"]
+__all__ = ["PAUSE_WAIT_S", "GymActor", "SpaceMismatch", "env_seeds", "load_weights"]

@@ -32,6 +32,7 @@ __all__ = [
     "LearnerConfig",
     "PPOConfig",
     "PolicyConfig",
+    "ServeConfig",
 ]
 
 DEFAULT_PORT = 5555
@@ -435,3 +436,53 @@ class ActorConfig:
 def replace(cfg: Any, **changes: Any) -> Any:
     """``dataclasses.replace`` that validates the result."""
     return dataclasses.replace(cfg, **changes).validate()
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The inference server: where its learner is, where simulators connect, batching.
+
+    ``zmq-rl serve`` (:mod:`zmq_rl.serve`, docs/inference.md): simulators that cannot
+    run the policy send observations and get actions."""
+
+    learner: str = _f(
+        f"127.0.0.1:{DEFAULT_PORT}", "learner control endpoint HOST[:PORT] or tcp://HOST:PORT"
+    )
+    bind: str = _f("tcp://*:5600", "ROUTER endpoint the simulators connect to")
+    max_batch: int = _f(0, "most simulators' requests in one policy forward; 0 = all waiting")
+    sim_timeout: float = _f(
+        60.0, "detach a simulator (bye to the learner) after this long without a request"
+    )
+    seed: int = _f(-1, "sampling seed; -1 = the run's seed + 1 + the first actor id")
+    register_timeout: float = _f(30.0, "seconds to wait for the learner's welcome per attach")
+    learner_timeout: float = _f(
+        60.0, "give up on a simulator's registration after hearing nothing from the learner"
+    )
+    torch_threads: int = _f(1, "torch intra-op threads for inference")
+    keep_serving: bool = _f(
+        False,
+        "keep serving after the learner's shutdown (default: exit once every "
+        "simulator of the finished run is gone)",
+    )
+
+    def validate(self) -> ServeConfig:
+        """Check every field; return self so calls chain."""
+        for name in ("learner", "bind"):
+            value = getattr(self, name)
+            _require(isinstance(value, str) and bool(value.strip()), name, value, "is empty")
+        _require(
+            self.bind.startswith(("tcp://", "ipc://", "inproc://")),
+            "bind",
+            self.bind,
+            "must be a ZeroMQ endpoint such as tcp://*:5600",
+        )
+        _non_negative_int(self, "max_batch")
+        _positive_int(self, "torch_threads")
+        _require(
+            isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= -1,
+            "seed",
+            self.seed,
+            "must be an integer >= -1",
+        )
+        _positive(self, "sim_timeout", "register_timeout", "learner_timeout")
+        return self

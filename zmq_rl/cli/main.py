@@ -390,6 +390,42 @@ def keys_command(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- serve ----------------------------------------------------------------------------
+
+
+def _serve_sections() -> tuple[Section, ...]:
+    from zmq_rl.config import ServeConfig
+
+    return (Section("serve", ServeConfig, "inference server"),)
+
+
+def _serve_flags(parser: argparse.ArgumentParser) -> None:
+    from .flags import add_config_flags, add_logging_flag
+
+    add_config_flags(parser, _serve_sections())
+    add_logging_flag(parser, default="info")
+
+
+@subcommand(
+    "serve",
+    "remote inference for simulators that cannot run the policy: they send observations "
+    "to a ROUTER socket and get actions; the server registers with the learner for each "
+    "simulator and pushes its experience; see docs/inference.md",
+    _serve_flags,
+    sections=_serve_sections(),
+)
+def serve_command(args: argparse.Namespace) -> int:
+    """Serve actions from the learner's newest weights to attached simulators, batched
+    across them, and push their experience to the learner; exit once the learner shut
+    the run down and every simulator is gone (see --keep-serving)."""
+    from zmq_rl.serve import serve
+
+    from .flags import build_configs
+
+    setup_logging(args.log_level)
+    return serve(build_configs(args, _serve_sections())["serve"])
+
+
 # -- entry point ----------------------------------------------------------------------
 
 

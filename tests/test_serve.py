@@ -1,0 +1,243 @@
+"""``zmq-rl serve``: remote inference (docs/inference.md).
+
+* Python simulators (``zmq_rl.inference.InferenceClient``, no torch) step CartPole with
+  a 10-step time limit through a server in this process against a real learner: the
+  run consumes its budget from them, every simulator is a member that said bye, the
+  final observations of truncated episodes are accepted, the simulators hear the
+  shutdown and the server then exits by itself;
+* every refusal is an ``error`` reply naming the field (a stub-env learner).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import gymnasium as gym
+import msgpack
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from tests.helpers import STUB_ENV_ID, CheckedBackground, stub_learner_config
+from zmq_rl.config import LearnerConfig, ServeConfig
+from zmq_rl.inference import InferenceClient, InferenceError, RunOver
+from zmq_rl.serve import InferenceServer
+
+TIMEOUT = 120.0
+"""Bound of every wait (a run takes about 10 s on an idle 2-core machine, 70 s under load)."""
+
+
+def start_server(ctx: zmq.Context, learner_port: int) -> tuple[InferenceServer, CheckedBackground]:
+    server = InferenceServer(
+        ServeConfig(learner=f"127.0.0.1:{learner_port}", bind="tcp://127.0.0.1:*"), ctx
+    )
+    return server, CheckedBackground(server.run)
+
+
+def run_sim(endpoint: str, ctx: zmq.Context, seed: int, out: dict) -> None:
+    """CartPole with a 10-step limit, two slots, until the run is over."""
+    client = InferenceClient(endpoint, ctx, timeout=TIMEOUT)
+    envs = [gym.make("CartPole-v1", max_episode_steps=10) for _ in range(2)]
+    attached = client.attach(2, env_id="CartPole-v1")
+    assert attached["action_space"] == envs[0].action_space
+    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+    outcome: tuple = (None, None, None, None)
+    steps = truncations = 0
+    try:
+        while True:
+            actions = client.infer(obs, *outcome)
+            assert actions.dtype == np.int64 and actions.shape == (2,)
+            rewards, term, trunc, final, nxt = np.zeros(2), [], [], {}, []
+            for j, env in enumerate(envs):
+                o, rewards[j], te, tr, _ = env.step(actions[j].item())
+                term.append(te), trunc.append(tr)
+                if te or tr:
+                    if tr and not te:
+                        final[j], truncations = o, truncations + 1
+                    o, _ = env.reset()
+                nxt.append(o)
+            obs, outcome, steps = np.stack(nxt), (rewards, term, trunc, final), steps + 1
+    except RunOver as exc:
+        out[seed] = (steps, truncations, str(exc))
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_python_simulators_train_through_the_server(ctx, start_learner, learner_port):
+    cfg = LearnerConfig(
+        env_id="CartPole-v1", port=learner_port, num_actors=2, num_envs=2, num_steps=16,
+        fragment_length=8, total_env_steps=2 * 2 * 16 * 6, eval_episodes=1,
+        starvation_timeout=TIMEOUT, checkpoint_every=0,
+    )  # fmt: skip
+    _, run = start_learner(cfg)
+    server, serving = start_server(ctx, learner_port)
+    out: dict = {}
+    sims = [
+        threading.Thread(target=run_sim, args=(server.endpoint, ctx, seed, out), daemon=True)
+        for seed in (10, 20)
+    ]
+    for sim in sims:
+        sim.start()
+    report = run.join(TIMEOUT)
+    stats = serving.join(TIMEOUT)  # exits by itself: the run is over, the simulators gone
+    for sim in sims:
+        sim.join(TIMEOUT)
+    assert sorted(out) == [10, 20], out  # both heard the shutdown
+    assert all(truncations > 0 for _, truncations, _ in out.values())
+
+    assert report.stop_reason == "budget spent"
+    assert report.env_steps_consumed == cfg.total_env_steps
+    assert len(report.actor_stats) == 2
+    for actor in report.actor_stats.values():
+        assert actor["said_bye"] and actor["num_envs"] == 2
+        assert actor["steps_consumed"] == cfg.total_env_steps // 2
+        assert actor["actor/serve/requests"] >= actor["steps_consumed"] // 2
+    assert not any(k.startswith("rejected/") for k in report.counters), report.counters
+    assert stats["attached"] == 2 and stats["errors"] == 0
+    assert stats["requests"] == sum(steps + 1 for steps, _, _ in out.values())
+    assert stats["batches"] <= stats["requests"]
+
+
+def raw_request(sock: zmq.Socket, body: dict) -> dict:
+    sock.send(msgpack.packb(body))
+    assert sock.poll(int(TIMEOUT * 1000)), f"no answer to {body}"
+    return msgpack.unpackb(sock.recv())
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_refusals_are_error_replies_naming_the_field(ctx, start_learner, learner_port):
+    learner, run = start_learner(stub_learner_config(learner_port, num_actors=1, num_envs=2))
+    server, serving = start_server(ctx, learner_port)
+    client = InferenceClient(server.endpoint, ctx, timeout=TIMEOUT)
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(server.endpoint)
+    try:
+        obs = np.zeros((2, 2), np.float32)
+
+        def refused(code: str, match: str, **call) -> None:
+            with pytest.raises(InferenceError, match=match) as info:
+                client.infer(**call) if "obs" in call else client.attach(**call)
+            assert info.value.code == code
+
+        refused("not_attached", "attach first", obs=obs)
+        assert raw_request(raw, {"proto": 1, "type": "infer"})["code"] == "version_mismatch"
+        assert raw_request(raw, {"proto": 2, "type": "hello"})["code"] == "unknown_type"
+        assert raw_request(raw, [1, 2])["code"] == "bad_message"
+        refused("bad_field", "attach.num_envs", num_envs=0)
+        box3 = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+        refused("bad_field", "give both or neither", num_envs=2, observation_space=box3)
+        refused(
+            "learner_refused",
+            "space_mismatch",
+            num_envs=2,
+            observation_space=box3,
+            action_space=gym.spaces.Discrete(2),
+        )
+        attached = client.attach(2, env_id=STUB_ENV_ID)
+        assert attached["num_envs"] == 2 and attached["actor_id"] == 0
+        refused("bad_field", r"infer\.obs: leading dims \[3\] != \[2\]", obs=np.zeros((3, 2)))
+        refused(
+            "bad_field", r"infer\.obs: \[2\] float64, expected \[2\] float32", obs=obs.astype(float)
+        )
+        refused("bad_field", "no action is outstanding", obs=obs, reward=[0, 0],
+                terminated=[0, 0], truncated=[0, 0])  # fmt: skip
+        assert client.infer(obs).shape == (2,)
+        refused("bad_field", "infer.reward: missing", obs=obs)
+        refused("bad_field", r"final_obs_index: missing; slots \[1\] are truncated", obs=obs,
+                reward=[0, 0], terminated=[False, False], truncated=[False, True])  # fmt: skip
+        # A refused infer changes nothing: the same step is accepted when well formed.
+        client.infer(obs, [1, 1], [False, False], [False, True], {1: obs[1]})
+        client.detach({"custom": 3.0})
+        refused("not_attached", "attach first", obs=obs)
+    finally:
+        client.close()
+        raw.close()
+        server.stop()
+        serving.join(TIMEOUT)
+        learner.request_stop("test over")
+    report = run.join(TIMEOUT)
+    (actor,) = report.actor_stats.values()
+    assert actor["said_bye"] and actor["actor/custom"] == 3.0
+    assert actor["actor/steps_sent"] == 2  # the one step recorded (2 slots), flushed at detach
+    assert actor["actor/serve/requests"] == 7  # every infer of the attachment, refused or not
+    assert server.stats["errors"] == 13  # every refused call above
+
+
+def test_serve_command_help_and_config_errors(capsys):
+    from zmq_rl.cli import main as main_cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        main_cli.main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--learner", "--bind", "--max-batch", "--sim-timeout", "--keep-serving"):
+        assert flag in text
+    assert main_cli.main(["serve", "--bind", "5600"]) == 2  # a config error names the field
+    assert "bind='5600'" in capsys.readouterr().err
+    assert main_cli.main(["serve", "--max-batch", "-1"]) == 2
+    assert "max_batch=-1" in capsys.readouterr().err
+
+
+class FakeRecurrentPolicy(torch.nn.Module):
+    """state_size 2; next state = state + 1; action 1 where state[:, 0] > 0."""
+
+    state_size = 2
+
+    def initial_state(self, batch: int) -> torch.Tensor:
+        return torch.zeros(batch, 2)
+
+    def act_recurrent(self, obs, state, generator=None, deterministic=False):
+        zeros = torch.zeros(state.shape[0])
+        return (state[:, 0] > 0).long(), zeros, zeros, state + 1
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_recurrent_state_per_simulator_slot_across_batches(ctx, start_learner, learner_port):
+    """Two simulators (1 and 2 slots) share one batched network: each slot keeps its
+    own state, the state a row acted from is recorded, an ended episode restarts
+    from zeros, and every simulator gets its own rows' actions."""
+    learner, run = start_learner(stub_learner_config(learner_port, num_actors=2, num_envs=1))
+    server, serving = start_server(ctx, learner_port)
+    clients = [InferenceClient(server.endpoint, ctx, timeout=TIMEOUT) for _ in range(2)]
+    try:
+        for client, n in zip(clients, (1, 2), strict=True):
+            client.attach(n, env_id=STUB_ENV_ID)
+        assert server.runner is not None
+        server.runner.policy, server.runner.state_size = FakeRecurrentPolicy(), 2
+        recorded: dict[int, list] = {1: [], 2: []}
+        for session in list(server.sessions.values()):
+            n = session.num_envs
+            session.state = np.zeros((n, 2), np.float32)
+            session.client.step = lambda *a, n=n: recorded[n].append(a)  # capture, not send
+        obs = {n: np.full((n, 2), n, np.float32) for n in (1, 2)}
+
+        def both(outcomes: dict) -> dict[int, np.ndarray]:
+            calls = {
+                n: CheckedBackground(lambda c=c, n=n: c.infer(obs[n], *outcomes[n]))
+                for c, n in zip(clients, (1, 2), strict=True)
+            }
+            return {n: call.join(TIMEOUT) for n, call in calls.items()}
+
+        none = {1: (), 2: ()}
+        assert {n: a.tolist() for n, a in both(none).items()} == {1: [0], 2: [0, 0]}
+        goes_on = (np.zeros(2), [False, False], [False, False])
+        outcomes = {1: (np.zeros(1), [True], [False]), 2: goes_on}  # slot 0 of sim 1 ends
+        assert {n: a.tolist() for n, a in both(outcomes).items()} == {1: [0], 2: [1, 1]}
+        for n in (1, 2):
+            (row,) = recorded[n]
+            np.testing.assert_array_equal(row[0], obs[n])  # its own observations
+            np.testing.assert_array_equal(row[-1], np.zeros((n, 2)))  # acted from zeros
+        outcomes = {1: (np.zeros(1), [False], [False]), 2: goes_on}
+        assert {n: a.tolist() for n, a in both(outcomes).items()} == {1: [1], 2: [1, 1]}
+        np.testing.assert_array_equal(recorded[1][-1][-1], [[0, 0]])  # restarted
+        np.testing.assert_array_equal(recorded[2][-1][-1], [[1, 1], [1, 1]])
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
+        serving.join(TIMEOUT)
+        learner.request_stop("test over")
+        run.join(TIMEOUT)
