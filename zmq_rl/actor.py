@@ -21,6 +21,7 @@ import torch
 
 from .client import ActorClient
 from .config import ActorConfig
+from .envs import make_env
 from .policy import (
     Policy,
     WeightsMismatch,
@@ -72,7 +73,7 @@ class GymActor:
         """Run until the learner asks for shutdown; return the actor's stats."""
         cfg = self.cfg
         torch.set_num_threads(cfg.torch_threads)
-        probe = gym.make(cfg.env_id) if cfg.env_id else None
+        probe = make_env(cfg.env_id) if cfg.env_id else None
         client = ActorClient(
             cfg.learner,
             env_id=cfg.env_id,
@@ -98,7 +99,7 @@ class GymActor:
         settings = welcome.settings
         env_id = cfg.env_id or settings.env_id
         num_envs = client.num_envs
-        envs = [gym.make(env_id) for _ in range(num_envs)]
+        envs = [make_env(env_id, settings.env_kwargs, settings.wrappers) for _ in range(num_envs)]
         obs_space, act_space = settings.observation_space, settings.action_space
         if envs[0].observation_space != obs_space or envs[0].action_space != act_space:
             raise SpaceMismatch(

@@ -38,6 +38,7 @@ from .checkpoint import (
     save_policy,
 )
 from .config import LearnerConfig, PolicyConfig, PPOConfig
+from .envs import make_env
 from .ingest import POLL_MS, Ingest
 from .policy import Policy
 from .protocol import (
@@ -86,6 +87,8 @@ def run_settings(
         num_envs=cfg.num_envs,
         seed=cfg.seed,
         heartbeat_interval=HEARTBEAT_INTERVAL_S,
+        env_kwargs=cfg.env_kwargs_map(),
+        wrappers=list(cfg.wrappers),
     )
 
 
@@ -106,7 +109,7 @@ class Learner:
         self.cfg = cfg.validate()
         self.ppo_cfg = (ppo or PPOConfig()).validate()
         self.policy_cfg = (policy_cfg or PolicyConfig()).validate()
-        probe = gym.make(cfg.env_id)
+        probe = make_env(cfg.env_id, cfg.env_kwargs_map(), cfg.wrappers)
         spaces = (probe.observation_space, probe.action_space)
         probe.close()
         self.trainer = Trainer(cfg, self.ppo_cfg, self.policy_cfg, *spaces)
@@ -360,7 +363,15 @@ class Learner:
 
     def save_policy(self, path: Path) -> None:
         """Save the policy (tensors + the config needed to rebuild it), atomically."""
-        save_policy(path, self.policy, self.policy_cfg, self.cfg.env_id, self.version)
+        save_policy(
+            path,
+            self.policy,
+            self.policy_cfg,
+            self.cfg.env_id,
+            self.version,
+            env_kwargs=self.cfg.env_kwargs_map(),
+            wrappers=self.cfg.wrappers,
+        )
 
     # ------------------------------------------------------------------ checkpoints
 

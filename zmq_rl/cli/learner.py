@@ -39,7 +39,7 @@ LEARNER_SECTIONS = (
     Section("ppo", PPOConfig, "PPO update"),
     Section("policy", PolicyConfig, "policy network"),
 )
-ALIASES = {"env_id": ["--env"], "num_actors": ["--actors"]}
+ALIASES = {"env_id": ["--env"], "num_actors": ["--actors"], "wrappers": ["--wrapper"]}
 RUN_DIR_DEFAULT = "runs/<env>-<timestamp>, new for every run; '' = no run directory"
 PRESET_NOTE = (
     "Per-env defaults: when the env has a shipped preset (zmq_rl/presets: {names}) and "

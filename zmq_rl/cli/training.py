@@ -187,7 +187,7 @@ def train(
     try:
         if resume is None:
             check_run_dir_is_new(cfg.run_dir, resume_command)
-        check_env(cfg.env_id, policy.factory)
+        check_env(cfg.env_id, policy.factory, cfg.env_kwargs_map(), cfg.wrappers)
         if resume is None:
             write_config(cfg, ppo, policy, command, preset)
     except BaseException:
