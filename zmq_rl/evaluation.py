@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -154,12 +155,38 @@ class BackgroundEvaluator:
         env = (self.env_id, self.env_kwargs, self.wrappers)
         args = (child, env, self.episodes, self.seed, config_dict(self.policy_cfg))
         self._process = ctx.Process(target=_evaluate_forever, args=args, daemon=True)
-        self._process.start()
+        with _main_module_hidden():
+            self._process.start()
         child.close()
 
     def _send(self, tag: Any, weights: list[tuple[str, np.ndarray]]) -> None:
         self._conn.send((tag, weights))
         self._busy = True
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Any:
+    """Start a spawned child without re-running the ``__main__`` script in it.
+
+    ``spawn`` normally imports the parent's main script (or ``-m`` module) in the
+    child; a training script without an ``if __name__ == "__main__":`` guard (the
+    Python API, a notebook's exported script) would then start a second run there.
+    The child only needs :func:`_evaluate_forever`, which lives in this module.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {
+        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
+    }
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def _evaluate_forever(

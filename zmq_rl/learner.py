@@ -130,6 +130,8 @@ class Learner:
             context=context,
         )
         self.members = self.ingest.members
+        self.on_checkpoint: Callable[[Path], None] | None = None
+        """Called with the path of every checkpoint written (the Python API's callbacks)."""
         self.publish_weights(publish=False)
 
     @property
@@ -389,6 +391,8 @@ class Learner:
             (self.queues.total_rows(), self.queues.total_fragments()),
         )
         log.info("checkpoint %s (version %d)", path, self.version)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(path)
         return path
 
     @classmethod

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -159,6 +160,8 @@ def train(
     wrap_learner: Callable[[Any], Any] | None = None,
     preset: str | None = None,
     resume_command: str = RESUME_COMMAND,
+    on_update: Callable[[Mapping[str, Any]], None] | None = None,
+    wandb_project: str | None = None,
 ) -> TrainingOutcome:
     """Bind a learner, run it to the end of its budget and return the outcome.
 
@@ -175,6 +178,9 @@ def train(
     of the learner (``zmq-rl run --resume-on-crash`` restarts a crashed one there).
 
     ``preset``: the env preset the configs came from, announced as the first line.
+    ``on_update(row)``: called with every update's metrics row after it is recorded
+    (the Python API's callbacks). ``wandb_project``: also log the rows to Weights &
+    Biases (:class:`~zmq_rl.metrics.MetricsWriter`; needs a run dir).
     Before the learner binds, a new run's dir is checked: one that holds a run
     already (``resume_command`` is the way the message names to continue it) or
     cannot be created is a :class:`ConfigError`.
@@ -199,12 +205,20 @@ def train(
     with contextlib.ExitStack() as stack:
         metrics = None
         if cfg.run_dir:
-            metrics = stack.enter_context(MetricsWriter(cfg.run_dir, tensorboard=tensorboard))
+            metrics = stack.enter_context(
+                MetricsWriter(
+                    cfg.run_dir,
+                    tensorboard=tensorboard,
+                    wandb_project=wandb_project,
+                    wandb_config={"learner": cfg, "ppo": ppo, "policy": policy},
+                )
+            )
         waiting = (
             f"waiting for {cfg.num_actors} actor(s) at {cfg.host}:{cfg.port} "
             f"(experience :{cfg.experience_port()}, weights :{cfg.weights_port()})"
         )
         progress = TrainingProgress(cfg.num_updates(), console, waiting=waiting, live=live)
+        user_hook = on_update
 
         def on_update(row: Mapping[str, Any]) -> None:
             outcome.updates_seen += 1
@@ -212,6 +226,8 @@ def train(
             if metrics is not None:
                 metrics.write(row)
             progress.update(row)
+            if user_hook is not None:
+                user_hook(row)
 
         try:
             if resume is not None:
@@ -260,6 +276,9 @@ def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
                 "(press Ctrl-C again to abort at once)\n"
             )
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set in the main thread (the Python API)
+        return
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         yield
