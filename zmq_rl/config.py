@@ -55,9 +55,9 @@ def parse_env_kwargs(text: str, field_name: str = "env_kwargs") -> dict[str, Any
     """The keyword arguments of ``gym.make`` from their text form (``--env-kwargs``).
 
     Either a JSON object (``'{"gravity": -5.0, "enable_wind": true}'``) or
-    ``key=value,key=value`` where each value is read as JSON when it parses
-    (``5``, ``-1.5``, ``true``, ``null``, ``[1,2]``) and kept as a string otherwise
-    (``render_mode=rgb_array``). Values must be JSON scalars or lists (they travel
+    ``key=value,key=value`` (``xs=[1,2]`` keeps its list) where each value is read
+    as JSON when it parses (``5``, ``-1.5``, ``true``, ``null``, ``[1,2]``) and kept
+    as a string otherwise (``render_mode=rgb_array``). Values must be JSON scalars or lists (they travel
     to remote actors in the welcome). ``""`` is no arguments. A malformed text is a
     :class:`ConfigError` naming ``field_name`` and the text.
     """
@@ -76,7 +76,7 @@ def parse_env_kwargs(text: str, field_name: str = "env_kwargs") -> dict[str, Any
         out = value
     else:
         out = {}
-        for part in text.split(","):
+        for part in _split_top_level(text):
             key, sep, raw = part.partition("=")
             key = key.strip()
             if not sep or not key.isidentifier():
@@ -104,6 +104,25 @@ def parse_env_kwargs(text: str, field_name: str = "env_kwargs") -> dict[str, Any
             f"value of {key!r} must be a number, string, bool, null or a list of them",
         )
     return out
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split ``key=value`` pairs at commas outside brackets and quotes (``xs=[1,2]``)."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch == '"':
+            quote = ch
+        elif ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
 
 
 def _json_plain(value: Any) -> bool:
