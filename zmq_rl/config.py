@@ -57,9 +57,9 @@ def parse_env_kwargs(text: str, field_name: str = "env_kwargs") -> dict[str, Any
     Either a JSON object (``'{"gravity": -5.0, "enable_wind": true}'``) or
     ``key=value,key=value`` (``xs=[1,2]`` keeps its list) where each value is read
     as JSON when it parses (``5``, ``-1.5``, ``true``, ``null``, ``[1,2]``) and kept
-    as a string otherwise (``render_mode=rgb_array``). Values must be JSON scalars or lists (they travel
-    to remote actors in the welcome). ``""`` is no arguments. A malformed text is a
-    :class:`ConfigError` naming ``field_name`` and the text.
+    as a string otherwise (``render_mode=rgb_array``). Values must be JSON scalars
+    or lists (they travel to remote actors in the welcome). ``""`` is no arguments.
+    A malformed text is a :class:`ConfigError` naming ``field_name`` and the text.
     """
     import json
 
