@@ -16,6 +16,7 @@ hold, so an exported file acts exactly as ``predict(obs, deterministic=True)``.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import pickle
@@ -340,7 +341,8 @@ def export_torchscript(policy: DeployedPolicy, out: Path) -> None:
     example = _example_batch(policy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings on shape checks, deprecations
-        traced = torch.jit.trace(policy, (example,), check_trace=False)
+        frozen = copy.deepcopy(policy).requires_grad_(False)  # outputs need no .detach()
+        traced = torch.jit.trace(frozen, (example,), check_trace=False)
         extra = {"zmq_rl.json": json.dumps(_metadata(policy, "torchscript"))}
         torch.jit.save(traced, str(out), _extra_files=extra)
 
