@@ -38,6 +38,7 @@ from .policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy
 __all__ = [
     "EXPORT_FORMATS",
     "DeployedPolicy",
+    "ExportUnavailable",
     "PolicyFileError",
     "SavedPolicy",
     "export_policy",
@@ -55,6 +56,10 @@ NOT_OURS = (
     "not a policy.pt or checkpoint written by zmq_rl (a run dir's policy.pt, or its "
     "checkpoints/ckpt-N.pt)"
 )
+
+
+class ExportUnavailable(ImportError):
+    """The package an export format needs is not installed (the message says which)."""
 
 
 class PolicyFileError(ValueError):
@@ -305,10 +310,16 @@ def _metadata(policy: DeployedPolicy, fmt: str) -> dict[str, str]:
 def export_onnx(policy: DeployedPolicy, out: Path) -> None:
     """Write the deterministic action graph as ONNX (input ``obs``, output ``action``,
     dynamic batch size, opset :data:`ONNX_OPSET`), with the metadata as
-    ``metadata_props`` when the ``onnx`` package is installed. Uses torch's
-    TorchScript-based exporter, which needs no extra package."""
+    ``metadata_props``. Uses torch's TorchScript-based exporter, which needs the
+    ``onnx`` package (``pip install 'zmq_rl[export]'``) but not onnxscript."""
+    import importlib.util
     import warnings
 
+    if importlib.util.find_spec("onnx") is None:
+        raise ExportUnavailable(
+            "ONNX export needs the onnx package: pip install 'zmq_rl[export]' (or pip "
+            "install onnx); --format torchscript and safetensors need nothing more"
+        )
     example = _example_batch(policy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
@@ -322,10 +333,8 @@ def export_onnx(policy: DeployedPolicy, out: Path) -> None:
             dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}},
             opset_version=ONNX_OPSET,
         )
-    try:
-        import onnx
-    except ImportError:
-        return
+    import onnx
+
     model = onnx.load(str(out))
     for key, value in _metadata(policy, "onnx").items():
         model.metadata_props.add(key=key, value=value)

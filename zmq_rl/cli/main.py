@@ -352,14 +352,14 @@ def export_command(args: argparse.Namespace) -> int:
     float32 observations [batch, *obs_shape] in, actions out (int64 [batch] for
     Discrete, float32 [batch, act_dim] clipped to the bounds for Box). See
     docs/embedding.md for running the ONNX file from C."""
-    from zmq_rl.deploy import PolicyFileError, export_policy
+    from zmq_rl.deploy import ExportUnavailable, PolicyFileError, export_policy
 
     from .common import CliFailure
 
     setup_logging(args.log_level)
     try:
         path = export_policy(args.target, args.fmt, args.out, env_id=args.env)
-    except PolicyFileError as exc:
+    except (PolicyFileError, ExportUnavailable) as exc:
         raise CliFailure(str(exc)) from None
     print(f"wrote {path} ({args.fmt}, {path.stat().st_size:,} bytes)")
     return 0
