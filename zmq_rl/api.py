@@ -285,6 +285,7 @@ def train(
     starved learner, an actor that cannot start). Ctrl-C stops the run cleanly
     (the result's ``interrupted`` is set).
     """
+    _Hooks(callbacks)  # a wrong callback fails before anything starts
     cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
     cfg = _resolve_run_dir(cfg, run_dir)
     return _train_configs(
@@ -320,6 +321,7 @@ def run_learner(
     ``host="0.0.0.0"`` for other machines, ``port``), wait for ``num_actors`` actors
     started elsewhere (``zmq-actor --learner HOST:PORT`` or :func:`start_actors`),
     train, and return the :class:`TrainResult`. Arguments as :func:`train`."""
+    _Hooks(callbacks)  # a wrong callback fails before anything starts
     cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
     cfg = _resolve_run_dir(cfg, run_dir)
     return _train_configs(
