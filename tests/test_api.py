@@ -4,6 +4,7 @@ processes started from Python. Real processes, real CartPole, small budgets."""
 
 from __future__ import annotations
 
+import os
 import pydoc
 import subprocess
 import sys
@@ -16,7 +17,8 @@ import pytest
 import zmq_rl
 from tests.ports import free_port_block
 
-TIMEOUT = 120
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 300  # bounds only; each run takes seconds on an idle machine
 SMALL = dict(
     num_envs=2,
     num_steps=16,
@@ -173,3 +175,22 @@ def test_run_learner_with_actors_started_from_python(tmp_path: Path) -> None:
         assert "actor done" in (tmp_path / "logs" / f"actor-{i}.log").read_text()
     with pytest.raises(zmq_rl.ConfigError, match="did you mean 'num_envs'"):
         zmq_rl.start_actors("127.0.0.1:1", 1, num_env=2)
+
+
+def test_example_script_trains_loads_and_exports(tmp_path: Path) -> None:
+    """examples/train_cartpole.py end to end with a one-update budget (the full
+    budget reaching 475 is measured in docs/api.md's note, not here)."""
+    env = {**os.environ, "TOTAL_ENV_STEPS": "256", "RUN_DIR": str(tmp_path / "run")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_cartpole.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stopped: budget spent" in done.stdout
+    assert "5 episodes with predict(): mean return" in done.stdout
+    assert (tmp_path / "run" / "policy.onnx").is_file()

@@ -186,7 +186,7 @@ def train(
     cannot be created is a :class:`ConfigError`.
     """
     from zmq_rl.learner import Learner, LearnerStarved
-    from zmq_rl.metrics import MetricsWriter, tensorboard_available
+    from zmq_rl.metrics import MetricsWriter, WandbUnavailable, tensorboard_available
 
     if preset:
         console.print(preset_line(preset, cfg), markup=False)
@@ -205,13 +205,19 @@ def train(
     with contextlib.ExitStack() as stack:
         metrics = None
         if cfg.run_dir:
-            metrics = stack.enter_context(
-                MetricsWriter(
+            try:
+                writer = MetricsWriter(
                     cfg.run_dir,
                     tensorboard=tensorboard,
                     wandb_project=wandb_project,
                     wandb_config={"learner": cfg, "ppo": ppo, "policy": policy},
                 )
+            except WandbUnavailable as exc:
+                raise ConfigError("wandb_project", wandb_project, str(exc)) from None
+            metrics = stack.enter_context(writer)
+        elif wandb_project:
+            raise ConfigError(
+                "wandb_project", wandb_project, "needs a run dir (its files go there)"
             )
         waiting = (
             f"waiting for {cfg.num_actors} actor(s) at {cfg.host}:{cfg.port} "
