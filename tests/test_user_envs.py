@@ -277,3 +277,23 @@ def test_env_that_cannot_be_built_is_named_on_the_actor(user_dir: Path) -> None:
     assert "env_id='user_envs:ActorOnly'" in log
     assert "no simulator licence on this host" in log
     assert "no simulator licence on this host" in done.stderr
+
+
+def test_wrapper_and_env_kwargs_flags_and_toml(tmp_path: Path) -> None:
+    """``--wrapper`` repeats in order; a TOML list is replaced (not extended) by flags;
+    config.toml writes both back loadable."""
+    from zmq_rl.cli.learner import resolve
+
+    _, cfg, _, _ = resolve(
+        ["--no-preset", "--run-dir", "", "--wrapper", "a:B", "--wrapper", "c:D",
+         "--env-kwargs", "x=1"]
+    )  # fmt: skip
+    assert cfg.wrappers == ("a:B", "c:D") and cfg.env_kwargs_map() == {"x": 1}
+    toml = tmp_path / "c.toml"
+    toml.write_text('[learner]\nwrappers = ["f:G"]\nenv_kwargs = "y=2"\n')
+    _, cfg, _, _ = resolve(["--config", str(toml), "--run-dir", ""])
+    assert cfg.wrappers == ("f:G",) and cfg.env_kwargs_map() == {"y": 2}
+    _, cfg, _, _ = resolve(["--config", str(toml), "--run-dir", "", "--wrapper", "h:I"])
+    assert cfg.wrappers == ("h:I",)
+    with pytest.raises(ConfigError, match="wrappers"):
+        resolve(["--no-preset", "--run-dir", "", "--wrapper", "nocolon"])
