@@ -45,6 +45,7 @@ result = zmq_rl.train(
     seed=1,
     run_dir=RUN_DIR,
     callbacks=[PrintEvaluations()],
+    starvation_timeout=300.0,  # generous: a busy machine may be slow to start the actors
     verbose=False,
 )
 print(f"stopped: {result.stop_reason}; run dir {result.run_dir}")

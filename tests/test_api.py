@@ -26,7 +26,7 @@ SMALL = dict(
     num_epochs=1,
     minibatch_size=32,
     eval_episodes=2,
-    starvation_timeout=60.0,
+    starvation_timeout=180.0,
 )
 
 

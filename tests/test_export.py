@@ -25,7 +25,7 @@ from zmq_rl.config import PolicyConfig
 from zmq_rl.policy import build_policy
 
 ZMQ_RL = str(Path(sys.executable).with_name("zmq-rl"))
-TIMEOUT = 120
+TIMEOUT = 300  # a bound only
 
 # Runs the exported files with zmq_rl made unimportable: they must need only
 # torch / onnxruntime.

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "first-hour.md"
 BIN = Path(sys.executable).parent
 BUDGET = ["--total-env-steps", "256", "--num-epochs", "1", "--eval-episodes", "2"]
-COMMAND_TIMEOUT = 120
+COMMAND_TIMEOUT = 300  # a bound only
 SERVER_WAIT_S = 60
 
 
@@ -63,7 +63,7 @@ def adapt(line: str, port: int) -> list[str] | None:
     if words[:2] == ["zmq-rl", "run"]:
         words += [*BUDGET, "--port", str(port), "--no-plot"]
     elif program == "zmq-learner":
-        words += [*BUDGET, "--starvation-timeout", "60", "--port", str(port)]
+        words += [*BUDGET, "--starvation-timeout", "180", "--port", str(port)]
     elif words[:2] == ["zmq-rl", "eval"] and importlib.util.find_spec("moviepy") is None:
         i = words.index("--video")
         words = words[:i] + words[i + 2 :]

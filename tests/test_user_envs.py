@@ -25,7 +25,7 @@ from zmq_rl.envs import EnvBuildError, make_env
 from zmq_rl.protocol import ProtocolError, RunSettings
 
 ZMQ_RL = str(Path(sys.executable).with_name("zmq-rl"))
-RUN_TIMEOUT = 120
+RUN_TIMEOUT = 300  # a bound only: each run takes 5-20 s on an idle machine
 
 USER_ENV = textwrap.dedent(
     '''
@@ -103,7 +103,7 @@ SMALL_RUN = [
     "--actor-restarts",
     "0",
     "--starvation-timeout",
-    "60",
+    "180",
 ]
 
 
