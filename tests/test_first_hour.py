@@ -61,7 +61,7 @@ def adapt(line: str, port: int) -> list[str] | None:
         return [sys.executable, "-m", "pip", *words[1:], "--dry-run", "--no-deps", "--no-index",
                 "--no-build-isolation"]  # fmt: skip
     if words[:2] == ["zmq-rl", "run"]:
-        words += [*BUDGET, "--port", str(port), "--no-plot"]
+        words += [*BUDGET, "--port", str(port), "--no-plot", "--starvation-timeout", "180"]
     elif program == "zmq-learner":
         words += [*BUDGET, "--starvation-timeout", "180", "--port", str(port)]
     elif words[:2] == ["zmq-rl", "eval"] and importlib.util.find_spec("moviepy") is None:
