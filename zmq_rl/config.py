@@ -323,6 +323,7 @@ class LearnerConfig:
         (),
         "gymnasium wrapper 'module:Wrapper' applied to the env on actors and evaluator "
         "alike; repeat the flag to stack them (applied in order)",
+        metavar="MODULE:NAME",
     )
     num_envs: int = _f(
         4,
