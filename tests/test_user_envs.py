@@ -100,8 +100,7 @@ SMALL_RUN = [
     "0",
     "--no-plot",
     "--no-tensorboard",
-    "--actor-restarts",
-    "0",
+    "--no-eval-in-background",  # no evaluator process: fewer moving parts under load
     "--starvation-timeout",
     "180",
 ]
@@ -219,7 +218,14 @@ def test_run_settings_carry_env_kwargs_and_wrappers() -> None:
 def test_env_kwargs_reach_every_actor_and_the_evaluator(tmp_path: Path) -> None:
     """CartPole capped at 8 steps per episode: no episode of any actor, and no
     evaluation episode, may return more than 8 (a random policy often runs ~20)."""
-    done = zmq_rl_run(tmp_path, "--env", "CartPole-v1", "--env-kwargs", "max_episode_steps=8")
+    done = zmq_rl_run(
+        tmp_path,
+        "--env",
+        "CartPole-v1",
+        "--env-kwargs",
+        "max_episode_steps=8",
+        "--eval-in-background",  # the evaluator process builds its envs with the kwargs too
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rep = report(tmp_path)
     assert rep["episodes_completed"] >= 20
