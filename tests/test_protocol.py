@@ -634,7 +634,7 @@ def test_arbitrary_maps_only_raise_protocol_error(body, kind):
 
 # -- the welcome's run settings -----------------------------------------------------------
 
-RUN_SETTINGS_FIELDS = [f for f in make_run_settings().to_map()]
+RUN_SETTINGS_FIELDS = [f for f in make_run_settings().to_map() if f not in RunSettings.OPTIONAL]
 
 
 def welcome_body(config: dict) -> bytes:

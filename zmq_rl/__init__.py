@@ -1,23 +1,137 @@
-"""zmq_rl: a distributed reinforcement-learning toolkit over ZeroMQ."""
+"""zmq_rl: distributed reinforcement learning over ZeroMQ (IMPALA-style actors, PPO learner).
 
-from typing import Any
+Train from a script or a notebook::
+
+    import zmq_rl
+
+    result = zmq_rl.train("CartPole-v1", total_env_steps=100_000, seed=1)
+    policy = zmq_rl.load_policy(result.run_dir)       # a torch.nn.Module
+    action = policy.predict(observation)              # deterministic by default
+    zmq_rl.export_policy(result.run_dir, "onnx", "cartpole.onnx")
+
+The API (docs/api.md); every name is imported on first use, so ``import zmq_rl``
+stays fast and does not import torch:
+
+Training
+    train(env, **settings)        learner here + local actor processes; returns a TrainResult
+    run_learner(env, **settings)  a learner alone, for actors started elsewhere
+    start_actors(learner, count)  actor processes for a learner (ActorProcesses)
+    run_actor(learner, **settings) one actor in this process
+    make_configs(env, **settings) the validated configs train() would use
+    Callback                      on_update / on_evaluation / on_checkpoint hooks; False stops
+    TrainResult                   report, run_dir, stop_reason, load_policy()
+    ActorProcesses                what start_actors returns: wait(), stop(), a context manager
+
+Policies
+    load_policy(run_dir_or_file)  a DeployedPolicy (torch.nn.Module with predict())
+    export_policy(src, fmt, out)  ONNX / TorchScript / safetensors that run without zmq_rl
+    DeployedPolicy                forward = deterministic action graph; predict(obs)
+    PolicyFileError               a policy file that is missing or not zmq_rl's
+    EXPORT_FORMATS                ("onnx", "torchscript", "safetensors")
+
+Embedding (your own simulator as an actor)
+    Agent(learner, obs_space, action_space, num_envs)   act(obs) / observe(...) / close()
+
+Environments
+    make_env(env, env_kwargs, wrappers)  an env as every process of a run builds it
+    EnvBuildError                 an env (or wrapper) that cannot be built, naming it
+
+Configuration
+    LearnerConfig, PPOConfig, PolicyConfig, ActorConfig   the validated settings
+    ConfigError                   a bad setting, naming the field and the value
+
+The console scripts ``zmq-rl`` (run, eval, export, plot, keys), ``zmq-learner``
+and ``zmq-actor`` are thin layers over these functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # training (zmq_rl.api)
+    "train": "api",
+    "run_learner": "api",
+    "start_actors": "api",
+    "run_actor": "api",
+    "make_configs": "api",
+    "Callback": "api",
+    "TrainResult": "api",
+    "ActorProcesses": "api",
+    # policies (zmq_rl.deploy)
+    "load_policy": "deploy",
+    "export_policy": "deploy",
+    "DeployedPolicy": "deploy",
+    "PolicyFileError": "deploy",
+    "EXPORT_FORMATS": "deploy",
+    # embedding (zmq_rl.agent)
+    "Agent": "agent",
+    # environments (zmq_rl.envs)
+    "make_env": "envs",
+    "EnvBuildError": "envs",
+    # configuration (zmq_rl.config)
+    "LearnerConfig": "config",
+    "PPOConfig": "config",
+    "PolicyConfig": "config",
+    "ActorConfig": "config",
+    "ConfigError": "config",
+}
+"""Public name -> the submodule that defines it (imported on first access)."""
 
 __all__ = [
+    "ActorConfig",
     "Agent",
+    "ActorProcesses",
+    "Callback",
+    "ConfigError",
+    "DeployedPolicy",
+    "EXPORT_FORMATS",
+    "EnvBuildError",
+    "LearnerConfig",
+    "PPOConfig",
+    "PolicyConfig",
+    "PolicyFileError",
+    "TrainResult",
+    "__version__",
+    "export_policy",
+    "load_policy",
+    "make_configs",
+    "make_env",
+    "run_actor",
+    "run_learner",
+    "start_actors",
+    "train",
 ]
 
-_LAZY = {
-    "Agent": "zmq_rl.agent",
-}
-"""Public names and the module that defines each: imported on first use, so that
-``import zmq_rl`` (and a subpackage import) does not import torch."""
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports lazily
+    from .agent import Agent
+    from .api import (
+        ActorProcesses,
+        Callback,
+        TrainResult,
+        make_configs,
+        run_actor,
+        run_learner,
+        start_actors,
+        train,
+    )
+    from .config import ActorConfig, ConfigError, LearnerConfig, PolicyConfig, PPOConfig
+    from .deploy import EXPORT_FORMATS, DeployedPolicy, PolicyFileError, export_policy, load_policy
+    from .envs import EnvBuildError, make_env
 
 
 def __getattr__(name: str) -> Any:
-    """Import a public name's module on first access (PEP 562)."""
-    module = _LAZY.get(name)
+    """Import a public name's submodule on first access (PEP 562)."""
+    module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'zmq_rl' has no attribute {name!r}")
-    import importlib
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
-    return getattr(importlib.import_module(module), name)
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

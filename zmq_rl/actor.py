@@ -19,6 +19,7 @@ import torch
 from .agent import PAUSE_WAIT_S, Agent
 from .client import ActorClient
 from .config import ActorConfig
+from .envs import make_env
 from .policy import Policy, WeightsMismatch, import_weights
 from .protocol import Weights
 from .seeding import env_seeds
@@ -74,7 +75,7 @@ class GymActor:
         torch.set_num_threads(cfg.torch_threads)
         spaces: tuple[Any, Any] = (None, None)
         if cfg.env_id:
-            with gym.make(cfg.env_id) as probe:
+            with make_env(cfg.env_id) as probe:
                 spaces = (probe.observation_space, probe.action_space)
         with Agent(
             cfg.learner,
@@ -88,8 +89,12 @@ class GymActor:
             learner_timeout=cfg.learner_timeout,
             curve=curve_client_keys(cfg),
         ) as agent:
-            env_id = cfg.env_id or agent.settings.env_id
-            envs = [gym.make(env_id) for _ in range(agent.num_envs)]
+            settings = agent.settings
+            env_id = cfg.env_id or settings.env_id
+            envs = [
+                make_env(env_id, settings.env_kwargs, settings.wrappers)
+                for _ in range(agent.num_envs)
+            ]
             try:
                 return self._collect(agent, env_id, envs)
             finally:

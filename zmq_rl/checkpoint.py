@@ -183,13 +183,24 @@ def restore_run_state(state: dict[str, Any], report: LearnerReport, counters: Co
         counters["discarded/fragments/learner_restart"] += fragments
 
 
-def save_policy(path: Path, policy: Any, policy_cfg: Any, env_id: str, version: int) -> None:
+def save_policy(
+    path: Path,
+    policy: Any,
+    policy_cfg: Any,
+    env_id: str,
+    version: int,
+    env_kwargs: dict[str, Any] | None = None,
+    wrappers: Any = (),
+) -> None:
     """Write ``policy.pt``: the policy's tensors plus what rebuilds it (its config as
-    JSON, the env id, the version), atomically; ``zmq-rl eval`` reads it."""
+    JSON, the env id, ``gym.make`` kwargs and wrappers as JSON, the version),
+    atomically; ``zmq-rl eval``, ``zmq-rl export`` and ``zmq_rl.load_policy`` read it."""
     state = {
         "policy": policy.state_dict(),
         "policy_config": json.dumps(config_dict(policy_cfg)),
         "env_id": env_id,
+        "env_kwargs": json.dumps(dict(env_kwargs or {})),
+        "wrappers": json.dumps(list(wrappers)),
         "version": version,
     }
     atomic_torch_save(state, path)

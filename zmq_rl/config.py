@@ -18,8 +18,10 @@ on), and a lead budget is 0 (derived) or at least one broadcast cycle.
 from __future__ import annotations
 
 import dataclasses
+import json as _json
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ __all__ = [
     "PPOConfig",
     "PolicyConfig",
     "ServeConfig",
+    "parse_env_kwargs",
 ]
 
 DEFAULT_PORT = 5555
@@ -47,6 +50,88 @@ class ConfigError(ValueError):
         self.field = field_name
         self.value = value
         self.reason = reason
+
+
+def parse_env_kwargs(text: str, field_name: str = "env_kwargs") -> dict[str, Any]:
+    """The keyword arguments of ``gym.make`` from their text form (``--env-kwargs``).
+
+    Either a JSON object (``'{"gravity": -5.0, "enable_wind": true}'``) or
+    ``key=value,key=value`` (``xs=[1,2]`` keeps its list) where each value is read
+    as JSON when it parses (``5``, ``-1.5``, ``true``, ``null``, ``[1,2]``) and kept
+    as a string otherwise (``render_mode=rgb_array``). Values must be JSON scalars
+    or lists (they travel to remote actors in the welcome). ``""`` is no arguments.
+    A malformed text is a :class:`ConfigError` naming ``field_name`` and the text.
+    """
+    import json
+
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(field_name, text, f"not a JSON object: {exc}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(field_name, text, "must be a JSON object")
+        out = value
+    else:
+        out = {}
+        for part in _split_top_level(text):
+            key, sep, raw = part.partition("=")
+            key = key.strip()
+            if not sep or not key.isidentifier():
+                raise ConfigError(
+                    field_name,
+                    text,
+                    f"{part.strip()!r} is not key=value (use a JSON object for values with commas)",
+                )
+            raw = raw.strip()
+            try:
+                out[key] = json.loads(raw)
+            except json.JSONDecodeError:
+                out[key] = raw
+    for key, value in out.items():
+        _require(
+            isinstance(key, str) and key.isidentifier(),
+            field_name,
+            text,
+            f"key {key!r} is not a Python identifier",
+        )
+        _require(
+            _json_plain(value),
+            field_name,
+            text,
+            f"value of {key!r} must be a number, string, bool, null or a list of them",
+        )
+    return out
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split ``key=value`` pairs at commas outside brackets and quotes (``xs=[1,2]``)."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch == '"':
+            quote = ch
+        elif ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _json_plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return not isinstance(value, float) or math.isfinite(value)
+    if isinstance(value, list):
+        return all(_json_plain(v) for v in value)
+    return False
 
 
 def _f(default: Any, help: str, **kwargs: Any) -> Any:
@@ -225,7 +310,22 @@ class LearnerConfig:
     )
     seed: int = _f(0, "base seed: learner uses seed, actor i samples with seed + 1 + i")
 
-    env_id: str = _f("CartPole-v1", "gymnasium environment id")
+    env_id: str = _f(
+        "CartPole-v1",
+        "environment: a gymnasium id, 'module:Id' (importing module registers Id), or your "
+        "own 'module.path:EnvClass' / 'module.path:make_fn' (see docs/api.md)",
+    )
+    env_kwargs: str = _f(
+        "",
+        "keyword arguments of gym.make (or of your env class/function) on the learner, "
+        "every actor and the evaluator: a JSON object or key=value,... (values read as JSON)",
+    )
+    wrappers: tuple[str, ...] = _f(
+        (),
+        "gymnasium wrapper 'module:Wrapper' applied to the env on actors and evaluator "
+        "alike; repeat the flag to stack them (applied in order)",
+        metavar="MODULE:NAME",
+    )
     num_envs: int = _f(
         4,
         "env slots per actor (the default actors are told to run)",
@@ -278,6 +378,11 @@ class LearnerConfig:
     """Deprecated name of ``num_envs`` (before 0.2): still accepted, with a warning."""
 
     def __post_init__(self, envs_per_actor: int | None) -> None:
+        if isinstance(self.env_kwargs, Mapping):  # the Python API passes a dict
+            object.__setattr__(self, "env_kwargs", _json.dumps(dict(self.env_kwargs)))
+        if isinstance(self.wrappers, (list, str)):
+            wrappers = (self.wrappers,) if isinstance(self.wrappers, str) else self.wrappers
+            object.__setattr__(self, "wrappers", tuple(wrappers))
         if envs_per_actor is not None:
             warnings.warn(
                 "LearnerConfig(envs_per_actor=...) is deprecated; use num_envs",
@@ -315,6 +420,18 @@ class LearnerConfig:
             "env_id",
             self.env_id,
             "must be a non-empty gymnasium id",
+        )
+        _require(isinstance(self.env_kwargs, str), "env_kwargs", self.env_kwargs, "must be text")
+        parse_env_kwargs(self.env_kwargs)
+        _require(
+            isinstance(self.wrappers, tuple)
+            and all(
+                isinstance(w, str) and w.count(":") == 1 and all(w.split(":"))
+                for w in self.wrappers
+            ),
+            "wrappers",
+            self.wrappers,
+            "must be a list of 'module.path:WrapperName'",
         )
         _require(
             type(self.port) is int and 1 <= self.port <= 65533,
@@ -356,6 +473,11 @@ class LearnerConfig:
             "must be 0 (derived from the env) or an integer >= 1024",
         )
         return self
+
+    def env_kwargs_map(self) -> dict[str, Any]:
+        """``env_kwargs`` parsed (:func:`parse_env_kwargs`): the keyword arguments of
+        ``gym.make``."""
+        return parse_env_kwargs(self.env_kwargs)
 
     def num_updates(self) -> int:
         """PPO updates the budget buys at the nominal membership:

@@ -1,4 +1,14 @@
-"""Preprocessed Atari environments, usable as ``--env zmq_rl.envs:AtariPong-v0``.
+"""Making environments (:func:`make_env`), and preprocessed Atari ids.
+
+:func:`make_env` is how every process of a run builds its env -- the learner's
+probe, each actor, the evaluator, ``zmq-rl eval``/``export`` -- from the same three
+settings: the env (a gymnasium id, ``module:Id``, or a user's own
+``module.path:EnvClass`` / ``module.path:make_fn``), the keyword arguments of
+``gym.make`` (``--env-kwargs``) and gymnasium wrappers by import path
+(``--wrapper module:Wrapper``, applied in order). A failure is an
+:class:`EnvBuildError` naming the env id and the reason.
+
+Atari: ``--env zmq_rl.envs:AtariPong-v0``.
 
 Importing this module registers ``Atari<Game>-v0`` for the usual Atari games
 (:data:`GAMES`; :func:`register_game` adds others). gymnasium's ``"module:Id"``
@@ -25,20 +35,146 @@ registered, and making one raises :class:`AtariUnavailable` saying what to insta
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from .config import ConfigError, parse_env_kwargs
 
 __all__ = [
     "FRAME_STACK",
     "GAMES",
     "SCREEN_SIZE",
     "AtariUnavailable",
+    "EnvBuildError",
     "env_id",
     "make_atari",
+    "make_env",
+    "parse_env_kwargs",
     "register_game",
 ]
+
+
+class EnvBuildError(ConfigError):
+    """An environment cannot be built: ``field`` is ``env_id`` or ``wrappers``, and
+    the message names the env id (or wrapper) and the reason."""
+
+
+def _importable_cwd() -> None:
+    """Let ``module:...`` specs find modules in the working directory, as
+    ``python -m`` does (console scripts do not put it on ``sys.path``)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def _import_attr(spec: str, field: str, env_label: str) -> tuple[Any, Any]:
+    """``"pkg.mod:Name"`` -> (module, attribute or None); EnvBuildError if the module
+    does not import."""
+    module_name, _, name = spec.partition(":")
+    _importable_cwd()
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
+        raise EnvBuildError(
+            field, env_label, f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    return module, getattr(module, name, None)
+
+
+def _load_wrapper(spec: str) -> Any:
+    if spec.count(":") != 1 or not all(spec.split(":")):
+        raise EnvBuildError("wrappers", spec, "must be 'module.path:WrapperName'")
+    _, wrapper = _import_attr(spec, "wrappers", spec)
+    if wrapper is None:
+        raise EnvBuildError("wrappers", spec, f"the module has no attribute {spec.split(':')[1]!r}")
+    if not callable(wrapper):
+        raise EnvBuildError("wrappers", spec, "is not a class or callable taking an env")
+    return wrapper
+
+
+def make_env(
+    env_id: str,
+    env_kwargs: Mapping[str, Any] | str | None = None,
+    wrappers: Sequence[str] = (),
+    **make_kwargs: Any,
+) -> gym.Env:
+    """Build one environment as every process of a run does.
+
+    ``env_id`` is one of:
+
+    * a registered gymnasium id (``"CartPole-v1"``) -> ``gym.make(env_id, **kwargs)``;
+    * ``"module:Id"`` where importing ``module`` registers ``Id`` (gymnasium's own
+      form, e.g. ``zmq_rl.envs:AtariPong-v0``);
+    * ``"module.path:EnvClass"`` (a :class:`gymnasium.Env` subclass) or
+      ``"module.path:make_fn"`` (a callable returning an env): called with the
+      keyword arguments. Modules in the working directory are found.
+
+    ``env_kwargs``: a mapping, or the text form of ``--env-kwargs`` (JSON object or
+    ``key=value,...``, see :func:`~zmq_rl.config.parse_env_kwargs`); ``make_kwargs``
+    (e.g. ``render_mode``) are added to them. ``wrappers``: ``"module:Wrapper"``
+    specs, each called as ``Wrapper(env)``, in order. Raises :class:`EnvBuildError`
+    naming the env id (or the wrapper) and the reason when anything fails.
+    """
+    kwargs = parse_env_kwargs(env_kwargs) if isinstance(env_kwargs, str) else dict(env_kwargs or {})
+    kwargs.update(make_kwargs)
+    if not isinstance(env_id, str) or not env_id:
+        raise EnvBuildError("env_id", env_id, "must be a non-empty env id")
+    shown = f" with env_kwargs {json.dumps(kwargs, default=str)}" if kwargs else ""
+    factory = None
+    if ":" in env_id:
+        module_part, _, name = env_id.partition(":")
+        if not module_part or not name:
+            raise EnvBuildError("env_id", env_id, "must be 'module.path:Name'")
+        _, attr = _import_attr(env_id, "env_id", env_id)
+        if name not in gym.registry:
+            if attr is None:
+                raise EnvBuildError(
+                    "env_id",
+                    env_id,
+                    f"module {module_part!r} neither registers a gymnasium id {name!r} nor "
+                    f"has an attribute {name!r} (an Env class or a function returning an env)",
+                )
+            if not callable(attr):
+                raise EnvBuildError("env_id", env_id, f"{name!r} is not a class or function")
+            factory = attr
+    try:
+        env = factory(**kwargs) if factory is not None else gym.make(env_id, **kwargs)
+    except EnvBuildError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - gymnasium and user code raise many kinds
+        raise EnvBuildError(
+            "env_id", env_id, f"cannot make the env{shown}: {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(env, gym.Env):
+        raise EnvBuildError(
+            "env_id",
+            env_id,
+            f"{env_id.partition(':')[2]}(...) returned a {type(env).__name__}, not a gymnasium.Env",
+        )
+    for spec in wrappers:
+        wrapper = _load_wrapper(spec)
+        try:
+            wrapped = wrapper(env)
+        except Exception as exc:  # noqa: BLE001
+            env.close()
+            raise EnvBuildError(
+                "wrappers", spec, f"cannot wrap env {env_id}: {type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(wrapped, gym.Env):
+            env.close()
+            raise EnvBuildError(
+                "wrappers", spec, f"returned a {type(wrapped).__name__}, not a gymnasium.Env"
+            )
+        env = wrapped
+    return env
+
 
 SCREEN_SIZE = 84
 FRAME_STACK = 4

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -13,21 +15,28 @@ import numpy as np
 import torch
 
 from .checkpoint import config_dict
+from .envs import make_env
 from .policy import Policy
 from .seeding import env_seeds
 
 
 @torch.no_grad()
 def evaluate_policy(
-    policy: Policy, env_id: str, episodes: int, seed: int = 0
+    policy: Policy,
+    env_id: str,
+    episodes: int,
+    seed: int = 0,
+    env_kwargs: Mapping[str, Any] | None = None,
+    wrappers: Sequence[str] = (),
 ) -> tuple[float, float]:
     """Mean and std of the return of ``episodes`` deterministic episodes.
 
     All episodes run in lockstep (one env each, one batched forward per step), so
     evaluating 20 CartPole episodes costs about as many forwards as one episode.
-    Actions are the policy's mode (argmax / mean), clipped to Box bounds.
+    Actions are the policy's mode (argmax / mean), clipped to Box bounds. The envs
+    are built by :func:`~zmq_rl.envs.make_env` with ``env_kwargs`` and ``wrappers``.
     """
-    envs = [gym.make(env_id) for _ in range(episodes)]
+    envs = [make_env(env_id, env_kwargs, wrappers) for _ in range(episodes)]
     obs = [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, episodes), strict=True)]
     returns = np.zeros(episodes, np.float64)
     active = list(range(episodes))
@@ -71,8 +80,17 @@ class BackgroundEvaluator:
     when :meth:`close` is called or the learner's end of the pipe closes.
     """
 
-    def __init__(self, env_id: str, episodes: int, seed: int, policy_cfg: Any) -> None:
+    def __init__(
+        self,
+        env_id: str,
+        episodes: int,
+        seed: int,
+        policy_cfg: Any,
+        env_kwargs: Mapping[str, Any] | None = None,
+        wrappers: Sequence[str] = (),
+    ) -> None:
         self.env_id, self.episodes, self.seed = env_id, episodes, seed
+        self.env_kwargs, self.wrappers = dict(env_kwargs or {}), list(wrappers)
         self.policy_cfg = policy_cfg
         self._conn: Any = None
         self._process: Any = None
@@ -134,9 +152,11 @@ class BackgroundEvaluator:
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        args = (child, self.env_id, self.episodes, self.seed, config_dict(self.policy_cfg))
+        env = (self.env_id, self.env_kwargs, self.wrappers)
+        args = (child, env, self.episodes, self.seed, config_dict(self.policy_cfg))
         self._process = ctx.Process(target=_evaluate_forever, args=args, daemon=True)
-        self._process.start()
+        with _main_module_hidden():
+            self._process.start()
         child.close()
 
     def _send(self, tag: Any, weights: list[tuple[str, np.ndarray]]) -> None:
@@ -144,7 +164,34 @@ class BackgroundEvaluator:
         self._busy = True
 
 
-def _evaluate_forever(conn: Any, env_id: str, episodes: int, seed: int, policy: dict) -> None:
+@contextlib.contextmanager
+def _main_module_hidden() -> Any:
+    """Start a spawned child without re-running the ``__main__`` script in it.
+
+    ``spawn`` normally imports the parent's main script (or ``-m`` module) in the
+    child; a training script without an ``if __name__ == "__main__":`` guard (the
+    Python API, a notebook's exported script) would then start a second run there.
+    The child only needs :func:`_evaluate_forever`, which lives in this module.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {
+        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
+    }
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+def _evaluate_forever(
+    conn: Any, env: tuple[str, dict, list], episodes: int, seed: int, policy: dict
+) -> None:
     """The evaluator process: evaluate each snapshot received, send the result back."""
     from .config import PolicyConfig
     from .policy import build_policy, import_weights
@@ -153,7 +200,8 @@ def _evaluate_forever(conn: Any, env_id: str, episodes: int, seed: int, policy: 
         os.nice(19)
     torch.set_num_threads(1)
     policy_cfg = PolicyConfig(**{**policy, "hidden_sizes": tuple(policy["hidden_sizes"])})
-    probe = gym.make(env_id)
+    env_id, env_kwargs, wrappers = env
+    probe = make_env(env_id, env_kwargs, wrappers)
     net = build_policy(probe.observation_space, probe.action_space, policy_cfg)
     probe.close()
     while True:
@@ -166,7 +214,7 @@ def _evaluate_forever(conn: Any, env_id: str, episodes: int, seed: int, policy: 
         tag, weights = request
         try:
             import_weights(net, weights)
-            mean, std = evaluate_policy(net, env_id, episodes, seed=seed)
+            mean, std = evaluate_policy(net, env_id, episodes, seed, env_kwargs, wrappers)
         except Exception as exc:  # noqa: BLE001 - reported to the learner, which raises it
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
             return

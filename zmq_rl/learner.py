@@ -38,6 +38,7 @@ from .checkpoint import (
     save_policy,
 )
 from .config import LearnerConfig, PolicyConfig, PPOConfig
+from .envs import make_env
 from .ingest import POLL_MS, Ingest
 from .policy import Policy
 from .protocol import RunSettings, Weights, encode, largest_fragment_bytes
@@ -94,6 +95,8 @@ def run_settings(
         max_weights_bytes=2 * weights_bytes + 64 * 1024,
         max_fragment_bytes=cfg.max_message_bytes
         or largest_fragment_bytes(observation_space, action_space, cfg.fragment_length),
+        env_kwargs=cfg.env_kwargs_map(),
+        wrappers=list(cfg.wrappers),
     )
 
 
@@ -114,7 +117,7 @@ class Learner:
         self.cfg = cfg.validate()
         self.ppo_cfg = (ppo or PPOConfig()).validate()
         self.policy_cfg = (policy_cfg or PolicyConfig()).validate()
-        probe = gym.make(cfg.env_id)
+        probe = make_env(cfg.env_id, cfg.env_kwargs_map(), cfg.wrappers)
         spaces = (probe.observation_space, probe.action_space)
         probe.close()
         self.trainer = Trainer(cfg, self.ppo_cfg, self.policy_cfg, *spaces)
@@ -142,6 +145,8 @@ class Learner:
             context=context,
         )
         self.members = self.ingest.members
+        self.on_checkpoint: Callable[[Path], None] | None = None
+        """Called with the path of every checkpoint written (the Python API's callbacks)."""
         self.publish_weights(publish=False)
 
     @property
@@ -375,7 +380,15 @@ class Learner:
 
     def save_policy(self, path: Path) -> None:
         """Save the policy (tensors + the config needed to rebuild it), atomically."""
-        save_policy(path, self.policy, self.policy_cfg, self.cfg.env_id, self.version)
+        save_policy(
+            path,
+            self.policy,
+            self.policy_cfg,
+            self.cfg.env_id,
+            self.version,
+            env_kwargs=self.cfg.env_kwargs_map(),
+            wrappers=self.cfg.wrappers,
+        )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -393,6 +406,8 @@ class Learner:
             (self.queues.total_rows(), self.queues.total_fragments()),
         )
         log.info("checkpoint %s (version %d)", path, self.version)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(path)
         return path
 
     @classmethod

@@ -17,6 +17,11 @@ TensorBoard scalars go to event files in the run directory itself (so
 ``tensorboard --logdir runs`` shows every run), with the env-step count as the
 step, when the ``tensorboard`` package is importable (``pip install
 zmq_rl[tensorboard]``).
+
+Weights & Biases (``--wandb-project NAME``, ``pip install 'zmq_rl[wandb]'``): the
+same scalars against env steps, the run's configs as the W&B config, files under
+``run_dir/wandb``. ``WANDB_MODE=offline`` works with no network (``wandb sync``
+uploads later); ``WANDB_MODE=disabled`` turns it off.
 """
 
 from __future__ import annotations
@@ -32,7 +37,12 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JsonlMetrics", "MetricsWriter", "tensorboard_available"]
+__all__ = ["JsonlMetrics", "MetricsWriter", "WandbUnavailable", "tensorboard_available"]
+
+
+class WandbUnavailable(ImportError):
+    """``--wandb-project`` was given but the ``wandb`` package is not installed."""
+
 
 CSV_NAME = "metrics.csv"
 JSONL_NAME = "metrics.jsonl"
@@ -72,9 +82,18 @@ class MetricsWriter:
 
     ``tensorboard``: True requires the package (ImportError otherwise), False
     never writes events, None (default) writes them when the package is installed.
+    ``wandb_project``: also log every row to that Weights & Biases project
+    (:class:`WandbUnavailable` without the package), named after the run dir, with
+    ``wandb_config`` (config dataclasses or plain values) as its config.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        tensorboard: bool | None = None,
+        wandb_project: str | None = None,
+        wandb_config: Mapping[str, Any] | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.csv_path = self.run_dir / CSV_NAME
@@ -96,6 +115,9 @@ class MetricsWriter:
 
             self._tb = SummaryWriter(log_dir=str(self.run_dir))
             log.info("writing TensorBoard events to %s", self.run_dir)
+        self._wandb: Any = None
+        if wandb_project:
+            self._wandb = _start_wandb(self.run_dir, wandb_project, wandb_config or {})
 
     @property
     def tensorboard_enabled(self) -> bool:
@@ -121,6 +143,14 @@ class MetricsWriter:
                 if isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, global_step=step)
             self._tb.flush()
+        if self._wandb is not None:
+            step = int(row.get(STEP_KEY, self.rows_written))
+            scalars = {
+                k: v
+                for k, v in row.items()
+                if k != STEP_KEY and isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+            self._wandb.log(scalars, step=step)
 
     def _extend_header(self, new_keys: list[str]) -> None:
         """Add columns; rewrite the rows written so far under the wider header."""
@@ -152,9 +182,38 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
     def __enter__(self) -> MetricsWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _start_wandb(run_dir: Path, project: str, config: Mapping[str, Any]) -> Any:
+    """``wandb.init`` for a run dir (mode from ``WANDB_MODE``: online by default,
+    ``offline`` needs no network)."""
+    try:
+        import wandb
+    except ImportError as exc:
+        raise WandbUnavailable(
+            f"--wandb-project needs the wandb package: pip install 'zmq_rl[wandb]' ({exc})"
+        ) from None
+    import dataclasses
+
+    plain = {
+        key: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        for key, value in config.items()
+    }
+    run = wandb.init(
+        project=project,
+        name=run_dir.name,
+        dir=str(run_dir),
+        config=plain,
+        reinit="finish_previous",
+    )
+    log.info("logging to Weights & Biases project %s in %s", project, run_dir / "wandb")
+    return run

@@ -583,6 +583,11 @@ class RunSettings:
     state_size: int = 0  # floats of recurrent state per slot (0: feed-forward policy)
     max_weights_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # largest weights frame published
     max_fragment_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the learner's experience limit
+    # Optional on the wire (absent = none):
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # gym.make kwargs (§4.4)
+    wrappers: list[str] = field(default_factory=list)  # "module:Wrapper", applied in order
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("env_kwargs", "wrappers")
 
     def to_map(self) -> dict[str, Any]:
         """The msgpack map of these settings (spaces as space maps)."""
@@ -596,10 +601,17 @@ class RunSettings:
     def from_map(cls, body: Any, where: str = "welcome.config") -> RunSettings:
         """Validate every field of ``body`` and build the settings."""
         body = _map(body, where)
-        missing = [f.name for f in fields(cls) if f.name not in body]
+        missing = [f.name for f in fields(cls) if f.name not in body and f.name not in cls.OPTIONAL]
         if missing:
             raise ProtocolError("bad_field", f"{where}.{missing[0]}: missing")
         num_steps = _int(body["num_steps"], f"{where}.num_steps", 1)
+        env_kwargs = _env_kwargs(body.get("env_kwargs", {}), f"{where}.env_kwargs")
+        wrappers = body.get("wrappers", [])
+        if not isinstance(wrappers, list) or len(wrappers) > 64:
+            raise ProtocolError("bad_field", f"{where}.wrappers: expected a list of <= 64 strings")
+        for spec in wrappers:
+            if _str(spec, f"{where}.wrappers[]").count(":") != 1:
+                raise ProtocolError("bad_value", f"{where}.wrappers[]: {spec!r} is not module:Name")
         return cls(
             env_id=_str(body["env_id"], f"{where}.env_id"),
             observation_space=space_from_spec(
@@ -626,7 +638,30 @@ class RunSettings:
             max_fragment_bytes=_int(
                 body["max_fragment_bytes"], f"{where}.max_fragment_bytes", 1, MAX_MESSAGE_LIMIT
             ),
+            env_kwargs=env_kwargs,
+            wrappers=list(wrappers),
         )
+
+
+def _env_kwargs(value: Any, where: str) -> dict[str, Any]:
+    """RunSettings.env_kwargs: <= 64 identifier keys; values nil, bool, int, finite
+    float, str (<= 4096 chars) or a list (<= 4096) of those."""
+
+    def plain(v: Any) -> bool:
+        if v is None or isinstance(v, (bool, int)):
+            return True
+        if isinstance(v, float):
+            return math.isfinite(v)
+        return isinstance(v, str) and len(v) <= 4096
+
+    body = _map(value, where)
+    if len(body) > 64:
+        raise ProtocolError("bad_field", f"{where}: more than 64 keys")
+    for key, v in body.items():
+        ok = plain(v) or (isinstance(v, list) and len(v) <= 4096 and all(plain(x) for x in v))
+        if not key.isidentifier() or not ok:
+            raise ProtocolError("bad_value", f"{where}.{key}: not a JSON scalar or list of them")
+    return body
 
 
 @dataclass

@@ -48,7 +48,12 @@ class RunLog:
         if cfg.eval_every and cfg.eval_in_background:
             seed = cfg.seed + EVAL_SEED_OFFSET
             self.evaluator = BackgroundEvaluator(
-                cfg.env_id, cfg.eval_episodes, seed, policy_cfg or PolicyConfig()
+                cfg.env_id,
+                cfg.eval_episodes,
+                seed,
+                policy_cfg or PolicyConfig(),
+                cfg.env_kwargs_map(),
+                cfg.wrappers,
             )
 
     def elapsed(self) -> float:
@@ -64,7 +69,9 @@ class RunLog:
         the result to the report."""
         cfg = self.cfg
         seed = cfg.seed + EVAL_SEED_OFFSET
-        mean, std = evaluate_policy(policy, cfg.env_id, cfg.eval_episodes, seed=seed)
+        mean, std = evaluate_policy(
+            policy, cfg.env_id, cfg.eval_episodes, seed, cfg.env_kwargs_map(), cfg.wrappers
+        )
         return self._add_result(self._snapshot_tag(), mean, std)
 
     def _snapshot_tag(self) -> tuple[int, int, float]:

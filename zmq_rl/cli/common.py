@@ -258,16 +258,19 @@ def check_spaces(env_id: str, observation_space: Any, action_space: Any, factory
         raise ConfigError("env_id", env_id, f"unsupported {problem}; supported: {SUPPORTED_SPACES}")
 
 
-def check_env(env_id: str, factory: str = "") -> None:
-    """Make (and close) the env once, so a bad id or an unsupported space fails as a
-    config error up front (see :func:`check_spaces` for ``factory``)."""
-    import gymnasium as gym
+def check_env(
+    env_id: str,
+    factory: str = "",
+    env_kwargs: Any = None,
+    wrappers: Any = (),
+) -> None:
+    """Make (and close) the env once, as every process of the run will
+    (:func:`zmq_rl.envs.make_env` with ``env_kwargs`` and ``wrappers``), so a bad id
+    or an unsupported space fails as a config error up front (see
+    :func:`check_spaces` for ``factory``)."""
+    from zmq_rl.envs import make_env
 
-    ensure_env_importable(env_id)
-    try:
-        env = gym.make(env_id)
-    except Exception as exc:  # gymnasium raises many kinds for a bad id
-        raise ConfigError("env_id", env_id, f"cannot make the env: {exc}") from None
+    env = make_env(env_id, env_kwargs, wrappers)  # EnvBuildError, a ConfigError
     try:
         check_spaces(env_id, env.observation_space, env.action_space, factory)
     finally:

@@ -11,6 +11,8 @@ Types:
 * ``int`` and ``float``: a number (``1e5`` is accepted for an int when integral);
 * ``bool``: ``--flag`` / ``--no-flag`` (:class:`argparse.BooleanOptionalAction`);
 * ``tuple[int, ...]``: a comma list, ``--hidden-sizes 64,64``;
+* ``tuple[str, ...]``: a repeatable flag, ``--wrapper a:B --wrapper c:D`` (given on
+  the command line, the values replace a config file's list);
 * ``str``: as given, restricted to ``metadata["choices"]`` when present.
 
 ``--config FILE.toml`` loads values from a TOML file, either in sections named
@@ -243,6 +245,8 @@ def _kind(annotation: Any) -> str:
     args = typing.get_args(annotation)
     if origin is tuple and args and args[0] is int:
         return "int_tuple"
+    if origin is tuple and args and args[0] is str:
+        return "str_tuple"
     if origin in (typing.Union, types.UnionType):
         raise TypeError(f"optional/union config fields are not supported: {annotation!r}")
     raise TypeError(f"config field type {annotation!r} has no command-line form")
@@ -266,8 +270,20 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "float": _parse_float,
     "str": str,
     "int_tuple": _parse_int_list,
+    "str_tuple": str,
 }
-_METAVARS = {"int": "N", "float": "X", "str": "TEXT", "int_tuple": "N,N,..."}
+_METAVARS = {"int": "N", "float": "X", "str": "TEXT", "int_tuple": "N,N,...", "str_tuple": "TEXT"}
+
+
+class _AppendTuple(argparse.Action):
+    """A repeatable flag collecting a tuple: the first use on the command line
+    replaces the default (a config file's list), later uses append."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        marker = f"_given_{self.dest}"
+        current = getattr(namespace, self.dest, None) if getattr(namespace, marker, False) else ()
+        setattr(namespace, self.dest, (*(current or ()), values))
+        setattr(namespace, marker, True)
 
 
 def coerce(kind: str, name: str, value: Any) -> Any:
@@ -301,6 +317,12 @@ def coerce(kind: str, name: str, value: Any) -> Any:
             except argparse.ArgumentTypeError:
                 pass
         raise ConfigError(name, value, "must be a list of integers")
+    if kind == "str_tuple":
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        if isinstance(value, str):
+            return (value,)
+        raise ConfigError(name, value, "must be a list of strings")
     raise TypeError(kind)
 
 
@@ -347,6 +369,8 @@ def add_config_flags(
                 default = defaults.get(f.name, _field_default(f))
                 if kind == "int_tuple" and isinstance(default, tuple):
                     help_text += f" (default: {','.join(str(v) for v in default)})"
+                elif kind == "str_tuple" and isinstance(default, tuple):
+                    help_text += f" (default: {' '.join(default) or 'none'})"
                 elif default == "":
                     help_text += " (default: '')"
             kwargs: dict[str, Any] = {
@@ -356,6 +380,9 @@ def add_config_flags(
             }
             if kind == "bool":
                 kwargs["action"] = argparse.BooleanOptionalAction
+            elif kind == "str_tuple":
+                kwargs["action"] = _AppendTuple
+                kwargs["metavar"] = f.metadata.get("metavar", _METAVARS[kind])
             else:
                 kwargs["type"] = _PARSERS[kind]
                 kwargs["metavar"] = _METAVARS[kind]

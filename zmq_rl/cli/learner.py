@@ -39,7 +39,7 @@ LEARNER_SECTIONS = (
     Section("ppo", PPOConfig, "PPO update"),
     Section("policy", PolicyConfig, "policy network"),
 )
-ALIASES = {"env_id": ["--env"], "num_actors": ["--actors"]}
+ALIASES = {"env_id": ["--env"], "num_actors": ["--actors"], "wrappers": ["--wrapper"]}
 RUN_DIR_DEFAULT = "runs/<env>-<timestamp>, new for every run; '' = no run directory"
 PRESET_NOTE = (
     "Per-env defaults: when the env has a shipped preset (zmq_rl/presets: {names}) and "
@@ -75,6 +75,14 @@ def add_learner_flags(
         default=None,
         help="write TensorBoard events into the run dir (default: when the tensorboard "
         "package is installed)",
+    )
+    parser.add_argument(
+        "--wandb-project",
+        metavar="NAME",
+        default=None,
+        help="also log metrics to this Weights & Biases project (pip install "
+        "'zmq_rl[wandb]'; files in RUN_DIR/wandb; WANDB_MODE=offline works without a "
+        "network, 'wandb sync' uploads later)",
     )
 
 
@@ -144,6 +152,7 @@ def build_resume_parser(prog: str = "zmq-learner") -> argparse.ArgumentParser:
         )
     add_logging_flag(parser)
     parser.add_argument("--tensorboard", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--wandb-project", metavar="NAME", default=None)
     return parser
 
 
@@ -162,7 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> int:
-        from .training import make_console, print_summary, train
+        from zmq_rl.api import _train_configs
+
+        from .training import RESUME_COMMAND, make_console, print_summary
 
         if any(a == "--resume" or a.startswith("--resume=") for a in argv):
             args = build_resume_parser().parse_args(argv)
@@ -180,17 +191,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             resume = None
         setup_logging(args.log_level)
         console = make_console()
-        outcome = train(
+        result, outcome, _ = _train_configs(  # zmq_rl.run_learner's engine
             cfg,
             ppo,
             policy,
-            console,
+            local_actors=False,
+            console=console,
             tensorboard=args.tensorboard,
+            wandb_project=getattr(args, "wandb_project", None),
             resume=resume,
             preset=getattr(args, "applied_preset", None),
+            command="zmq-learner",
+            resume_command=RESUME_COMMAND,
         )
         print_summary(console, outcome)
-        return EXIT_INTERRUPTED if outcome.interrupted else 0
+        return EXIT_INTERRUPTED if result.interrupted else 0
 
     return guard(body)
 

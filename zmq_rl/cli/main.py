@@ -1,4 +1,5 @@
-"""``zmq-rl``: one command for the whole workflow (``run``, ``eval``, ``plot``, ``keys``).
+"""``zmq-rl``: one command for the whole workflow (``run``, ``eval``, ``export``, ``plot``,
+``keys``).
 
 Each subcommand is one function registered with :func:`subcommand`; its flags are
 declared in the decorator (``arg(...)`` specs, or a function that adds them), and
@@ -222,10 +223,12 @@ def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     sections=LEARNER_SECTIONS,
 )
 def run_command(args: argparse.Namespace) -> int:
-    """``zmq-rl run``."""
-    from .local import LocalActors, ResumingLearner, resume_configs, summary_lines
-    from .plot import CURVE_NAME, plot_runs
-    from .training import make_console, print_summary, train
+    """``zmq-rl run``: a thin layer over :func:`zmq_rl.train` (its engine,
+    ``zmq_rl.api._train_configs``) plus the summary."""
+    from zmq_rl.api import _train_configs
+
+    from .local import resume_configs
+    from .training import make_console, print_summary
 
     resume = None
     if args.resume is not None:
@@ -237,50 +240,26 @@ def run_command(args: argparse.Namespace) -> int:
         cfg, ppo, policy = configs_from_args(args)
     setup_logging(args.log_level)
     console = make_console()
-    log_dir = Path(cfg.run_dir) / "logs" if cfg.run_dir else None
-    supervised: dict[str, Any] = {}
-
-    def wrap_learner(learner: Any) -> Any:
-        if args.resume_on_crash:
-            learner = ResumingLearner(learner, args.resume_on_crash)
-            supervised["learner"] = learner
-        return learner
-
-    def around_run(learner: Any) -> LocalActors:
-        level = args.actor_log_level or ("info" if log_dir else args.log_level)
-        supervised["actors"] = LocalActors(
-            learner,
-            cfg.num_actors,
-            log_dir=log_dir,
-            log_level=level,
-            max_restarts=args.actor_restarts,
-            restart_backoff=args.actor_restart_backoff,
-        )
-        return supervised["actors"]
-
-    outcome = train(
+    result, outcome, extra = _train_configs(
         cfg,
         ppo,
         policy,
-        console,
+        local_actors=True,
+        actor_restarts=args.actor_restarts,
+        actor_restart_backoff=args.actor_restart_backoff,
+        actor_log_level=args.actor_log_level or ("info" if cfg.run_dir else args.log_level),
         tensorboard=args.tensorboard,
-        around_run=around_run,
+        wandb_project=args.wandb_project,
+        console=console,
+        preset=getattr(args, "applied_preset", None),
         command="zmq-rl run",
         resume=resume,
-        wrap_learner=wrap_learner,
-        preset=getattr(args, "applied_preset", None),
+        resume_on_crash=args.resume_on_crash,
         resume_command="zmq-rl run --resume",
+        plot=args.plot,
     )
-    extra = summary_lines(supervised.get("actors"), supervised.get("learner"))
-    if "learner" in supervised and supervised["learner"].learner_restarts:
-        outcome.session_seconds = supervised["learner"].session_seconds
-    if cfg.run_dir and args.plot and (Path(cfg.run_dir) / "metrics.jsonl").is_file():
-        curve = plot_runs([cfg.run_dir], Path(cfg.run_dir) / CURVE_NAME)
-        extra["learning curve"] = str(curve)
-    if log_dir is not None:
-        extra["actor logs"] = str(log_dir)
     print_summary(console, outcome, extra)
-    return EXIT_INTERRUPTED if outcome.interrupted else 0
+    return EXIT_INTERRUPTED if result.interrupted else 0
 
 
 # -- eval -----------------------------------------------------------------------------
@@ -337,6 +316,52 @@ def eval_command(args: argparse.Namespace) -> int:
     )
     if args.video is not None:
         print(f"videos: {args.video}")
+    return 0
+
+
+# -- export ---------------------------------------------------------------------------
+
+
+@subcommand(
+    "export",
+    "write a trained policy as ONNX, TorchScript or safetensors, to run without zmq_rl",
+    arg(
+        "target",
+        metavar="RUN_DIR_OR_POLICY",
+        help="a run directory, its policy.pt, or one of its checkpoints/ckpt-N.pt",
+    ),
+    arg(
+        "--format",
+        dest="fmt",
+        choices=("onnx", "torchscript", "safetensors"),
+        required=True,
+        help="onnx: for onnxruntime (C, C++, C#, Java, JS, Python); torchscript: for "
+        "torch.jit.load / libtorch; safetensors: the weights, architecture in the metadata",
+    ),
+    arg("--out", metavar="FILE", type=Path, required=True, help="the file to write"),
+    arg("--env", default="", help="env id for the spaces (default: the policy's own)"),
+    arg(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="warning",
+        help="log messages of this level and above (to stderr)",
+    ),
+)
+def export_command(args: argparse.Namespace) -> int:
+    """Export the deterministic action graph (observation normalisation folded in):
+    float32 observations [batch, *obs_shape] in, actions out (int64 [batch] for
+    Discrete, float32 [batch, act_dim] clipped to the bounds for Box). See
+    docs/embedding.md for running the ONNX file from C."""
+    from zmq_rl.deploy import ExportUnavailable, PolicyFileError, export_policy
+
+    from .common import CliFailure
+
+    setup_logging(args.log_level)
+    try:
+        path = export_policy(args.target, args.fmt, args.out, env_id=args.env)
+    except (PolicyFileError, ExportUnavailable) as exc:
+        raise CliFailure(str(exc)) from None
+    print(f"wrote {path} ({args.fmt}, {path.stat().st_size:,} bytes)")
     return 0
 
 

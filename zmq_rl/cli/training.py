@@ -10,6 +10,7 @@ import contextlib
 import logging
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -159,6 +160,8 @@ def train(
     wrap_learner: Callable[[Any], Any] | None = None,
     preset: str | None = None,
     resume_command: str = RESUME_COMMAND,
+    on_update: Callable[[Mapping[str, Any]], None] | None = None,
+    wandb_project: str | None = None,
 ) -> TrainingOutcome:
     """Bind a learner, run it to the end of its budget and return the outcome.
 
@@ -175,19 +178,22 @@ def train(
     of the learner (``zmq-rl run --resume-on-crash`` restarts a crashed one there).
 
     ``preset``: the env preset the configs came from, announced as the first line.
+    ``on_update(row)``: called with every update's metrics row after it is recorded
+    (the Python API's callbacks). ``wandb_project``: also log the rows to Weights &
+    Biases (:class:`~zmq_rl.metrics.MetricsWriter`; needs a run dir).
     Before the learner binds, a new run's dir is checked: one that holds a run
     already (``resume_command`` is the way the message names to continue it) or
     cannot be created is a :class:`ConfigError`.
     """
     from zmq_rl.learner import Learner, LearnerStarved
-    from zmq_rl.metrics import MetricsWriter, tensorboard_available
+    from zmq_rl.metrics import MetricsWriter, WandbUnavailable, tensorboard_available
 
     if preset:
         console.print(preset_line(preset, cfg), markup=False)
     try:
         if resume is None:
             check_run_dir_is_new(cfg.run_dir, resume_command)
-        check_env(cfg.env_id, policy.factory)
+        check_env(cfg.env_id, policy.factory, cfg.env_kwargs_map(), cfg.wrappers)
         if resume is None:
             write_config(cfg, ppo, policy, command, preset)
     except BaseException:
@@ -199,12 +205,26 @@ def train(
     with contextlib.ExitStack() as stack:
         metrics = None
         if cfg.run_dir:
-            metrics = stack.enter_context(MetricsWriter(cfg.run_dir, tensorboard=tensorboard))
+            try:
+                writer = MetricsWriter(
+                    cfg.run_dir,
+                    tensorboard=tensorboard,
+                    wandb_project=wandb_project,
+                    wandb_config={"learner": cfg, "ppo": ppo, "policy": policy},
+                )
+            except WandbUnavailable as exc:
+                raise ConfigError("wandb_project", wandb_project, str(exc)) from None
+            metrics = stack.enter_context(writer)
+        elif wandb_project:
+            raise ConfigError(
+                "wandb_project", wandb_project, "needs a run dir (its files go there)"
+            )
         waiting = (
             f"waiting for {cfg.num_actors} actor(s) at {cfg.host}:{cfg.port} "
             f"(experience :{cfg.experience_port()}, weights :{cfg.weights_port()})"
         )
         progress = TrainingProgress(cfg.num_updates(), console, waiting=waiting, live=live)
+        user_hook = on_update
 
         def on_update(row: Mapping[str, Any]) -> None:
             outcome.updates_seen += 1
@@ -212,6 +232,8 @@ def train(
             if metrics is not None:
                 metrics.write(row)
             progress.update(row)
+            if user_hook is not None:
+                user_hook(row)
 
         try:
             if resume is not None:
@@ -260,6 +282,9 @@ def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
                 "(press Ctrl-C again to abort at once)\n"
             )
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set in the main thread (the Python API)
+        return
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         yield
