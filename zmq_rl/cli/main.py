@@ -407,5 +407,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return guard(body)
 
 
+# Subcommands defined in their own modules register themselves on import.
+from . import slurm  # noqa: E402, F401
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # As a script (python -m zmq_rl.cli.main) this module is __main__; the other modules'
+    # subcommands registered themselves in zmq_rl.cli.main, so run that one's main.
+    from zmq_rl.cli.main import main as _registered_main
+
+    sys.exit(_registered_main())
