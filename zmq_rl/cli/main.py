@@ -408,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # Subcommands defined in their own modules register themselves on import.
-from . import slurm  # noqa: E402, F401
+from . import ray_launch, slurm  # noqa: E402, F401
 
 if __name__ == "__main__":
     # As a script (python -m zmq_rl.cli.main) this module is __main__; the other modules'

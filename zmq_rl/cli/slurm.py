@@ -137,7 +137,8 @@ def render_script(job: SlurmJob) -> str:
     ]
     header = "\n".join(f"#SBATCH {a}" for a in sbatch)
     return f"""#!/bin/bash
-# zmq_rl training run as one Slurm job, written by `zmq-rl slurm` on {time.strftime("%Y-%m-%d %H:%M:%S")}.
+# zmq_rl training run as one Slurm job, written by `zmq-rl slurm`
+# on {time.strftime("%Y-%m-%d %H:%M:%S")}.
 # Submit it with:  sbatch {job.run_dir}/slurm/{SCRIPT_NAME}
 #
 # One allocation, two job steps:
@@ -173,7 +174,8 @@ MAX_BACKOFF={MAX_BACKOFF_S}
 LEARNER_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 ATTEMPT=${{SLURM_RESTART_COUNT:-0}}
 mkdir -p "$RUN_DIR/logs"
-echo "$(date '+%F %T') job $SLURM_JOB_ID attempt $ATTEMPT: learner on $LEARNER_HOST:$PORT, $NUM_ACTORS actor task(s)"
+echo "$(date '+%F %T') job $SLURM_JOB_ID attempt $ATTEMPT:" \
+    "learner on $LEARNER_HOST:$PORT, $NUM_ACTORS actor task(s)"
 
 # A fresh start, or a requeued job continuing from its newest checkpoint.
 if compgen -G "$RUN_DIR/checkpoints/ckpt-*.pt" >/dev/null; then
@@ -184,7 +186,8 @@ else
     for f in config.toml metrics.jsonl metrics.csv report.json policy.pt; do
         if [ -e "$RUN_DIR/$f" ]; then mv "$RUN_DIR/$f" "$RUN_DIR/$f.attempt-$ATTEMPT"; fi
     done
-    LEARNER_ARGS=(--config "$RUN_DIR/slurm/{LEARNER_TOML}" --run-dir "$RUN_DIR" --log-level {job.log_level})
+    LEARNER_ARGS=(--config "$RUN_DIR/slurm/{LEARNER_TOML}" --run-dir "$RUN_DIR"
+                  --log-level {job.log_level})
 fi
 
 # One actor task: run zmq-actor, restart it when it fails.
@@ -193,19 +196,24 @@ run_actor() {{
     local args=()
     eval "args=($ACTOR_ARGS_Q)"
     while :; do
-        echo "=== zmq-rl slurm: actor task $SLURM_PROCID on $(hostname), start $restart, $(date '+%F %T.%N') ==="
+        echo "=== zmq-rl slurm: actor task $SLURM_PROCID on $(hostname)," \
+            "start $restart, $(date '+%F %T.%N') ==="
         "${{ACTOR_CMD[@]}}" --learner "$LEARNER_HOST:$PORT" "${{args[@]}}"
         rc=$?
         case $rc in
             0 | 130 | 143) echo "actor task $SLURM_PROCID: exit $rc, done"; return 0 ;;
-            2) echo "actor task $SLURM_PROCID: exit 2 (a configuration error): not restarted"; return 2 ;;
+            2)
+                echo "actor task $SLURM_PROCID: exit 2 (a configuration error): not restarted"
+                return 2
+                ;;
         esac
         if [ "$restart" -ge "$ACTOR_RESTARTS" ]; then
             echo "actor task $SLURM_PROCID: exit $rc; restarts exhausted"
             return "$rc"
         fi
         restart=$((restart + 1))
-        echo "actor task $SLURM_PROCID: exit $rc; restart $restart of $ACTOR_RESTARTS in ${{delay}}s"
+        echo "actor task $SLURM_PROCID: exit $rc;" \
+            "restart $restart of $ACTOR_RESTARTS in ${{delay}}s"
         sleep "$delay"
         delay=$((delay * 2 > MAX_BACKOFF ? MAX_BACKOFF : delay * 2))
     done
