@@ -4,6 +4,7 @@ Ray restarts it, its new zmq-actor registers again and the run spends its budget
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,7 +49,7 @@ def ray_head(tmp_path_factory):
     if not RAY.exists():
         pytest.skip(f"{RAY} not found (pip install 'zmq_rl[ray]')")
     # Ray's socket paths must stay short: a temp dir under /tmp, not pytest's.
-    temp = Path(tempfile_dir())
+    temp = Path(tempfile.mkdtemp(prefix="zr", dir="/tmp"))
     port = free_port_block(1)
     log = open(tmp_path_factory.mktemp("ray") / "head.log", "wb")  # noqa: SIM115
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -89,10 +91,8 @@ def ray_head(tmp_path_factory):
     finally:
         family = [head, *_descendants(head.pid)]
         with_suppress_kill(head.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             head.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pass
         _, alive = psutil.wait_procs(
             [p for p in family if isinstance(p, psutil.Process)], timeout=STOP_TIMEOUT_S
         )
@@ -103,12 +103,6 @@ def ray_head(tmp_path_factory):
             head.wait(STOP_TIMEOUT_S)
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
-
-
-def tempfile_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="zr", dir="/tmp")
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
