@@ -6,10 +6,12 @@
 #   docker run --rm zmq-rl:0.1.0 zmq-actor --learner LEARNER_HOST:5555
 #
 # The learner binds 5555 (control), 5556 (experience) and 5557 (weights); actors open no
-# port. CUDA variant (docs/clusters.md): build with
-#   --build-arg BASE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 \
-#   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126
-# (that base has no Python of its own: see docs/clusters.md for the two extra lines).
+# port. CUDA variant (docs/clusters.md): the CUDA wheels of torch bring the CUDA runtime
+# with them, so the same base does, with the host's NVIDIA driver and container toolkit:
+#   docker build -t zmq-rl:0.1.0-cu126 --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 .
+#   docker run --gpus all ...
+# (The learner trains on the CPU today; the CUDA image is for a device option to come
+# and for custom policies that use one.)
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}
 

@@ -4,28 +4,21 @@ Ray restarts it, its new zmq-actor registers again and the run spends its budget
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.ports import free_port_block
+from tests.ray_head import RayHead, skip_reason
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'zmq_rl[ray]')")
-
-RAY = Path(sys.executable).parent / "ray"
 ZMQ_RL = [sys.executable, "-m", "zmq_rl.cli.main"]
-HEAD_TIMEOUT_S = 90.0
 RUN_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 20.0
 
@@ -43,83 +36,15 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.1):
 
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
-    """A Ray head on this machine (2 CPUs, no dashboard) in its own process group and
-    temp dir; its address. Stopped by signalling that group (never ``ray stop``,
-    which would stop every Ray on the machine)."""
-    if not RAY.exists():
-        pytest.skip(f"{RAY} not found (pip install 'zmq_rl[ray]')")
-    # Ray's socket paths must stay short: a temp dir under /tmp, not pytest's.
-    temp = Path(tempfile.mkdtemp(prefix="zr", dir="/tmp"))
-    port = free_port_block(1)
-    log = open(tmp_path_factory.mktemp("ray") / "head.log", "wb")  # noqa: SIM115
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    head = subprocess.Popen(
-        [
-            str(RAY),
-            "start",
-            "--head",
-            "--block",
-            "--num-cpus",
-            "2",
-            "--disable-usage-stats",
-            "--include-dashboard=false",
-            f"--port={port}",
-            f"--temp-dir={temp}",
-            "--node-ip-address=127.0.0.1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    address = f"127.0.0.1:{port}"
+    """A local Ray head (tests/ray_head.py); its address."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    head = RayHead(tmp_path_factory.mktemp("ray") / "head.log")
     try:
-
-        def up() -> bool:
-            assert head.poll() is None, Path(log.name).read_text()[-3000:]
-            out = subprocess.run(
-                [str(RAY), "status", f"--address={address}"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                env=env,
-            )
-            return out.returncode == 0 and "CPU" in out.stdout
-
-        wait_for(up, HEAD_TIMEOUT_S, "Ray head", poll=1.0)
-        yield address
+        yield head.start()
     finally:
-        family = [head, *_descendants(head.pid)]
-        with_suppress_kill(head.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            head.wait(STOP_TIMEOUT_S)
-        _, alive = psutil.wait_procs(
-            [p for p in family if isinstance(p, psutil.Process)], timeout=STOP_TIMEOUT_S
-        )
-        for proc in alive:
-            with_suppress_kill(proc.pid, signal.SIGKILL, group=False)
-        if head.poll() is None:
-            with_suppress_kill(head.pid, signal.SIGKILL)
-            head.wait(STOP_TIMEOUT_S)
-        log.close()
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def with_suppress_kill(pid: int, sig: int, group: bool = True) -> None:
-    try:
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        head.stop()
 
 
 def worker_pids(log_path: Path) -> list[int]:
@@ -215,3 +140,34 @@ def test_ray_actors_train_cartpole_and_a_killed_worker_is_restarted(ray_head, tm
         f"new worker {restarted:.2f}s, -> collecting {collecting_after:.2f}s; "
         f"eval {report['evaluations'][-1]['mean_return']:.1f}"
     )
+
+
+def test_actor_resources_are_parsed_and_bad_ones_name_the_field():
+    from zmq_rl.cli.ray_launch import parse_resources
+    from zmq_rl.config import ConfigError
+
+    assert parse_resources(["sim_node=1", "big=0.5"]) == {"sim_node": 1.0, "big": 0.5}
+    for bad in ("sim_node", "=1", "x=-1", "x=lots"):
+        with pytest.raises(ConfigError, match="actor_resources") as info:
+            parse_resources([bad])
+        assert bad in str(info.value)
+
+
+def test_ray_refuses_curve_keys_it_cannot_hand_to_actors(tmp_path):
+    out = subprocess.run(
+        [
+            *ZMQ_RL,
+            "ray",
+            "--address",
+            "local",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--curve-secret-key",
+            str(tmp_path / "k.key_secret"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "curve_secret_key" in out.stderr

@@ -32,7 +32,7 @@ from typing import Any
 
 from zmq_rl.config import ConfigError
 
-from .common import EXIT_INTERRUPTED, CliFailure, setup_logging
+from .common import EXIT_INTERRUPTED, CliFailure, release_run_dir, setup_logging
 from .flags import LOG_LEVELS
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .main import RUN_DEFAULTS, _non_negative, build_parser, subcommand, subparser
@@ -76,7 +76,9 @@ class ActorProcess:
             self.log_file.flush()
             out = self.log_file
         self.proc = subprocess.Popen(
-            [*command, "--parent-pid", str(os.getpid())],
+            # --actor-id: a restarted actor replaces its predecessor's registration at
+            # once; --parent-pid: the child leaves when this worker dies.
+            [*command, "--actor-id", str(index), "--parent-pid", str(os.getpid())],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT if out is not None else None,
@@ -378,6 +380,14 @@ def ray_command(args: argparse.Namespace) -> int:
         resume = (cfg.run_dir, overrides)
     else:
         cfg, ppo, policy = configs_from_args(args)
+    if cfg.curve_secret_key:
+        release_run_dir(cfg.run_dir)
+        raise ConfigError(
+            "curve_secret_key",
+            cfg.curve_secret_key,
+            "zmq-rl ray does not hand keys to Ray actors yet: use zmq-learner and start "
+            "actors with --curve-secret-key (docs/clusters.md)",
+        )
     setup_logging(args.log_level)
     console = make_console()
     init: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
@@ -396,13 +406,6 @@ def ray_command(args: argparse.Namespace) -> int:
         shlex.split(args.actor_command) if args.actor_command else console_command("zmq-actor")
     )
     command += ["--learner", address, "--log-level", args.actor_log_level]
-    if cfg.curve_secret_key:
-        raise ConfigError(
-            "curve_secret_key",
-            cfg.curve_secret_key,
-            "zmq-rl ray does not hand keys to Ray actors yet: use zmq-learner and start "
-            "actors with --curve-secret-key (docs/clusters.md)",
-        )
     log_dir = Path(cfg.run_dir).resolve() / "logs" if cfg.run_dir else None
     holder: dict[str, RayActors] = {}
 

@@ -198,7 +198,10 @@ run_actor() {{
     while :; do
         echo "=== zmq-rl slurm: actor task $SLURM_PROCID on $(hostname)," \
             "start $restart, $(date '+%F %T.%N') ==="
-        "${{ACTOR_CMD[@]}}" --learner "$LEARNER_HOST:$PORT" "${{args[@]}}"
+        # A fixed id per task: a restarted actor replaces its dead predecessor's
+        # registration at once (the learner need not wait --actor-timeout for it).
+        "${{ACTOR_CMD[@]}}" --learner "$LEARNER_HOST:$PORT" --actor-id "$SLURM_PROCID" \
+            "${{args[@]}}"
         rc=$?
         case $rc in
             0 | 130 | 143) echo "actor task $SLURM_PROCID: exit $rc, done"; return 0 ;;
