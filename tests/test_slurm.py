@@ -208,6 +208,10 @@ def test_scancel_stops_cleanly_and_a_requeue_finishes_the_budget(cluster, tmp_pa
         "0",
         "--actor-restart-backoff",
         "0",
+        # the killed actor's slots leave after this much silence (the preset's 60 s would
+        # stall the run that long)
+        "--actor-timeout",
+        "10",
     )
     wait_for(
         lambda: len(actor_processes(port)) == 2 and metrics_rows(run_dir),

@@ -64,8 +64,11 @@ class ActorProcess:
     """
 
     def __init__(self, index: int, command: Sequence[str], log_path: str = "") -> None:
+        import ray
+
         self.index = index
         self.started_at = time.time()
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.log_file: Any = None
         out: Any = None
         if log_path and Path(log_path).parent.is_dir():  # the run dir is visible here
@@ -76,9 +79,16 @@ class ActorProcess:
             self.log_file.flush()
             out = self.log_file
         self.proc = subprocess.Popen(
-            # --actor-id: a restarted actor replaces its predecessor's registration at
-            # once; --parent-pid: the child leaves when this worker dies.
-            [*command, "--actor-id", str(index), "--parent-pid", str(os.getpid())],
+            # --actor-id: the first start asks for its index (its seed follows from it); a
+            # restarted one takes any free id (its predecessor's may still be taken).
+            # --parent-pid: the child leaves when this worker dies.
+            [
+                *command,
+                "--actor-id",
+                str(-1 if restarted else index),
+                "--parent-pid",
+                str(os.getpid()),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT if out is not None else None,

@@ -198,10 +198,12 @@ run_actor() {{
     while :; do
         echo "=== zmq-rl slurm: actor task $SLURM_PROCID on $(hostname)," \
             "start $restart, $(date '+%F %T.%N') ==="
-        # A fixed id per task: a restarted actor replaces its dead predecessor's
-        # registration at once (the learner need not wait --actor-timeout for it).
-        "${{ACTOR_CMD[@]}}" --learner "$LEARNER_HOST:$PORT" --actor-id "$SLURM_PROCID" \
-            "${{args[@]}}"
+        # The first start asks for the task's rank as its actor id (its seed follows from
+        # it); a restart takes any free id: the dead one's stays taken until the learner
+        # declares it dead (--actor-timeout).
+        id=-1
+        if [ "$restart" -eq 0 ]; then id=$SLURM_PROCID; fi
+        "${{ACTOR_CMD[@]}}" --learner "$LEARNER_HOST:$PORT" --actor-id "$id" "${{args[@]}}"
         rc=$?
         case $rc in
             0 | 130 | 143) echo "actor task $SLURM_PROCID: exit $rc, done"; return 0 ;;
