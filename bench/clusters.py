@@ -131,6 +131,7 @@ def common_flags(run_dir: Path, port: int, budget: int) -> list[str]:
     return [
         "--env", "CartPole-v1", "--actors", "2", "--run-dir", str(run_dir), "--port", str(port),
         "--total-env-steps", str(budget), "--target-return", "inf", "--eval-every", "0",
+        "--actor-timeout", "10",
     ]  # fmt: skip
 
 
@@ -151,10 +152,10 @@ def bench_local(root: Path, budget: int) -> dict[str, Any]:
 
 def bench_slurm(root: Path, budget: int) -> dict[str, Any]:
     cluster = SlurmCluster(root / "slurm-cluster")
-    cluster.start()
     run_dir, port = root / "slurm", free_port_block(3)
     job: list[str] = []
     try:
+        cluster.start()
 
         def start() -> None:
             out = subprocess.run(
@@ -183,10 +184,10 @@ def bench_slurm(root: Path, budget: int) -> dict[str, Any]:
 
 def bench_ray(root: Path, budget: int) -> dict[str, Any]:
     head = RayHead(root / "ray-head.log")
-    address = head.start()
     run_dir, port = root / "ray", free_port_block(3)
     procs: list[subprocess.Popen[bytes]] = []
     try:
+        address = head.start()
 
         def start() -> None:
             cmd = [*ZMQ_RL, "ray", "--address", address, "--learner-address", "127.0.0.1",

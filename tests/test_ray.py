@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.ports import free_port_block
@@ -85,6 +86,10 @@ def test_ray_actors_train_cartpole_and_a_killed_worker_is_restarted(ray_head, tm
                 "inf",
                 "--eval-every",
                 "0",
+                # a zmq-actor killed without a bye leaves after this much silence (the
+                # preset's 60 s would stall the run that long)
+                "--actor-timeout",
+                "10",
             ],
             stdout=subprocess.PIPE,
             stderr=err,
@@ -115,6 +120,14 @@ def test_ray_actors_train_cartpole_and_a_killed_worker_is_restarted(ray_head, tm
 
         wait_for(collecting, 60, "the restarted actor collecting", poll=0.05)
         collecting_after = time.monotonic() - killed_at
+
+        # kill -9 of actor 1's zmq-actor itself: its Ray actor exits, Ray restarts it.
+        actor1 = run_dir / "logs" / "actor-1.log"
+        (worker1,) = worker_pids(actor1)
+        (child,) = psutil.Process(worker1).children()
+        os.kill(child.pid, signal.SIGKILL)
+        new_worker1 = wait_for(lambda: worker_pids(actor1)[1:], 60, "actor 1 restarted")[0]
+        assert new_worker1 != worker1
         out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     finally:
         if proc.poll() is None:
@@ -125,14 +138,21 @@ def test_ray_actors_train_cartpole_and_a_killed_worker_is_restarted(ray_head, tm
     assert report["stop_reason"] == "budget spent"
     assert budget - 256 < report["env_steps_consumed"] <= budget
     assert report["evaluations"][-1]["mean_return"] >= 475, report["evaluations"]
-    assert report["ray"]["restarts"] == 1
+    assert report["ray"]["restarts"] == 2
+    workers1 = report["ray"]["workers"]["1"]
+    assert [w["worker_pid"] for w in workers1] == [worker1, new_worker1]
+    assert workers1[0]["pid"] == child.pid
     assert [w["worker_pid"] for w in report["ray"]["workers"]["0"]] == [worker, new_worker]
     # The restarted worker's zmq-actor registered and delivered experience.
     new_pid = report["ray"]["workers"]["0"][1]["pid"]
     stats = {s["pid"]: s for s in report["actor_stats"].values()}
     assert stats[new_pid]["steps_consumed"] > 0, report["actor_stats"]
     assert re.search(rf"registered from \S+ pid {new_pid}\b", stderr_path.read_text())
-    assert "actor restarts" in out and "1 by Ray" in out
+    # ... and so did actor 1's, under a new actor id (its old one was taken until the
+    # learner declared the killed process dead)
+    stats1 = stats[workers1[1]["pid"]]
+    assert stats1["steps_consumed"] > 0 and stats1["actor_id"] not in (0, 1)
+    assert "actor restarts" in out and "2 by Ray" in out
     wall = report["wall_seconds"]
     print(
         f"\nray: start -> first update {first:.1f}s; {report['env_steps_consumed']} steps in "
