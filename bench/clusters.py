@@ -131,7 +131,7 @@ def common_flags(run_dir: Path, port: int, budget: int) -> list[str]:
     return [
         "--env", "CartPole-v1", "--actors", "2", "--run-dir", str(run_dir), "--port", str(port),
         "--total-env-steps", str(budget), "--target-return", "inf", "--eval-every", "0",
-        "--actor-timeout", "10",
+        "--actor-timeout", "10", "--starvation-timeout", "300",
     ]  # fmt: skip
 
 

@@ -54,7 +54,19 @@ class RayHead:
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
 
-    def start(self) -> str:
+    def start(self, attempts: int = 2) -> str:
+        """Start the head (again after a failed start: on a loaded machine Ray's own
+        start-up can time out); its address."""
+        for attempt in range(attempts):
+            try:
+                return self._start()
+            except (RuntimeError, TimeoutError):
+                self._stop_processes()
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self) -> str:
         """Start the head and wait until ``ray status`` sees its CPUs (bounded by
         :data:`HEAD_TIMEOUT_S`); on failure the caller still has to :meth:`stop`."""
         port = free_port_block(1)
@@ -99,6 +111,10 @@ class RayHead:
 
     def stop(self) -> None:
         """SIGTERM the head's group, wait, SIGKILL what is left; remove the temp dir."""
+        self._stop_processes()
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def _stop_processes(self) -> None:
         if self.proc is not None:
             try:
                 family = psutil.Process(self.proc.pid).children(recursive=True)
@@ -110,7 +126,7 @@ class RayHead:
             _, alive = psutil.wait_procs(family, timeout=STOP_TIMEOUT_S)
             for proc in alive:
                 _kill(proc.pid, signal.SIGKILL, group=False)
-            if self.proc.poll() is None:
-                _kill(self.proc.pid, signal.SIGKILL, group=True)
-                self.proc.wait(STOP_TIMEOUT_S)
-        shutil.rmtree(self.temp, ignore_errors=True)
+            # whatever of the group is left (Ray daemons outlive a failed `ray start`)
+            _kill(self.proc.pid, signal.SIGKILL, group=True)
+            self.proc.wait(STOP_TIMEOUT_S)
+            self.proc = None

@@ -90,6 +90,10 @@ def test_ray_actors_train_cartpole_and_a_killed_worker_is_restarted(ray_head, tm
                 # preset's 60 s would stall the run that long)
                 "--actor-timeout",
                 "10",
+                # Ray workers importing torch on a loaded two-core machine can take more
+                # than the default 60 s to register
+                "--starvation-timeout",
+                "300",
             ],
             stdout=subprocess.PIPE,
             stderr=err,

@@ -30,7 +30,19 @@ def submit(cluster: SlurmCluster, run_dir: Path, *flags: str) -> tuple[str, int]
     """``zmq-rl slurm`` against ``cluster``; the job id it printed and the learner's port."""
     port = free_port_block(3)
     out = subprocess.run(
-        [*ZMQ_RL, "slurm", "--run-dir", str(run_dir), "--port", str(port), *flags],
+        # --starvation-timeout: actor tasks importing torch on a loaded two-core machine
+        # can take more than the default 60 s to register
+        [
+            *ZMQ_RL,
+            "slurm",
+            "--run-dir",
+            str(run_dir),
+            "--port",
+            str(port),
+            "--starvation-timeout",
+            "300",
+            *flags,
+        ],
         capture_output=True,
         text=True,
         env=cluster.env,
