@@ -54,7 +54,7 @@ class RayHead:
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
 
-    def start(self, attempts: int = 2) -> str:
+    def start(self, attempts: int = 3) -> str:
         """Start the head (again after a failed start: on a loaded machine Ray's own
         start-up can time out); its address."""
         for attempt in range(attempts):
