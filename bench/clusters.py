@@ -147,7 +147,16 @@ def bench_local(root: Path, budget: int) -> dict[str, Any]:
         os.kill(zmq_actor_pids(port)[0], signal.SIGKILL)
         return run_dir / "logs" / "actor-0.log"  # the lower pid: actor 0, started first
 
-    return measure("zmq-rl run", start, run_dir, port, budget, kill, lambda: procs[0].wait(300))
+    try:
+        return measure("zmq-rl run", start, run_dir, port, budget, kill, lambda: procs[0].wait(300))
+    finally:
+        if procs and procs[0].poll() is None:
+            procs[0].terminate()  # SIGTERM: the run stops and stops its actors
+            try:
+                procs[0].wait(60)
+            except subprocess.TimeoutExpired:
+                procs[0].kill()
+                procs[0].wait(60)
 
 
 def bench_slurm(root: Path, budget: int) -> dict[str, Any]:
@@ -209,7 +218,11 @@ def bench_ray(root: Path, budget: int) -> dict[str, Any]:
     finally:
         if procs and procs[0].poll() is None:
             procs[0].terminate()
-            procs[0].wait(30)
+            try:
+                procs[0].wait(60)
+            except subprocess.TimeoutExpired:
+                procs[0].kill()
+                procs[0].wait(60)
         head.stop()
 
 
