@@ -20,7 +20,7 @@ from tests.slurm_cluster import SlurmCluster, skip_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 ZMQ_RL = [sys.executable, "-m", "zmq_rl.cli.main"]
-JOB_TIMEOUT_S = 300.0
+JOB_TIMEOUT_S = 600.0
 """Bound on one job: three processes importing torch on a loaded two-core machine."""
 
 needs_slurm = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
