@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         prog="zmq-rl",
         description="Distributed PPO over ZeroMQ. 'zmq-rl run' trains with local actors; "
-        "for several machines use zmq-learner and zmq-actor.",
+        "for several machines use zmq-learner and zmq-actor, or on a cluster 'zmq-rl slurm' "
+        "or 'zmq-rl ray'.",
         formatter_class=HelpFormatter,
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
