@@ -9,7 +9,7 @@ script starts (munged, slurmctld, slurmd; needs root and Debian's slurm-wlm + mu
   sbatch and the scheduler) to the first row of ``metrics.jsonl``;
 * **steps/s**: env steps consumed per second between update 3 and the kill, from
   ``metrics.jsonl`` (the learner's clock);
-* **kill -> replacement collecting**: ``kill -9`` of one actor at 60 % of the budget
+* **kill -> replacement collecting**: ``kill -9`` of one actor at 40 % of the budget
   (``zmq-rl run`` and Slurm: the zmq-actor process; Ray: the Ray worker process, as a
   lost node would) until the replacement's ``collecting on`` line appears in its log
   (polled every 20 ms). Its first fragment follows ``fragment_length`` (32) steps later;
@@ -93,7 +93,7 @@ def measure(
     kill: Any,
     done: Any,
 ) -> dict[str, Any]:
-    """Start a run (``start()``), time its first update, kill an actor at 60 % of the
+    """Start a run (``start()``), time its first update, kill an actor at 40 % of the
     budget (``kill()`` returns the log of the killed actor), time the replacement,
     wait for the end (``done()``); the figures."""
     t0 = time.monotonic()
@@ -101,7 +101,7 @@ def measure(
     wait_for(lambda: rows(run_dir), f"{name}: first update")
     first_update = time.monotonic() - t0
     wait_for(lambda: len(zmq_actor_pids(port)) == 2, f"{name}: two actors")
-    wait_for(lambda: rows(run_dir)[-1]["env_steps"] >= 0.6 * budget, f"{name}: 60 %")
+    wait_for(lambda: rows(run_dir)[-1]["env_steps"] >= 0.4 * budget, f"{name}: 40 %")
     before = rows(run_dir)
     log = kill()
     seen = collecting_count(log)
