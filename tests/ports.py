@@ -6,6 +6,12 @@ from __future__ import annotations
 import random
 import socket
 
+LISTEN_PORTS_BELOW = 32768
+"""Linux's ephemeral ports start here (net.ipv4.ip_local_port_range). A listening port
+above it can be taken, while its server is down, by an outgoing connection's local
+port, e.g. by an actor reconnecting to that very port on loopback (a TCP
+self-connect): learners that are restarted on the same ports pick theirs below it."""
+
 
 def free_port_block(size: int = 3, start: int = 20000, stop: int = 60000) -> int:
     """The first port of ``size`` consecutive free TCP ports on 127.0.0.1 (for

@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         prog="zmq-rl",
         description="Distributed PPO over ZeroMQ. 'zmq-rl run' trains with local actors; "
-        "for several machines use zmq-learner and zmq-actor.",
+        "for several machines use zmq-learner and zmq-actor, or on a cluster 'zmq-rl slurm' "
+        "or 'zmq-rl ray'.",
         formatter_class=HelpFormatter,
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -468,5 +469,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return guard(body)
 
 
+# Subcommands defined in their own modules register themselves on import.
+from . import ray_launch, slurm  # noqa: E402, F401
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # As a script (python -m zmq_rl.cli.main) this module is __main__; the other modules'
+    # subcommands registered themselves in zmq_rl.cli.main, so run that one's main.
+    from zmq_rl.cli.main import main as _registered_main
+
+    sys.exit(_registered_main())
