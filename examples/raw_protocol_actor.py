@@ -221,6 +221,7 @@ class RawActor:
         self.max_lead = config["max_lead_steps"]
         self.heartbeat_interval = config["heartbeat_interval"]
         self.seq = 0  # per registration
+        self.last_seq = -1  # the seq of the last fragment sent (bye)
         self.steps = 0  # per slot, since the welcome
         self.rows: list[tuple] = []  # unsent steps of every room
         self.last_heartbeat = 0.0
@@ -256,7 +257,7 @@ class RawActor:
             actor_id=self.actor_id,
             token=self.token,
             stats=dict(self.stats),
-            last_seq=self.seq - 1,
+            last_seq=self.last_seq,
         )
 
     # -- the loop [5.2]
@@ -322,7 +323,7 @@ class RawActor:
             run_id=self.run_id,
             actor_id=self.actor_id,
             token=self.token,
-            seq=self.next_seq(),
+            seq=(seq := self.next_seq()),
             version=self.rows_version,
             sent_at=time.time(),
             slots=pack_array(np.arange(width, dtype=np.int32)),
@@ -347,6 +348,7 @@ class RawActor:
                     return  # shutdown: this fragment is given up, not counted [5.7]
                 self.push.poll(100, zmq.POLLOUT)
         self.seq += 1
+        self.last_seq = seq
         self.stats["steps_sent"] += len(rewards) * width
         self.stats["fragments_sent"] += 1
 

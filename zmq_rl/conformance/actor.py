@@ -154,7 +154,8 @@ class Registration:
     welcomed_at: float
     run_id: str
     hello: Hello
-    next_seq: int = 0
+    next_seq: int = 0  # the learner's expectation (accepted fragments)
+    wire_seq: int = 0  # the next seq the actor should put on the wire
     seq_problems: list[str] = field(default_factory=list)
     last_version: int = 0
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -230,8 +231,10 @@ class Observer:
             self.stale_run_fragments += 1
         elif reason is not None:
             self.problem("fragment-rows", f"seq {fragment.seq} rejected: {reason}")
-        if fragment.seq != reg.next_seq and reason is None:
-            reg.seq_problems.append(f"seq {fragment.seq} where {reg.next_seq} was due")
+        if reg.run_id == self.run_id:  # (to another run, fragments may be lost in flight)
+            if fragment.seq != reg.wire_seq:
+                reg.seq_problems.append(f"seq {fragment.seq} where {reg.wire_seq} was due")
+            reg.wire_seq = fragment.seq + 1
         if reason is None:
             reg.next_seq = fragment.seq + 1
         reg.max_seq = max(reg.max_seq, fragment.seq)
@@ -394,6 +397,10 @@ class ScriptedLearner:
         if self.ingest is not None:
             self.ingest.close()
             self.ingest = None
+
+    def current_weights(self) -> Weights:
+        """The current version's weights under the current run id."""
+        return self._weights()
 
     def _weights(self) -> Weights:
         return Weights(version=self.version, run_id=self.run_id, tensors=self.tensors)
@@ -636,6 +643,10 @@ class Scenario:
             )
         else:
             self.record("valve-flush", True, f"paused at exactly {budget} rows per slot")
+        # Hold the pause long enough that heartbeats while paused are checked too.
+        held = 2 * opt.heartbeat_interval + opt.heartbeat_slack + opt.heartbeat_interval
+        paused_at = obs.quiet_since
+        self.pump_until(lambda: time.monotonic() - paused_at > held, held, train=False)
         # Release: one more version.
         old_budget = budget
         published_at = time.monotonic()
@@ -658,6 +669,9 @@ class Scenario:
                 f"version {version}",
             )
             return False
+        if obs.max_over_budget:
+            self.record("valve-resume", None, "not applicable: the actor never paused")
+            return True
         if first is not None and first < version:
             self.record(
                 "valve-resume",
@@ -682,11 +696,18 @@ class Scenario:
         self.learner.stop()
         self.learner.start()
         count = len(obs.registrations)
-        self.pump_until(
-            lambda: len(obs.registrations) > count or not self.actor.alive(),
-            opt.phase_timeout,
-            train=False,
-        )
+        announced = [0.0]
+
+        def registered() -> bool:
+            # The new run's weights on PUB, every heartbeat interval: a restart signal
+            # (section 5.6) also for an actor that gets no learner heartbeat.
+            now = time.monotonic()
+            if now - announced[0] > opt.heartbeat_interval:
+                announced[0] = now
+                self.learner.ingest.publish(self.learner.current_weights())
+            return len(obs.registrations) > count or not self.actor.alive()
+
+        self.pump_until(registered, opt.phase_timeout, train=False)
         if len(obs.registrations) == count:
             self.down = (down, time.monotonic())
             self.record(
@@ -744,7 +765,7 @@ class Scenario:
         else:
             self.record("shutdown-bye", True, f"bye {reg.bye_at - sent:.2f}s after shutdown")
             last = reg.bye.last_seq
-            self.pump_until(lambda: reg.next_seq > last, 3.0, train=False)
+            self.pump_until(lambda: reg.next_seq > last, opt.shutdown_timeout + 3.0, train=False)
             self.pump_until(lambda: False, 0.3, train=False)  # anything that follows
             if reg.max_seq > last:
                 self.record(
@@ -754,7 +775,7 @@ class Scenario:
                 self.record(
                     "bye-last-seq",
                     False,
-                    f"last_seq {last}, but only seqs up to {reg.next_seq - 1} arrived within 3s",
+                    f"last_seq {last}, but only seqs up to {reg.next_seq - 1} arrived",
                 )
             else:
                 self.record("bye-last-seq", True, f"last_seq {last}: every fragment arrived")
@@ -865,6 +886,13 @@ class Scenario:
         worst = max(stale.values(), default=0)
         pickup = opt.pickup
         never = [v for v in obs.stale_rows if v not in obs.first_version_after]
+        if obs.max_over_budget:
+            self.record(
+                "weights-pickup",
+                None,
+                "not measurable: the actor outran its valve (rows in flight carry old versions)",
+            )
+            return
         self.record(
             "weights-pickup",
             worst <= pickup,
