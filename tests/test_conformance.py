@@ -23,7 +23,8 @@ from .ports import free_port_block
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ENV = "examples.thermostat_env:Thermostat-v0"
-FAST = ["--quiet", "1.0", "--phase-timeout", "15", "--mismatch-timeout", "5"]
+FAST = ["--quiet", "1.0", "--phase-timeout", "30", "--mismatch-timeout", "5"]
+FAST += ["--heartbeat-slack", "1.5"]  # (a loaded CI machine stalls processes)
 KEY_CLAUSES = (
     "registration",
     "heartbeats",
@@ -99,14 +100,14 @@ def test_broken_actor_fails_its_clause_and_only_it(tmp_path, fixture, clause):
     assert statuses(report)["registration"] == "PASS"
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 def test_zmq_learner_conforms(tmp_path):
     port = free_port_block()
     learner = subprocess.Popen(
         [
             *(str(BIN / "zmq-learner"), "--env", "CartPole-v1", "--port", str(port)),
             *("--num-actors", "1", "--num-steps", "16", "--fragment-length", "8"),
-            *("--total-env-steps", "320", "--eval-episodes", "1", "--no-preset"),
+            *("--total-env-steps", "64", "--eval-episodes", "1", "--no-preset"),
             *("--run-dir", str(tmp_path / "run"), "--log-level", "warning"),
         ],
         cwd=tmp_path,
@@ -124,7 +125,7 @@ def test_zmq_learner_conforms(tmp_path):
             ],
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=240,
         )
         report = json.loads(report_path.read_text())
         assert done.returncode == 0 and report["passed"], done.stdout + done.stderr

@@ -245,6 +245,7 @@ class LearnerScenario:
         peer = self.actor = self.peer()
         peer.send(_hello(num_envs=self.options.num_envs))
         deadline = time.monotonic() + self.options.register_timeout
+        message: Any = None
         while time.monotonic() < deadline:
             frame = peer.reply(deadline - time.monotonic())
             if frame is None:
