@@ -220,7 +220,9 @@ class Observer:
         if reg.bye is not None:
             reg.after_bye += 1
         if reason in ("old_seq", "seq_jump"):
-            reg.seq_problems.append(f"seq {fragment.seq} rejected ({reason})")
+            # Judged on the wire below: with a gap-free numbering these only follow
+            # earlier rejects (the learner's expectation stays behind).
+            pass
         elif reason == "bad_version":
             self.problem("version", f"version {fragment.version} > published {self.version}")
         elif reason == "over_lead":
