@@ -767,17 +767,31 @@ class Scenario:
         else:
             self.record("shutdown-bye", True, f"bye {reg.bye_at - sent:.2f}s after shutdown")
             last = reg.bye.last_seq
-            self.pump_until(lambda: reg.next_seq > last, opt.shutdown_timeout + 3.0, train=False)
+            # Every fragment up to last_seq must arrive (accepted or not): wait while
+            # they keep coming (a flooding actor leaves a backlog), at most phase_timeout.
+            drained = max(opt.quiet, 3.0)
+            self.pump_until(
+                lambda: reg.wire_seq > last or time.monotonic() - obs.quiet_since > drained,
+                opt.phase_timeout,
+                train=False,
+            )
             self.pump_until(lambda: False, 0.3, train=False)  # anything that follows
             if reg.max_seq > last:
                 self.record(
                     "bye-last-seq", False, f"last_seq {last}, but seq {reg.max_seq} arrived"
                 )
-            elif reg.next_seq <= last:
+            elif reg.wire_seq <= last and time.monotonic() - obs.quiet_since <= drained:
+                self.record(
+                    "bye-last-seq",
+                    None,
+                    f"not decided: fragments still arriving {opt.phase_timeout:g}s after the "
+                    f"bye (seq {reg.wire_seq - 1} of {last})",
+                )
+            elif reg.wire_seq <= last:
                 self.record(
                     "bye-last-seq",
                     False,
-                    f"last_seq {last}, but only seqs up to {reg.next_seq - 1} arrived",
+                    f"last_seq {last}, but only seqs up to {reg.wire_seq - 1} arrived",
                 )
             else:
                 self.record("bye-last-seq", True, f"last_seq {last}: every fragment arrived")
