@@ -238,6 +238,7 @@ class Ingest:
                 queued_rows=self.queues.rows,
                 slot_cap=self._slot_cap,
                 now=time.monotonic(),
+                state_size=self.settings.state_size,
             )
         except (ProtocolError, FragmentRejected) as exc:
             self._reject("experience", exc.reason, str(exc))

@@ -324,6 +324,7 @@ class Membership:
         queued_rows: Callable[[SlotKey], int],
         slot_cap: int,
         now: float,
+        state_size: int | None = None,
     ) -> tuple[ActorRecord, int]:
         """Every check of a decoded fragment against the run and its sender, in one place.
 
@@ -333,7 +334,8 @@ class Membership:
         fit the run's ``spaces``, carry the next ``seq`` (not an earlier one, and not
         more than :data:`~zmq_rl.protocol.MAX_SEQ_GAP` beyond), and not push any of
         its slots' queues (``queued_rows(key)`` already there) past ``slot_cap`` (an
-        actor that follows the staleness valve never does). Raises
+        actor that follows the staleness valve never does), and carry a recurrent
+        ``state`` exactly when ``state_size`` > 0 (None: not checked). Raises
         :class:`FragmentRejected`, touching no record; on success records the
         fragment (next ``seq``, last seen, counts) and returns the record and the
         number of sequence numbers skipped before it (lost fragments).
@@ -350,7 +352,7 @@ class Membership:
             raise FragmentRejected(
                 "bad_version", f"version {fragment.version} > the learner's {version}"
             )
-        problem = _fit_problem(fragment, rec, spaces)
+        problem = _fit_problem(fragment, rec, spaces) or _state_problem(fragment, state_size)
         if problem:
             raise FragmentRejected(*problem)
         if rec.key != sender_key:
@@ -488,6 +490,19 @@ def _fit_problem(fragment: Fragment, rec: ActorRecord, spaces: RunSpaces) -> tup
     problem = action_problem(action_space, fragment.actions)
     if problem:
         return "bad_actions", problem
+    return None
+
+
+def _state_problem(fragment: Fragment, state_size: int | None) -> tuple[str, str] | None:
+    """Whether the fragment's recurrent ``state`` is present exactly when the run's
+    policy is recurrent, ``state_size`` wide (docs/protocol.md section 4.1.3)."""
+    if state_size is None:
+        return None
+    state = fragment.state
+    if state is None and state_size:
+        return "bad_state", f"no state, but the run's state_size is {state_size}"
+    if state is not None and state.shape[1] != state_size:
+        return "bad_state", f"state {list(state.shape)}, the run's state_size is {state_size}"
     return None
 
 

@@ -112,6 +112,8 @@ def _numbers(value: Any, where: str) -> dict[str, float]:
 
 
 def _array(value: Any, where: str, dtypes: tuple[str, ...], ndim: int | None = None) -> np.ndarray:
+    if value is None:  # absent: a missing required field is bad_field (docs/protocol.md §4)
+        raise ProtocolError("bad_field", f"{where}: missing")
     array = decode_array(value, where)
     name = value["dtype"]  # validated by decode_array
     if name not in dtypes:
@@ -374,8 +376,25 @@ class Fragment(StepArrays, Message):
             body["state"] = encode_array(self.state)
         return body
 
+    REQUIRED: ClassVar[tuple[str, ...]] = (
+        "run_id",
+        "actor_id",
+        "token",
+        "seq",
+        "version",
+        "slots",
+        "obs",
+        *STEP_WIRE,
+        "next_obs",
+        "final_obs_index",
+        "final_obs",
+    )
+
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Fragment:
+        for name in cls.REQUIRED:  # absent is bad_field whatever the field's type
+            if name not in body:
+                raise ProtocolError("bad_field", f"fragment.{name}: missing")
         arrays: dict[str, Any] = {
             name: _array(body.get(name), f"fragment.{name}", dtypes)
             for name, dtypes in STEP_WIRE.items()

@@ -452,6 +452,29 @@ def serve_command(args: argparse.Namespace) -> int:
     return serve(build_configs(args, _serve_sections())["serve"])
 
 
+# -- conformance ----------------------------------------------------------------------
+
+
+def _conformance_flags(parser: argparse.ArgumentParser) -> None:
+    from zmq_rl.conformance.cli import add_conformance_flags
+
+    add_conformance_flags(parser)
+
+
+@subcommand(
+    "conformance",
+    "check an actor command or a running learner against docs/protocol.md, clause by "
+    "clause (conformance actor -- CMD ..., conformance learner HOST:PORT)",
+    _conformance_flags,
+)
+def conformance_command(args: argparse.Namespace) -> int:
+    """Print one line per clause of docs/protocol.md (PASS/FAIL/SKIP, MUST/SHOULD, the
+    section, what was seen); exit 0 only if every MUST clause passed."""
+    from zmq_rl.conformance.cli import conformance_from_args
+
+    return conformance_from_args(args)
+
+
 # -- entry point ----------------------------------------------------------------------
 
 

@@ -1,0 +1,138 @@
+"""``zmq-rl conformance`` against zmq_rl itself and against deliberately broken actors.
+
+Real processes and sockets throughout: the conformance CLI starts its learner on free
+ports and runs the actor command; ``zmq-actor`` (zmq_rl's own actor) and
+examples/raw_protocol_actor.py (the page's worked client, no zmq_rl) must conform;
+each actor of tests/fixtures/ breaks one rule of docs/protocol.md and must FAIL that
+clause and no other MUST clause. ``zmq-rl conformance learner`` must pass against a
+real ``zmq-learner``. The env is the thermostat example (a 60-step time limit, so
+truncation is exercised).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .ports import free_port_block
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+ENV = "examples.thermostat_env:Thermostat-v0"
+FAST = ["--quiet", "1.0", "--phase-timeout", "30", "--mismatch-timeout", "5"]
+FAST += ["--heartbeat-slack", "1.5"]  # (a loaded CI machine stalls processes)
+KEY_CLAUSES = (
+    "registration",
+    "heartbeats",
+    "fragment-rows",
+    "contiguity",
+    "truncation",
+    "seq",
+    "weights-pickup",
+    "weights-nonblocking",
+    "valve-holds",
+    "valve-flush",
+    "valve-resume",
+    "restart",
+    "shutdown-bye",
+    "bye-last-seq",
+    "version-mismatch",
+)
+
+
+def conformance_actor(tmp_path: Path, *command: str, timeout: float = 150) -> tuple[int, dict]:
+    """Run ``zmq-rl conformance actor ... -- command``; its exit code and JSON report."""
+    report = tmp_path / "report.json"
+    args = [str(BIN / "zmq-rl"), "conformance", "actor", "--env", ENV, *FAST]
+    args += ["--json", str(report), "--output", str(tmp_path / "actor.log"), "--", *command]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert report.exists(), done.stdout + done.stderr
+    return done.returncode, json.loads(report.read_text())
+
+
+def statuses(report: dict) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in report["clauses"]}
+
+
+def failed_musts(report: dict) -> set[str]:
+    return {c["id"] for c in report["clauses"] if c["status"] == "FAIL" and c["level"] == "MUST"}
+
+
+@pytest.mark.timeout(200)
+def test_zmq_actor_conforms(tmp_path):
+    command = [str(BIN / "zmq-actor"), "--learner", "{learner}", "--num-envs", "2"]
+    code, report = conformance_actor(tmp_path, *command, "--env", ENV, "--log-level", "warning")
+    seen = statuses(report)
+    assert code == 0 and report["passed"], report
+    assert all(seen[c] == "PASS" for c in KEY_CLAUSES), seen  # each one exercised
+
+
+@pytest.mark.timeout(200)
+def test_raw_protocol_actor_conforms(tmp_path):
+    """The page's worked client (no zmq_rl), taking the address from ZMQ_RL_LEARNER."""
+    code, report = conformance_actor(tmp_path, sys.executable, "-m", "examples.raw_protocol_actor")
+    seen = statuses(report)
+    assert code == 0 and report["passed"], report
+    assert all(seen[c] == "PASS" for c in KEY_CLAUSES), seen
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("fixture", "clause"),
+    [
+        ("actor_never_heartbeats", "heartbeats"),
+        ("actor_wrong_seq", "seq"),
+        ("actor_blocks_on_sub", "weights-nonblocking"),
+        ("actor_ignores_valve", "valve-holds"),
+        ("actor_no_bye", "shutdown-bye"),
+    ],
+)
+def test_broken_actor_fails_its_clause_and_only_it(tmp_path, fixture, clause):
+    code, report = conformance_actor(tmp_path, sys.executable, "-m", f"tests.fixtures.{fixture}")
+    assert code == 1 and not report["passed"]
+    assert failed_musts(report) == {clause}, [
+        (c["id"], c["seen"]) for c in report["clauses"] if c["status"] == "FAIL"
+    ]
+    assert statuses(report)["registration"] == "PASS"
+
+
+@pytest.mark.timeout(300)
+def test_zmq_learner_conforms(tmp_path):
+    port = free_port_block()
+    learner = subprocess.Popen(
+        [
+            *(str(BIN / "zmq-learner"), "--env", "CartPole-v1", "--port", str(port)),
+            *("--num-actors", "1", "--num-steps", "16", "--fragment-length", "8"),
+            *("--total-env-steps", "64", "--eval-episodes", "1", "--no-preset"),
+            *("--run-dir", str(tmp_path / "run"), "--log-level", "warning"),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        report_path = tmp_path / "learner-report.json"
+        done = subprocess.run(
+            [
+                *(str(BIN / "zmq-rl"), "conformance", "learner", f"127.0.0.1:{port}"),
+                *("--register-timeout", "90", "--shutdown-timeout", "60"),
+                *("--json", str(report_path)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        report = json.loads(report_path.read_text())
+        assert done.returncode == 0 and report["passed"], done.stdout + done.stderr
+        seen = statuses(report)
+        assert all(status == "PASS" for status in seen.values()), seen  # shutdown included
+        assert learner.wait(30) == 0
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+        learner.communicate(timeout=10)

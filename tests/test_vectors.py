@@ -1,0 +1,192 @@
+"""The golden vectors of docs/protocol/vectors/ against the Python codec, both ways.
+
+Valid vectors: the view encodes to exactly the vector's bytes, the bytes decode (with
+:func:`zmq_rl.protocol.decode`) to a message that re-encodes to the same bytes and
+whose view is the vector's view. Invalid vectors: each is rejected with its reason at
+its stage (decode, the learner's fragment checks, its session check, or the hello
+checks). The vectors are regenerated and must match the committed files byte for byte,
+and section 10 of docs/protocol.md must be the generated worked example.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from zmq_rl.conformance import vectors as V
+from zmq_rl.membership import FragmentRejected, Membership, check_hello
+from zmq_rl.protocol import (
+    Bye,
+    Fragment,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    decode,
+    encode,
+)
+from zmq_rl.spaces import space_from_spec, space_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+VECTORS = ROOT / "docs" / "protocol" / "vectors"
+VALID = sorted(p for p in VECTORS.glob("*.json") if p.name != "index.json")
+INVALID = sorted((VECTORS / "invalid").glob("*.json"))
+SOCKET_TYPES = {"experience": (Fragment,), "control": (Hello, Heartbeat, Bye)}
+ROUTING_ID = b"\x00\x01\x02\x03\x04"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_every_kind_is_covered():
+    names = {p.stem for p in VALID}
+    for kind in ("box", "discrete", "multi_binary", "multi_discrete", "dict", "tuple"):
+        assert f"space-{kind}" in names and f"fragment-obs-{kind}" in names
+    types = {load(p)["type"] for p in VALID}
+    assert types >= {
+        "hello",
+        "welcome",
+        "refuse",
+        "heartbeat",
+        "shutdown",
+        "bye",
+        "fragment",
+        "weights",
+        "space",
+    }
+    reasons = {load(p)["reason"] for p in INVALID}
+    assert len(INVALID) >= 30 and {"bad_field", "bad_array", "old_seq", "bad_state"} <= reasons
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
+def test_valid_vector_both_ways(path):
+    vector = load(path)
+    frame = bytes.fromhex(vector["hex"])
+    assert vector["size"] == len(frame)
+    # view -> bytes: the view is byte-exact under the Python encoder's key order
+    assert V.pack(V.from_view(vector["view"])) == frame
+    if vector["type"] == "space":
+        space = space_from_spec(V.unpack(frame))
+        assert V.pack(space_spec(space)) == frame
+        return
+    # bytes -> message -> bytes, and the message's view is the vector's
+    message = decode(frame)
+    assert vector["type"] == message.TYPE
+    assert encode(message) == frame
+    assert V.to_view(V.unpack(encode(message))) == vector["view"]
+    # view -> message (through the codec's own checks) -> the same bytes
+    body = V.from_view(vector["view"])
+    rebuilt = type(message).from_map({k: v for k, v in body.items() if k not in ("proto", "type")})
+    assert encode(rebuilt) == frame
+
+
+def _membership(context: dict) -> Membership:
+    members = Membership()
+    hello = Hello(context["actor_id"], "CartPole-v1", {}, {}, context["num_envs"])
+    rec, _ = members.register(ROUTING_ID, hello, version=0, started=False, default_envs=1, now=0.0)
+    rec.token = bytes.fromhex(context["token"])
+    rec.next_seq = context["next_seq"]
+    return members
+
+
+def _run_spaces() -> tuple[gym.Space, gym.Space]:
+    return V._spaces()["box"], gym.spaces.Discrete(2)
+
+
+def _admit(members: Membership, fragment: Fragment, context: dict) -> None:
+    members.admit(
+        fragment,
+        "",
+        run_id=context["run_id"],
+        version=context["published_version"],
+        spaces=_run_spaces(),
+        queued_rows=lambda key: 0,
+        slot_cap=10**6,
+        now=1.0,
+        state_size=context["state_size"],
+    )
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+def test_invalid_vector_is_rejected_with_its_reason(path):
+    vector = load(path)
+    frame = bytes.fromhex(vector["hex"])
+    expected = SOCKET_TYPES[vector["socket"]]
+    assert vector["counter"].endswith(vector["reason"])
+    if vector["stage"] == "decode":
+        with pytest.raises(ProtocolError) as info:
+            decode(frame, expected)
+        assert info.value.reason == vector["reason"], str(info.value)
+        return
+    message = decode(frame, expected)  # caught later, not while decoding
+    if vector["stage"] == "admit":
+        members = _membership(vector["context"])
+        with pytest.raises(FragmentRejected) as rejected:
+            _admit(members, message, vector["context"])
+        assert rejected.value.reason == vector["reason"], str(rejected.value)
+        rec = members.get(vector["context"]["actor_id"])
+        assert rec.next_seq == vector["context"]["next_seq"]  # a reject changes nothing
+    elif vector["stage"] == "session":
+        members = _membership(vector["context"])
+        assert members.sender(ROUTING_ID, message.actor_id, message.token) is None
+        assert vector["refuse"] == "reregister"
+    else:
+        assert vector["stage"] == "hello"
+        problem = check_hello(Membership(), ROUTING_ID, message, "CartPole-v1", *_run_spaces())
+        assert problem is not None and problem[0] == vector["reason"], problem
+
+
+def test_the_unmutated_base_of_the_admit_vectors_is_admitted():
+    """Each admit vector differs from an accepted fragment only by its defect."""
+    worked = load(VECTORS / "fragment-cartpole-worked.json")
+    context = V.WORKED_CONTEXT.to_json()
+    members = _membership(context)
+    fragment = decode(bytes.fromhex(worked["hex"]))
+    _admit(members, fragment, context)
+    assert members.get(0).next_seq == context["next_seq"] + 1
+
+
+def test_missing_required_fragment_field_is_bad_field_for_every_field():
+    """Finding 1 of issue 21: absent is bad_field, whatever the field's type."""
+    frame = bytes.fromhex(load(VECTORS / "fragment-cartpole-worked.json")["hex"])
+    for name in Fragment.REQUIRED:
+        body = V.unpack(frame)
+        body.pop(name)
+        with pytest.raises(ProtocolError, match=f"fragment.{name}: missing") as info:
+            decode(V.pack(body))
+        assert info.value.reason == "bad_field"
+
+
+def test_worked_example_is_real_cartpole_and_in_the_page():
+    """Finding 2: final_obs is the env's successor of the truncated cell, and the page's
+    section 10 is generated from the vector."""
+    fragment = V.cartpole_fragment()
+    env = gym.make("CartPole-v1")
+    env.reset(seed=1)
+    env.unwrapped.state = fragment.obs[1, 1].astype(np.float64)
+    successor, *_ = env.step(int(fragment.actions[1, 1]))
+    env.close()
+    np.testing.assert_allclose(fragment.final_obs[0], successor, rtol=1e-6)
+    assert fragment.final_obs_index.tolist() == [3] and fragment.truncated[1, 1]
+    page = (ROOT / "docs" / "protocol.md").read_text()
+    assert V.worked_example_markdown() in page
+
+
+def test_generator_is_deterministic_and_matches_the_committed_files(tmp_path):
+    valid, invalid = V.generate(tmp_path)
+    assert (valid, invalid) == (len(VALID), len(INVALID))
+    for path in [*VALID, *INVALID, VECTORS / "index.json"]:
+        fresh = tmp_path / path.relative_to(VECTORS)
+        assert fresh.read_bytes() == path.read_bytes(), path.name
+
+
+def test_view_keeps_msgpack_types_apart():
+    view = V.to_view({"i": 1, "f": 1.0, "b": b"\x01", "inf": float("inf")})
+    assert view == {"i": 1, "f": {"$float": 1.0}, "b": {"$bin": "01"}, "inf": {"$float": "inf"}}
+    assert V.pack(V.from_view(view)) == V.pack(
+        {"i": 1, "f": 1.0, "b": b"\x01", "inf": float("inf")}
+    )

@@ -1,0 +1,534 @@
+"""``zmq-rl conformance learner HOST:PORT``: a well-behaved actor and misbehaving ones
+played against a running learner of any language (docs/protocol.md section 11.2).
+
+The learner must be fresh and wait for one actor (``zmq-learner --num-actors 1``): the
+well-behaved actor registers first, so its slots are consumed from the welcome's
+version. It streams valid rows until the learner is one row per slot short of its
+next broadcast, then sends every invalid fragment (the mutations of the golden
+vectors, applied to a fragment of the live run): a learner that accepted one would
+have the row it lacks and publish. Then the missing valid row must make it publish.
+The refusals, the session check of heartbeats and the learner's heartbeats are
+checked on the way; the shutdown at the end of the run last.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket as pysocket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import zmq
+
+from ..protocol import (
+    Fragment,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Refuse,
+    Shutdown,
+    Weights,
+    Welcome,
+    decode,
+    encode,
+)
+from ..spaces import space_spec
+from ..transport import SocketOptions, make_socket, parse_learner_address, tcp_endpoint
+from ..wire import PROTOCOL_VERSION
+from . import vectors as V
+from .report import Clause, Report
+
+__all__ = ["CLAUSES", "LearnerCheckOptions", "check_learner"]
+
+CLAUSES = {
+    c.id: c
+    for c in (
+        Clause(
+            "refuse-version",
+            "4.5",
+            "MUST",
+            "a v1 hello is refused version_mismatch (in proto 2), naming both versions",
+        ),
+        Clause(
+            "refuse-space", "4.5", "MUST", "a hello with other spaces is refused space_mismatch"
+        ),
+        Clause("refuse-bad-hello", "4.5", "MUST", "a hello with one space is refused bad_hello"),
+        Clause(
+            "welcome", "4.4", "MUST", "a hello is welcomed: token, ports, every setting, weights"
+        ),
+        Clause(
+            "refuse-reregister",
+            "4.6",
+            "MUST",
+            "a heartbeat with a wrong token is refused reregister",
+        ),
+        Clause(
+            "learner-heartbeats",
+            "5.5",
+            "MUST",
+            "learner heartbeats (actor_id -1, run id, no token) every heartbeat_interval",
+        ),
+        Clause(
+            "invalid-fragments",
+            "7",
+            "MUST",
+            "every invalid fragment vector, adapted to the run, is rejected",
+        ),
+        Clause(
+            "weights-broadcast",
+            "4.2",
+            "MUST",
+            "S rows per slot make the next version: version + 1, the run id, the tensors",
+        ),
+        Clause("shutdown", "5.7", "MUST", "the end of the run is a shutdown to the actor"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class LearnerCheckOptions:
+    """Timeouts and sizes of ``zmq-rl conformance learner`` (each a flag)."""
+
+    register_timeout: float = 10.0
+    reply_timeout: float = 5.0
+    reject_wait: float = 1.0
+    broadcast_timeout: float = 30.0
+    heartbeat_slack: float = 1.0
+    shutdown_timeout: float = 30.0
+    num_envs: int = 2
+
+
+class Peer:
+    """One actor's sockets (DEALER; PUSH and SUB once welcomed)."""
+
+    def __init__(self, ctx: zmq.Context, host: str, port: int) -> None:
+        self.ctx, self.host = ctx, host
+        self.control = make_socket(ctx, zmq.DEALER, SocketOptions(linger_ms=0))
+        self.control.connect(tcp_endpoint(host, port))
+        self.push: zmq.Socket | None = None
+        self.sub: zmq.Socket | None = None
+
+    def send(self, body: dict[str, Any]) -> None:
+        """Send one control map (as given: any proto)."""
+        self.control.send(msgpack.packb(body, use_bin_type=True))
+
+    def reply(self, timeout: float) -> bytes | None:
+        """The next control frame within ``timeout`` seconds, or None."""
+        if self.control.poll(int(timeout * 1000)):
+            return self.control.recv()
+        return None
+
+    def connect_data(self, welcome: Welcome) -> None:
+        """PUSH and SUB to the welcome's ports."""
+        self.push = make_socket(self.ctx, zmq.PUSH, SocketOptions(linger_ms=1000))
+        self.push.connect(tcp_endpoint(self.host, welcome.experience_port))
+        self.sub = make_socket(self.ctx, zmq.SUB, SocketOptions(linger_ms=0))
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(tcp_endpoint(self.host, welcome.weights_port))
+
+    def close(self) -> None:
+        """Close every socket."""
+        for sock in (self.control, self.push, self.sub):
+            if sock is not None:
+                sock.close(0)
+
+
+def _hello(**fields: Any) -> dict[str, Any]:
+    body = Hello(
+        actor_id=-1,
+        env_id="conformance",
+        observation_space={},
+        action_space={},
+        num_envs=2,
+        host=pysocket.gethostname()[:200],
+        pid=os.getpid(),
+    ).to_map()
+    body.update(fields)
+    return {**body, "proto": PROTOCOL_VERSION, "type": "hello"}
+
+
+class LearnerScenario:
+    """The checks, in order, against one learner."""
+
+    def __init__(self, address: str, options: LearnerCheckOptions, report: Report) -> None:
+        self.host, self.port = parse_learner_address(address)
+        self.options = options
+        self.report = report
+        self.ctx = zmq.Context.instance()
+        self.peers: list[Peer] = []
+
+    def record(self, clause: str, ok: bool | None, seen: str) -> None:
+        """Record a clause result."""
+        self.report.record(CLAUSES[clause], ok, seen)
+
+    def peer(self) -> Peer:
+        """A new connection to the learner's control port."""
+        peer = Peer(self.ctx, self.host, self.port)
+        self.peers.append(peer)
+        return peer
+
+    def run(self) -> None:
+        """Every check; the sockets are closed at the end."""
+        try:
+            self.refusals()
+            welcome = self.register()
+            if welcome is not None:
+                self.stream(welcome)
+        finally:
+            for peer in self.peers:
+                peer.close()
+
+    # ---------------------------------------------------------------- refusals
+
+    def refuse_check(
+        self, clause: str, body: dict[str, Any], code: str, timeout: float = 0.0
+    ) -> Refuse | None:
+        """Send ``body`` on a new connection; the answer must be ``refuse code``."""
+        peer = self.peer()
+        peer.send(body)
+        timeout = timeout or self.options.reply_timeout
+        frame = peer.reply(timeout)
+        if frame is None:
+            self.record(clause, False, f"no answer within {timeout:g}s")
+            return None
+        try:
+            message = decode(frame)
+        except ProtocolError as exc:
+            self.record(clause, False, f"the answer does not decode ({exc.reason}): {exc}")
+            return None
+        if not isinstance(message, Refuse) or message.code != code:
+            got = message.code if isinstance(message, Refuse) else message.TYPE
+            self.record(clause, False, f"answered {got!r}, expected refuse {code!r}")
+            return None
+        self.record(clause, True, f"refuse {code}: {message.reason[:120]}")
+        return message
+
+    def refusals(self) -> None:
+        """v1 hello, mismatched spaces, one space, an unknown heartbeat."""
+        v1 = {**_hello(), "proto": 1, "next_seq": []}
+        v1.pop("rejoin_run_id")
+        # The first probe also waits for the learner to come up.
+        refuse = self.refuse_check(
+            "refuse-version", v1, "version_mismatch", self.options.register_timeout
+        )
+        if refuse is not None and not (
+            re.search(r"\b1\b", refuse.reason) and re.search(r"\b2\b", refuse.reason)
+        ):
+            self.record(
+                "refuse-version", False, f"the reason does not name 1 and 2: {refuse.reason!r}"
+            )
+        import gymnasium as gym
+        import numpy as np
+
+        odd = space_spec(gym.spaces.Box(-1.0, 1.0, (7, 5, 3), np.float32))
+        odd_action = space_spec(gym.spaces.Discrete(97))
+        self.refuse_check(
+            "refuse-space",
+            _hello(observation_space=odd, action_space=odd_action),
+            "space_mismatch",
+        )
+        self.refuse_check("refuse-bad-hello", _hello(observation_space=odd), "bad_hello")
+        beat = Heartbeat(actor_id=0, token=bytes(16), run_id="", version=0)
+        self.refuse_check(
+            "refuse-reregister",
+            {**beat.to_map(), "proto": PROTOCOL_VERSION, "type": "heartbeat"},
+            "reregister",
+        )
+
+    # ---------------------------------------------------------------- the actor
+
+    def register(self) -> Welcome | None:
+        """The well-behaved actor's hello; the welcome's contents."""
+        peer = self.actor = self.peer()
+        peer.send(_hello(num_envs=self.options.num_envs))
+        deadline = time.monotonic() + self.options.register_timeout
+        message: Any = None
+        while time.monotonic() < deadline:
+            frame = peer.reply(deadline - time.monotonic())
+            if frame is None:
+                break
+            try:
+                message = decode(frame)
+            except ProtocolError as exc:
+                self.record("welcome", False, f"the welcome does not decode: {exc}")
+                return None
+            if isinstance(message, Welcome):
+                break
+            if isinstance(message, Refuse):
+                self.record("welcome", False, f"refused {message.code}: {message.reason}")
+                return None
+        else:
+            message = None
+        if not isinstance(message, Welcome):
+            self.record("welcome", False, f"no welcome within {self.options.register_timeout:g}s")
+            return None
+        s = message.settings
+        problems = []
+        if s.num_envs != self.options.num_envs:
+            problems.append(f"num_envs {s.num_envs}, asked {self.options.num_envs}")
+        if len(encode(message.weights)) > s.max_weights_bytes:
+            problems.append("its own weights exceed max_weights_bytes")
+        self.record(
+            "welcome",
+            not problems,
+            "; ".join(problems)
+            or f"actor {message.actor_id}, run {message.run_id}, base version "
+            f"{message.base_version}, weights v{message.weights.version} "
+            f"({len(message.weights.tensors)} tensors), S={s.steps_per_broadcast}, "
+            f"L={s.max_lead_steps}, heartbeat {s.heartbeat_interval:g}s",
+        )
+        peer.connect_data(message)
+        return message
+
+    def stream(self, welcome: Welcome) -> None:
+        """Valid rows to one short of a broadcast, the invalid fragments, the last row;
+        then rows until the shutdown."""
+        s, opt = welcome.settings, self.options
+        self.welcome = welcome
+        self.seq = 0
+        self.version = welcome.weights.version
+        self.sent_rows = 0  # per slot, since the welcome
+        self.beats: list[float] = []
+        self.beat_problems: list[str] = []
+        self.last_beat = 0.0
+        self.shutdown: Shutdown | None = None
+        self.weights: list[Weights] = []
+        start = time.monotonic()
+        # The learner consumes S rows per slot before it publishes the next version.
+        short = s.steps_per_broadcast - 1
+        while self.sent_rows < short:
+            self.send_valid(min(s.fragment_length, short - self.sent_rows))
+            self.serve(0.0)
+        # One row short of a broadcast the learner can only wait in its receive loop, so
+        # it must heartbeat: hold it there for two intervals and a half at least.
+        hold = max(opt.reject_wait, 2.5 * s.heartbeat_interval + opt.heartbeat_slack)
+        self.serve(hold)
+        published = [w.version for w in self.weights]
+        self.invalid(welcome, published)
+        beats_until = time.monotonic()
+        self.send_valid(1)
+        ok = self.wait(lambda: any(w.version > self.version for w in self.weights),
+                       opt.broadcast_timeout)  # fmt: skip
+        if not ok:
+            self.record(
+                "weights-broadcast",
+                False,
+                f"no version after {self.sent_rows} rows per slot (S = "
+                f"{s.steps_per_broadcast}) within {opt.broadcast_timeout:g}s",
+            )
+            if self.report.status("invalid-fragments") == "PASS":
+                self.record("invalid-fragments", None, "not decided: nothing was published")
+        else:
+            newest = self.weights[-1]
+            names = [n for n, _ in newest.tensors] == [n for n, _ in welcome.weights.tensors]
+            good = newest.version == self.version + 1 and newest.run_id == welcome.run_id
+            self.record(
+                "weights-broadcast",
+                good and names,
+                f"version {newest.version} (from {self.version}) after "
+                f"{self.sent_rows} rows per slot; run id "
+                f"{'ok' if newest.run_id == welcome.run_id else newest.run_id}; tensors "
+                f"{'by the same names' if names else 'NOT the same names'}",
+            )
+            self.version = max(w.version for w in self.weights)
+        # Stream on, under the valve, until the learner ends the run.
+        deadline = time.monotonic() + opt.shutdown_timeout
+        while self.shutdown is None and time.monotonic() < deadline:
+            if self.weights:
+                self.version = max(self.version, self.weights[-1].version)
+            if self.sent_rows < self.budget():
+                self.send_valid(min(s.fragment_length, self.budget() - self.sent_rows))
+            self.serve(0.01)
+        if self.shutdown is None:
+            self.record(
+                "shutdown",
+                None,
+                f"no shutdown within {opt.shutdown_timeout:g}s (start the learner with a "
+                "small --total-env-steps to check it)",
+            )
+        else:
+            self.record("shutdown", True, f"shutdown: {self.shutdown.reason!r}")
+            self.actor.send(
+                {
+                    "actor_id": welcome.actor_id,
+                    "token": welcome.token,
+                    "stats": {"steps_sent": float(self.sent_rows * s.num_envs)},
+                    "last_seq": self.seq - 1,
+                    "proto": PROTOCOL_VERSION,
+                    "type": "bye",
+                }
+            )
+        # Judged while the learner could only be waiting for rows (it MAY skip heartbeats
+        # during an update or an evaluation): from the welcome to the last valid row.
+        limit = 2 * s.heartbeat_interval + opt.heartbeat_slack
+        times = [start, *[t for t in self.beats if t <= beats_until], beats_until]
+        worst = max(b - a for a, b in zip(times, times[1:], strict=False))
+        self.record(
+            "learner-heartbeats",
+            len(times) > 2 and worst <= limit and not self.beat_problems,
+            "; ".join(self.beat_problems[:2])
+            or f"{len(times) - 2} heartbeat(s) while it waited for rows, longest gap "
+            f"{worst:.2f}s (allowed {limit:.2f}s)",
+        )
+
+    def budget(self) -> int:
+        """The staleness valve's budget under the newest version loaded (§5.4)."""
+        s = self.welcome.settings
+        base = self.welcome.base_version
+        return max(0, self.version - base) * s.steps_per_broadcast + s.max_lead_steps
+
+    def base_fragment(self, rows: int) -> Fragment:
+        """A valid fragment of the live run: every slot, ``rows`` rows, the next seq."""
+        w, s = self.welcome, self.welcome.settings
+        return V.synthetic_fragment(
+            s.observation_space,
+            s.action_space,
+            seed=self.seq,
+            length=rows,
+            width=s.num_envs,
+            truncated_cells=(),
+            state_size=s.state_size,
+            actor_id=w.actor_id,
+            version=self.version,
+            seq=self.seq,
+            run_id=w.run_id,
+            token=w.token,
+        )
+
+    def send_valid(self, rows: int) -> None:
+        """One valid fragment of ``rows`` rows of every slot."""
+        assert self.actor.push is not None
+        self.actor.push.send(encode(self.base_fragment(rows)))
+        self.seq += 1
+        self.sent_rows += rows
+
+    def invalid(self, welcome: Welcome, published: list[int]) -> None:
+        """Every invalid fragment; a learner that accepts one publishes early."""
+        if published:
+            self.record(
+                "invalid-fragments",
+                None,
+                f"not checked: the learner published {published} before its S rows",
+            )
+            return
+        ctx = V.Context(
+            welcome.run_id,
+            self.version,
+            welcome.actor_id,
+            welcome.token,
+            welcome.settings.num_envs,
+            self.seq,
+            welcome.settings.state_size,
+        )
+        base = {**self.base_fragment(1).to_map(), "proto": PROTOCOL_VERSION, "type": "fragment"}
+        good = V.pack(base)
+        frames = [
+            ("trailing-bytes", good + b"\x00"),
+            ("proto-1", V.pack({**base, "proto": 1})),
+            ("unknown-type", V.pack({**base, "type": "fragments"})),
+            *[(m.name, V.mutated_fragment(base, m, ctx)) for m in V.FRAGMENT_MUTATIONS],
+        ]
+        published = self.try_frames(frames)
+        if published:
+            self.record(
+                "invalid-fragments",
+                False,
+                f"the learner published {', '.join(published)} after {len(frames)} invalid "
+                "fragments while one row short of a broadcast: it accepted at least one",
+            )
+        else:
+            self.record(
+                "invalid-fragments",
+                True,
+                f"{len(frames)} invalid fragments sent while one row short of a broadcast; "
+                "nothing was published",
+            )
+
+    def try_frames(self, frames: list[tuple[str, bytes]]) -> list[str]:
+        """Send them all, then wait; the versions published meanwhile (none: every one
+        was rejected). Which one was taken is not searched for."""
+        assert self.actor.push is not None
+        for _, frame in frames:
+            self.actor.push.send(frame)
+        self.serve(self.options.reject_wait)
+        return [f"v{w.version}" for w in self.weights]
+
+    # ---------------------------------------------------------------- serving
+
+    def wait(self, done: Any, timeout: float) -> bool:
+        """Serve until ``done()`` or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.serve(0.02)
+            if done():
+                return True
+        return False
+
+    def serve(self, seconds: float) -> None:
+        """Read control and weights for ``seconds``; heartbeat when due."""
+        w = self.welcome
+        deadline = time.monotonic() + seconds
+        poller = zmq.Poller()
+        poller.register(self.actor.control, zmq.POLLIN)
+        poller.register(self.actor.sub, zmq.POLLIN)
+        while True:
+            now = time.monotonic()
+            if now - self.last_beat >= w.settings.heartbeat_interval:
+                beat = Heartbeat(actor_id=w.actor_id, token=w.token, run_id=w.run_id,
+                                 version=self.version, sent_at=now)  # fmt: skip
+                self.actor.control.send(encode(beat), zmq.NOBLOCK)
+                self.last_beat = now
+            events = dict(poller.poll(max(0, int((deadline - now) * 1000))))
+            if self.actor.control in events:
+                self.on_control(self.actor.control.recv())
+            if self.actor.sub in events:
+                try:
+                    weights = decode(self.actor.sub.recv(), (Weights,), 1 << 30)
+                    assert isinstance(weights, Weights)
+                    if weights.run_id == w.run_id:
+                        self.weights.append(weights)
+                        if len(encode(weights)) > w.settings.max_weights_bytes:
+                            self.beat_problems.append("weights larger than max_weights_bytes")
+                except ProtocolError as exc:
+                    self.beat_problems.append(f"undecodable weights: {exc}")
+            if time.monotonic() >= deadline and not events:
+                return
+
+    def on_control(self, frame: bytes) -> None:
+        """A learner control message to the well-behaved actor."""
+        try:
+            message = decode(frame)
+        except ProtocolError as exc:
+            self.beat_problems.append(f"undecodable control frame ({exc.reason})")
+            return
+        if isinstance(message, Heartbeat):
+            if message.actor_id != -1 or message.token is not None:
+                self.beat_problems.append("a learner heartbeat with an actor id or a token")
+            if message.run_id != self.welcome.run_id:
+                self.beat_problems.append(f"a heartbeat of run {message.run_id!r}")
+            self.beats.append(time.monotonic())
+            if (
+                message.base_version is not None
+                and message.base_version > self.welcome.base_version
+            ):
+                self.welcome.base_version = message.base_version
+        elif isinstance(message, Shutdown):
+            if message.run_id in ("", self.welcome.run_id):
+                self.shutdown = message
+        elif isinstance(message, Refuse):
+            self.beat_problems.append(f"refused {message.code}: {message.reason}")
+
+
+def check_learner(address: str, options: LearnerCheckOptions | None = None) -> Report:
+    """Play the actors against the learner at ``address``; the report."""
+    options = options or LearnerCheckOptions()
+    report = Report(subject=f"learner {address}")
+    LearnerScenario(address, options, report).run()
+    for clause in CLAUSES.values():
+        if clause.id not in report.results:
+            report.record(clause, None, "not reached")
+    report.results = {cid: report.results[cid] for cid in CLAUSES}
+    return report
