@@ -247,6 +247,10 @@ class StepArrays:
         return cls(**arrays)
 
 
+_OBS_NP_DTYPES = frozenset(np.dtype(name).newbyteorder("<") for name in OBS_DTYPES) | frozenset(
+    np.dtype(name) for name in OBS_DTYPES
+)
+
 STEP_DTYPES: dict[str, Any] = {
     "rewards": np.float32,
     "terminated": np.bool_,
@@ -267,6 +271,20 @@ STEP_WIRE: dict[str, tuple[str, ...]] = {
 }
 """Per array step field of a fragment: the dtypes it may travel as (each is ``[T, B,
 ...]``; ``obs`` is a value whose leaves are any of :data:`OBS_DTYPES`)."""
+
+
+def _nests_like_rows(rows: Value, other: Value) -> bool:
+    """Whether ``other`` (one leading dim) nests like ``rows`` (``[T, B, ...]`` leaves)
+    with leaves of the same dtype and element shape."""
+    if type(rows) is np.ndarray:  # the common case: one array
+        return (
+            type(other) is np.ndarray
+            and other.dtype == rows.dtype
+            and other.shape[1:] == rows.shape[2:]
+        )
+    return _same_structure(map_value(lambda a: a[0, 0], rows), other) and all(
+        x.shape[2:] == y.shape[1:] for x, y in zip(leaves(rows), leaves(other), strict=True)
+    )
 
 
 def _same_structure(a: Value, b: Value) -> bool:
@@ -411,7 +429,8 @@ class Fragment(StepArrays, Message):
                     "bad_shape", f"fragment.{name}: shape {list(array.shape)}, expected [T, B]"
                 )
         slots = _array(body.get("slots"), "fragment.slots", ("int32", "int64"), 1)
-        if slots.shape != (width,) or (slots < 0).any() or np.unique(slots).size != width:
+        numbers = slots.tolist()
+        if len(numbers) != width or min(numbers) < 0 or len(set(numbers)) != width:
             raise ProtocolError(
                 "bad_field", f"fragment.slots: {slots.tolist()} must be {width} distinct ints >= 0"
             )
@@ -420,13 +439,10 @@ class Fragment(StepArrays, Message):
         index = _array(body.get("final_obs_index"), "fragment.final_obs_index", INDEX_DTYPES, 1)
         final_obs = decode_value(body.get("final_obs"), "fragment.final_obs", index.shape)
         for leaf in leaves(obs):
-            if leaf.dtype.name not in OBS_DTYPES:
+            if leaf.dtype not in _OBS_NP_DTYPES:
                 raise ProtocolError("bad_dtype", f"fragment.obs: dtype {leaf.dtype} not allowed")
-        row = map_value(lambda a: a[0, 0], obs)
         for name, other in (("next_obs", next_obs), ("final_obs", final_obs)):
-            if not _same_structure(row, other) or any(
-                x.shape[2:] != y.shape[1:] for x, y in zip(leaves(obs), leaves(other), strict=True)
-            ):
+            if not _nests_like_rows(obs, other):
                 raise ProtocolError(
                     "bad_shape", f"fragment.{name}: does not nest, shape or type like obs rows"
                 )
