@@ -475,3 +475,29 @@ def test_authorised_peer_cannot_push_fragments_as_another_actor(ctx, learner_por
     assert counters.get("rejected/experience/old_seq", 0) == 0, "actor 0's real seq 1 dropped"
     assert counters["received/fragments"] == 2
     assert sum(v for k, v in counters.items() if k.startswith("rejected/")) == 1
+
+
+@pytest.mark.parametrize("command", ["learner", "actor"])
+def test_public_key_file_given_as_secret_key_is_one_error_line_exit_2(command, keys, learner_port):
+    """The classic mistake (the ``.key`` file where the ``.key_secret`` belongs) is one
+    ``error:`` line naming the flag's field and the file, exit 2, no traceback."""
+    import subprocess
+    import sys
+
+    if command == "learner":
+        argv = ["-m", "zmq_rl.cli.learner", "--env-id", "CartPole-v1", "--port", str(learner_port)]
+        argv += ["--curve-secret-key", keys.learner_public]
+        argv += ["--curve-authorized-keys", keys.authorized, "--no-tensorboard"]
+        public = keys.learner_public
+    else:
+        argv = ["-m", "zmq_rl.cli.actor", "--learner", f"127.0.0.1:{learner_port}"]
+        argv += ["--curve-secret-key", keys.actor_public]
+        argv += ["--curve-server-key", keys.learner_public]
+        public = keys.actor_public
+    proc = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=60, check=False
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(errors) == 1 and "curve_secret_key" in errors[0] and public in errors[0], errors

@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from .config import DEFAULT_PORT
+from .config import DEFAULT_PORT, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -121,28 +121,38 @@ class CurveClientKeys:
 
 
 def load_secret_certificate(path: str, what: str) -> tuple[bytes, bytes]:
-    """(public, secret) from a ``zmq.auth`` secret certificate file; a clear error
-    naming ``what`` and the path when the file is missing or holds no secret key."""
+    """(public, secret) from a ``zmq.auth`` secret certificate file.
+
+    Raises :class:`~zmq_rl.config.ConfigError` naming ``what`` and the path when the
+    file is missing, unreadable, not a certificate, or holds only a public key (the
+    ``.key`` file given where the ``.key_secret`` one belongs): the CLIs print it as
+    one ``error:`` line and exit 2.
+    """
+    public, secret = _read_certificate(path, what)
+    if not secret:
+        raise ConfigError(
+            what, path, "holds only a public key; give the secret certificate (.key_secret)"
+        )
+    return public, secret
+
+
+def load_public_certificate(path: str, what: str) -> bytes:
+    """The public key of a ``zmq.auth`` certificate file (public or secret); a
+    :class:`~zmq_rl.config.ConfigError` naming ``what`` and the path otherwise."""
+    return _read_certificate(path, what)[0]
+
+
+def _read_certificate(path: str, what: str) -> tuple[bytes, bytes | None]:
     import zmq.auth
 
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{what}: cannot read certificate {path!r}: {exc}") from exc
-    if not secret:
-        raise ValueError(f"{what}: {path!r} holds no secret key (use the .key_secret file)")
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(what, path, f"not a readable CURVE certificate ({detail})") from None
+    if not public:
+        raise ConfigError(what, path, "not a CURVE certificate (no public-key line)")
     return public, secret
-
-
-def load_public_certificate(path: str, what: str) -> bytes:
-    """The public key of a ``zmq.auth`` certificate file (public or secret)."""
-    import zmq.auth
-
-    try:
-        public, _ = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{what}: cannot read certificate {path!r}: {exc}") from exc
-    return public
 
 
 def apply_curve_server(sock: zmq.Socket, keys: CurveServerKeys) -> None:
@@ -166,7 +176,7 @@ def start_authenticator(ctx: zmq.Context, keys: CurveServerKeys):  # -> ThreadAu
     from zmq.auth.thread import ThreadAuthenticator
 
     if not os.path.isdir(keys.authorized_dir):
-        raise ValueError(f"curve_authorized_keys: {keys.authorized_dir!r} is not a directory")
+        raise ConfigError("curve_authorized_keys", keys.authorized_dir, "is not a directory")
     auth = ThreadAuthenticator(ctx, log=logging.getLogger("zmq_rl.auth"))
     auth.start()
     auth.configure_curve(domain="*", location=keys.authorized_dir)
