@@ -198,6 +198,9 @@ class Ingest:
         # paused for the link resumes on that echo), also right after a long update.
         self._maybe_heartbeat()
         self._evict_silent_actors()
+        if self.sockets.handshakes is not None:  # counted by its thread, copied here
+            for kind, count in list(self.sockets.handshakes.failures.items()):
+                self.counters[f"auth/handshake_failed/{kind}"] = count
         self._pump_end = time.monotonic()
 
     @staticmethod
