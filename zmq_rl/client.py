@@ -97,6 +97,9 @@ LINK_SILENCE_INTERVALS = 3.0
 actor pauses for the link. The learner heartbeats every interval while it is in its
 receive loop; three intervals is the least ``actor_timeout`` docs/failure-model.md
 recommends, so an actor cut off pauses about when the learner may evict it."""
+STALE_WEIGHTS_INTERVALS = 5.0
+"""Heartbeat intervals the learner may announce a newer version than the loaded one
+before the actor subscribes to the weights again (WeightsSubscriber.check)."""
 LOG_AT = (1, 10, 100, 1000, 10000)
 """Occurrences of a repeated event that are logged at INFO (the others at DEBUG)."""
 
@@ -157,6 +160,7 @@ class LearnerConnection:
         self.actor_id = -1
         self.run_id = ""
         self.version = 0
+        self.learner_version = 0  # the newest version the learner's heartbeats announced
         self.settings: RunSettings | None = None
         self.heartbeat_interval = 1.0
         self.shutdown_requested = False
@@ -302,16 +306,24 @@ class LearnerConnection:
             base_version=welcome.base_version,
             observation_space=self.observation_space,
         )
-        sub = self._socket(
-            zmq.SUB, SocketOptions(rcvhwm=WEIGHTS_HWM, max_message_bytes=self.max_message_bytes)
+        self.learner_version = self.version
+        endpoint = tcp_endpoint(self.host, welcome.weights_port)
+        self.subscriber.start(
+            self._weights_socket(endpoint), lambda: self._weights_socket(endpoint)
         )
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(tcp_endpoint(self.host, welcome.weights_port))
-        self.subscriber.start(sub)
         log.info(
             "registered as actor %d of run %s (version %d, base version %d)",
             *(self.actor_id, self.run_id, self.version, welcome.base_version),
         )
+
+    def _weights_socket(self, endpoint: str) -> zmq.Socket:
+        """A SUB connected to the learner's weights ``endpoint``, subscribed to all."""
+        sub = self._socket(
+            zmq.SUB, SocketOptions(rcvhwm=WEIGHTS_HWM, max_message_bytes=self.max_message_bytes)
+        )
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(endpoint)
+        return sub
 
     def close(self, extra_stats: Mapping[str, float] | None = None) -> None:
         """Say bye with the counters (plus ``extra_stats``) and close every socket."""
@@ -364,6 +376,9 @@ class LearnerConnection:
         self._check_link(time.monotonic())
         self._check_learner_alive("no message from the learner")
         self._maybe_heartbeat()
+        stale_after = STALE_WEIGHTS_INTERVALS * self.heartbeat_interval
+        if self.subscriber.check(self.version, self.learner_version, stale_after):
+            self.stats["weights_resubscriptions"] = self.subscriber.resubscriptions
         if not self.subscriber.pending():
             return None
         weights = self.subscriber.newest(self.run_id)
@@ -442,6 +457,7 @@ class LearnerConnection:
             self.needs_reregister = True
             return
         self._last_control = now
+        self.learner_version = max(self.learner_version, message.version)
         if message.sent_at is not None:
             self._link_checks = True
             self._peer_sent_at, self._peer_heard_at = message.sent_at, now
