@@ -47,6 +47,7 @@ from .protocol import (
     decode,
     encode,
     largest_fragment_bytes,
+    space_spec,
 )
 from .report import LearnerReport
 from .rollout import SlotKey, SlotQueues
@@ -75,6 +76,23 @@ ADVICE_MIN_SAMPLES = 5
 """Heartbeats (with ``paused``, after training started) before the advice is given."""
 CYCLE_WINDOW = 16
 """Broadcast cycles over which the learner's busy time per cycle is the median."""
+
+
+CONTROL_SLACK_BYTES = 128 * 1024
+"""Room in the control message limit beyond the spaces and the per-slot lists: ids,
+host and env names, a bye's stats (a legitimate one is under 2 KB)."""
+
+
+def largest_control_bytes(observation_space: Any, action_space: Any, max_envs: int) -> int:
+    """The learner's control message limit (ROUTER ``ZMQ_MAXMSGSIZE``): twice what
+    a legitimate hello (both space specs, up to ``max_envs`` per-slot integers) or bye
+    can be for the run's spaces, plus :data:`CONTROL_SLACK_BYTES`. A hello of other
+    spaces larger than that costs its sender the connection instead of a
+    ``space_mismatch`` refusal; anything bigger is never legitimate."""
+    import msgpack
+
+    specs = len(msgpack.packb([space_spec(observation_space), space_spec(action_space)]))
+    return 2 * (specs + 9 * max_envs) + CONTROL_SLACK_BYTES
 
 
 class Ingest:
@@ -108,6 +126,7 @@ class Ingest:
         self.max_message_bytes = cfg.max_message_bytes or largest_fragment_bytes(
             *self.spaces, cfg.fragment_length
         )
+        self.control_max_bytes = largest_control_bytes(*self.spaces, cfg.max_envs_per_actor)
         self.members = Membership()
         self.limits = MembershipLimits(cfg.max_actors, cfg.max_envs_per_actor, cfg.max_total_envs)
         self.queues = SlotQueues()
@@ -129,7 +148,10 @@ class Ingest:
         self._cycle_busy: deque[float] = deque(maxlen=CYCLE_WINDOW)
         self._advised: set[int] = set()  # actor ids told which max_lead_steps fits
         self.sockets = bind_learner_sockets(
-            context or zmq.Context.instance(), cfg, self.max_message_bytes
+            context or zmq.Context.instance(),
+            cfg,
+            self.max_message_bytes,
+            control_max_bytes=self.control_max_bytes,
         )
         self.control, self.experience = self.sockets.control, self.sockets.experience
         self.poller = zmq.Poller()
@@ -264,7 +286,7 @@ class Ingest:
             return
         routing_id, frame = frames[0].bytes, frames[1]
         try:
-            message = decode(frame.buffer, (Hello, Heartbeat, Bye), self.max_message_bytes)
+            message = decode(frame.buffer, (Hello, Heartbeat, Bye), self.control_max_bytes)
         except ProtocolVersionMismatch as exc:
             self._reject("control", exc.reason, str(exc))
             self._send_control(routing_id, Refuse("version_mismatch", str(exc)))

@@ -36,7 +36,14 @@ WEIGHTS_HWM = 4
 """Weight blobs queued per PUB/SUB pipe; past it PUB drops the new blob for that
 subscriber (a slow actor then catches up with the next broadcast)."""
 CONTROL_HWM = 1000
-"""Control messages queued per peer."""
+"""Control messages queued per peer toward the learner's peers (ROUTER SNDHWM), and
+the most queued from one peer (RCVHWM; see CONTROL_BUFFER_BYTES)."""
+CONTROL_BUFFER_BYTES = 4 * 1024 * 1024
+"""What the learner's ROUTER may buffer per peer, in bytes: its RCVHWM is this over
+the control message limit, at least CONTROL_MIN_HWM."""
+CONTROL_MIN_HWM = 16
+"""The least RCVHWM of the learner's ROUTER (a legitimate actor sends one heartbeat
+a second)."""
 ACTOR_PUSH_LINGER_MS = 2000
 """How long an exiting actor keeps trying to deliver fragments it already sent."""
 
@@ -402,15 +409,21 @@ class LearnerSockets:
             self.auth = None
 
 
-def bind_learner_sockets(ctx: zmq.Context, cfg: Any, max_message_bytes: int) -> LearnerSockets:
+def bind_learner_sockets(
+    ctx: zmq.Context, cfg: Any, max_message_bytes: int, control_max_bytes: int | None = None
+) -> LearnerSockets:
     """Create and bind ROUTER, PULL and PUB for a :class:`~zmq_rl.config.LearnerConfig`,
     with CURVE when it names a secret key. OSError naming the ports when one is taken.
 
-    HWMs count frames, not bytes: PULL's is chosen so that what a stalled learner
-    buffers per peer stays near :data:`EXPERIENCE_BUFFER_BYTES` (senders block;
-    nothing is dropped).
+    ``max_message_bytes`` limits what PULL takes, ``control_max_bytes`` (default:
+    the same) what ROUTER takes. HWMs count frames, not bytes: PULL's and ROUTER's
+    receive HWMs are chosen so that what a stalled learner buffers per peer stays
+    near :data:`EXPERIENCE_BUFFER_BYTES` and :data:`CONTROL_BUFFER_BYTES` (PUSH
+    senders block, nothing is dropped; a control peer past its HWM waits in TCP).
     """
-    receive = SocketOptions(max_message_bytes=max_message_bytes)
+    control_max = control_max_bytes or max_message_bytes
+    control_hwm = max(CONTROL_MIN_HWM, min(CONTROL_HWM, CONTROL_BUFFER_BYTES // control_max))
+    receive = SocketOptions(rcvhwm=control_hwm, max_message_bytes=control_max)
     rcvhwm = max(4, min(EXPERIENCE_HWM, EXPERIENCE_BUFFER_BYTES // max_message_bytes))
     pull = SocketOptions(rcvhwm=rcvhwm, max_message_bytes=max_message_bytes)
     sockets = LearnerSockets(
