@@ -48,7 +48,7 @@ import numpy as np
 import zmq
 
 ROOT = _util.ROOT
-LEARNER_START_S = 120.0
+LEARNER_START_S = 600.0
 RUN_ID = re.compile(r"run id ([0-9a-f]+)")
 
 
@@ -67,6 +67,7 @@ def start_learner(
     cmd += ["--port", str(port), "--total-env-steps", str(steps), "--seed", str(seed)]
     cmd += ["--run-dir", str(run_dir / "run"), "--target-return", "inf", "--eval-every", "0"]
     cmd += ["--actor-timeout", "10", "--no-tensorboard", "--torch-threads", "1"]
+    cmd += ["--starvation-timeout", "600"]  # actors start slowly on a loaded machine
     cmd += ["--log-level", "info"]  # the run id is logged at INFO
     if epochs:
         cmd += ["--num-epochs", str(epochs)]
