@@ -74,7 +74,7 @@ PAUSED_ADVICE_SHARE = 0.30
 ``max_lead_steps`` advice (logged once per actor)."""
 ADVICE_MIN_SAMPLES = 5
 """Heartbeats (with ``paused``, after training started) before the advice is given."""
-PENDING_SILENCE_INTERVALS = 3.0
+PENDING_SILENCE_INTERVALS = 5.0
 """Heartbeat intervals a registration that has not joined the rollout may stay
 silent (no heartbeat, no fragment) before it is dropped; a live actor heartbeats
 every interval."""
