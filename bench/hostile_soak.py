@@ -367,7 +367,7 @@ def one_run(args: Any, work: Path, hostile: bool) -> dict[str, Any]:
     if hostile:  # imported before the run starts (torch and the fuzzers take a while)
         import tests.test_hostile_learner_fuzz  # noqa: F401
     ctx = zmq.Context()
-    ctx.setsockopt(zmq.MAX_SOCKETS, 4 * args.storm + 1024)  # the storm's connections
+    ctx.set(zmq.MAX_SOCKETS, 4 * args.storm + 1024)  # the storm's connections
     port = _util.free_port_block(3)
     run_dir = work / ("soak" if hostile else "baseline")
     learner = start_learner(port, run_dir, args.steps, args.seed, args.num_epochs)
