@@ -47,9 +47,10 @@ def junk_frames(rows: int, seed: int) -> list[bytes]:
     rng = np.random.default_rng(seed)
     frames = []
     for i in range(JUNK_VARIANTS):
-        fragment = Fragment(
+        fragment = Fragment.for_slot(
+            i % 4,
             actor_id=1_000_000 + i,
-            slot=i % 4,
+            token=rng.bytes(16),
             version=0,
             seq=i,
             run_id=f"flood-{seed}-{i}",

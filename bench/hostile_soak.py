@@ -224,8 +224,7 @@ def forged_fragment(run_id: str, r: np.random.Generator) -> bytes | None:
         return None
     from tests.helpers import cartpole_fragment
 
-    fragment = cartpole_fragment(run_id=run_id, actor_id=0, seq=10**9)
-    fragment.token = r.bytes(16)
+    fragment = cartpole_fragment(r, run_id, actor_id=0, seq=10**9, token=r.bytes(16))
     return protocol.encode(fragment)
 
 
@@ -240,7 +239,8 @@ class Hostile:
         self.experience_ep = f"tcp://127.0.0.1:{port + 1}"
         self.push = raw(ctx, zmq.PUSH, self.experience_ep)
         self.dealer = raw(ctx, zmq.DEALER, self.control_ep)
-        self.experience = ExperienceFuzzer(args.seed + 1, run_id, {0: 4, 1: 4})
+        # A stranger knows no session token (protocol v2): its fragments carry none.
+        self.experience = ExperienceFuzzer(args.seed + 1, run_id, {0: 4, 1: 4}, {})
         self.control = ControlFuzzer(args.seed + 2, run_id)
         self.rng = np.random.default_rng(args.seed)
         self.sent: dict[str, Counter[str]] = {

@@ -4,6 +4,7 @@ messages, a registered raw peer and the base of the fuzzers."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -37,6 +38,8 @@ STUB_ENV_ID = "tests.stub_env:Stub-v0"
 JOIN_TIMEOUT = 30.0
 STARVATION_TIMEOUT = 30.0
 TIMEOUT = 30.0
+NO_TOKEN = bytes(16)
+"""A session token no registration has (learners hand out random ones)."""
 """Bound of every wait in the hostile tests (a send, an answer, a condition)."""
 STUB_POLICY = PolicyConfig(hidden_sizes=(8,), ortho_init=False)
 OBS_SPACE, ACT_SPACE = StubEnv.observation_space, StubEnv.action_space
@@ -176,7 +179,6 @@ def stub_hello(**changes: Any) -> Hello:
         num_envs=1,
         host="test",
         pid=1,
-        next_seq=[0],
     )
     fields.update(changes)
     return Hello(**fields)
@@ -194,10 +196,10 @@ def cartpole_fragment(
     """A well-formed CartPole-v1 fragment (decodes and passes the learner's checks)."""
     fields = dict(
         actor_id=actor_id,
-        slot=slot,
         version=0,
         seq=seq,
         run_id=run_id,
+        token=NO_TOKEN,
         obs=rng.uniform(-0.05, 0.05, (length, 4)).astype(np.float32),
         actions=rng.integers(0, 2, length).astype(np.int64),
         rewards=np.ones(length, np.float32),
@@ -208,7 +210,7 @@ def cartpole_fragment(
         next_obs=rng.uniform(-0.05, 0.05, 4).astype(np.float32),
     )
     fields.update(changes)
-    return Fragment(**fields)
+    return Fragment.for_slot(slot, **fields)
 
 
 def huge_length_headers(r: random.Random) -> bytes:
@@ -286,6 +288,7 @@ class RegisteredPeer:
         welcome = recv_message(self.dealer, TIMEOUT)
         assert isinstance(welcome, Welcome), welcome
         self.actor_id, self.run_id = welcome.actor_id, welcome.run_id
+        self.token = welcome.token
         self.seq = 0
         self.rng = np.random.default_rng(0)
         self.said_bye = False
@@ -294,10 +297,10 @@ class RegisteredPeer:
         t = (np.arange(self.seq * length, (self.seq + 1) * length) % 5).astype(np.float32)
         fields = dict(
             actor_id=self.actor_id,
-            slot=0,
             version=0,
             seq=self.seq,
             run_id=self.run_id,
+            token=self.token,
             obs=np.stack([t, t], axis=1),
             actions=self.rng.integers(0, 2, length),
             rewards=np.ones(length, np.float32),
@@ -309,7 +312,7 @@ class RegisteredPeer:
         )
         fields.update(changes)
         self.seq += 1
-        return Fragment(**fields)
+        return Fragment.for_slot(0, **fields)
 
     def send(self, fragment: Fragment) -> None:
         self.push.send(encode(fragment))
@@ -319,9 +322,56 @@ class RegisteredPeer:
         while self.dealer.poll(0):
             message = decode(self.dealer.recv())
             if isinstance(message, Shutdown) and not self.said_bye:
-                self.dealer.send(encode(Bye(actor_id=self.actor_id, stats={})))
+                bye = Bye(actor_id=self.actor_id, token=self.token, stats={}, last_seq=self.seq - 1)
+                self.dealer.send(encode(bye))
                 self.said_bye = True
 
     def close(self) -> None:
         self.dealer.close()
         self.push.close()
+
+
+@dataclasses.dataclass
+class SlotRows:
+    """One column of a v2 fragment as ``[T]`` rows (what a v1 fragment of one slot was):
+    the tests of single-slot actors read these."""
+
+    actor_id: int
+    slot: int
+    seq: int
+    version: int
+    run_id: str
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    values: np.ndarray
+    log_probs: np.ndarray
+    next_obs: np.ndarray
+    final_obs_index: np.ndarray
+    final_obs: np.ndarray
+    state: np.ndarray | None
+
+    @property
+    def length(self) -> int:
+        return int(self.rewards.shape[0])
+
+
+def slot_rows(fragment: Fragment, column: int = 0) -> SlotRows:
+    """Column ``column`` of ``fragment`` as :class:`SlotRows` (final rows by row number)."""
+    width = fragment.num_slots
+    rows, cols = np.divmod(fragment.final_obs_index.astype(np.int64), width)
+    mine = cols == column
+    return SlotRows(
+        actor_id=fragment.actor_id,
+        slot=int(fragment.slots[column]),
+        seq=fragment.seq,
+        version=fragment.version,
+        run_id=fragment.run_id,
+        **{name: getattr(fragment, name)[:, column] for name in Fragment.STEP_FIELDS},
+        next_obs=fragment.next_obs[column],
+        final_obs_index=rows[mine],
+        final_obs=fragment.final_obs[mine],
+        state=None if fragment.state is None else fragment.state[column],
+    )

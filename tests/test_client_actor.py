@@ -19,7 +19,8 @@ import torch
 import zmq
 
 from tests.conftest import STUB_ENV_ID
-from tests.helpers import Background
+from tests.helpers import NO_TOKEN as TOKEN
+from tests.helpers import Background, slot_rows
 from tests.stub_env import StubEnv
 from zmq_rl.actor import GymActor, SpaceMismatch
 from zmq_rl.client import ActorClient, LearnerRefused, LearnerUnreachable
@@ -72,6 +73,9 @@ def welcome_config(**changes: Any) -> dict[str, Any]:
         "num_envs": 1,
         "seed": 0,
         "heartbeat_interval": 1.0,
+        "state_size": 0,
+        "max_weights_bytes": 1 << 20,
+        "max_fragment_bytes": 1 << 20,
     }
     config.update(changes)
     return config
@@ -107,12 +111,13 @@ class FakeLearner:
     def recv_fragment(self, timeout: float = TIMEOUT) -> Fragment:
         assert self.pull.poll(int(timeout * 1000)), f"no fragment within {timeout}s"
         message = decode(self.pull.recv(), expected=(Fragment,))
-        assert isinstance(message, Fragment)
-        return message
+        assert isinstance(message, Fragment) and message.num_slots == 1
+        return slot_rows(message)
 
     def welcome(self, routing_id: bytes, actor_id: int, weights: Weights, **config: Any) -> None:
         message = Welcome(
             actor_id=actor_id,
+            token=TOKEN,
             run_id=RUN_ID,
             base_version=0,
             experience_port=self.port + 1,
@@ -239,10 +244,10 @@ def test_actor_sends_ordered_fragments_pauses_and_loads_broadcasts(ctx, learner_
 
     # Every fragment the bye accounts for arrives, and nothing else.
     fragments = [*received, resumed]
-    while fragments[-1].seq < bye.last_seq[0]:
+    while fragments[-1].seq < bye.last_seq:
         fragments.append(fake.recv_fragment())
     assert [f.seq for f in fragments] == list(range(len(fragments)))
-    assert bye.last_seq == [fragments[-1].seq]
+    assert bye.last_seq == fragments[-1].seq
     assert sum(f.length for f in fragments) == stats["steps_sent"]
     assert stats["fragments_sent"] == len(fragments)
     assert all(f.version == 7 for f in fragments[len(received) :])
@@ -278,7 +283,7 @@ def test_unthrottled_actor_loads_weights_between_steps(ctx, learner_port):
     _, bye = fake.recv_control(Bye)
     stats = actor.join()
     assert actor.error is None, repr(actor.error)
-    while fragments[-1].seq < bye.last_seq[0]:
+    while fragments[-1].seq < bye.last_seq:
         fragments.append(fake.recv_fragment())
     assert [f.seq for f in fragments] == list(range(len(fragments)))
     assert [f.version for f in fragments] == [0] * switched + [1] * (len(fragments) - switched)
@@ -445,7 +450,7 @@ def test_unsendable_fragment_at_shutdown_is_not_counted_as_sent(ctx, learner_por
     client.close()
     _, bye = fake.recv_control(Bye)
     assert bye.stats["steps_sent"] == sent
-    assert bye.last_seq == [sent - 1]
+    assert bye.last_seq == sent - 1
     seqs = [fake.recv_fragment().seq for _ in range(int(sent))]
     assert seqs == list(range(int(sent)))
     assert not fake.pull.poll(200)

@@ -16,6 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LEARNER_SOURCES = [
     "zmq_rl/protocol.py",
+    "zmq_rl/wire.py",
+    "zmq_rl/spaces.py",
     "zmq_rl/membership.py",
     "zmq_rl/ingest.py",
     "zmq_rl/learner.py",
@@ -29,6 +31,8 @@ def emitted_codes() -> dict[str, set[str]]:
     reasons: set[str] = set()
     keys: set[str] = set()
     for name in LEARNER_SOURCES:
+        if not (ROOT / name).exists():
+            continue
         text = (ROOT / name).read_text()
         reasons.update(re.findall(r'(?:ProtocolError|FragmentRejected)\(\s*"([a-z_]+)"', text))
         reasons.update(re.findall(r'_reject\(\s*"[a-z]+",\s*"([a-z_]+)"', text))

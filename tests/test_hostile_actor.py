@@ -36,10 +36,12 @@ from tests.helpers import (
     TIMEOUT,
     CheckedBackground,
     Fuzzer,
+    SlotRows,
     body_of,
     cartpole_fragment,
     gym_actor,
     pack,
+    slot_rows,
     stub_client,
     total,
     wait_until,
@@ -95,7 +97,7 @@ class FakeLearner:
         self.router.bind(f"tcp://127.0.0.1:{port}")
         self.pull.bind(f"tcp://127.0.0.1:{port + 1}")
         self.pub.bind(f"tcp://127.0.0.1:{port + 2}")
-        self.fragments: list[Fragment] = []
+        self.fragments: list[SlotRows] = []
 
     def recv_control(self, kind: type[Message], timeout: float = TIMEOUT) -> tuple[bytes, Any]:
         """The next control message of type ``kind`` (heartbeats are skipped)."""
@@ -112,8 +114,8 @@ class FakeLearner:
     def drain_fragments(self) -> None:
         while self.pull.poll(0):
             message = decode(self.pull.recv(), (Fragment,))
-            assert isinstance(message, Fragment)
-            self.fragments.append(message)
+            assert isinstance(message, Fragment) and message.num_slots == 1
+            self.fragments.append(slot_rows(message))
 
     def welcome(self, routing_id: bytes, weights: Weights) -> None:
         policy = dataclasses.asdict(STUB_POLICY)
@@ -131,6 +133,9 @@ class FakeLearner:
             "num_envs": 1,
             "seed": 0,
             "heartbeat_interval": 1.0,
+            "state_size": 0,
+            "max_weights_bytes": 1 << 20,
+            "max_fragment_bytes": 1 << 20,
         }
         self.router.send_multipart(
             [
@@ -138,6 +143,7 @@ class FakeLearner:
                 encode(
                     Welcome(
                         actor_id=0,
+                        token=bytes(16),
                         run_id=FAKE_RUN,
                         base_version=0,
                         experience_port=self.port + 1,
@@ -297,7 +303,7 @@ class WeightsFuzzer(Fuzzer):
         )
 
     def wrong_version(self) -> list[bytes]:
-        return self.set_one(self.body(), "proto", [2, 0, "1", None, 1.0, True])
+        return self.set_one(self.body(), "proto", [1, 3, 0, "2", None, 2.0, True])
 
     def multipart(self) -> list[bytes]:
         return self.several([self.random_bytes, self.wrong_version, self.truncated], 2, 3)
@@ -377,7 +383,7 @@ class ActorControlFuzzer(Fuzzer):
 
     def wrong_version(self) -> list[bytes]:
         body = body_of(Shutdown(reason="from the future", run_id=FAKE_RUN))
-        return self.set_one(body, "proto", [2, 0, "1", None, 1.0])
+        return self.set_one(body, "proto", [1, 3, 0, "2", None, 2.0])
 
     def multi_frame(self) -> list[bytes]:
         return self.several([self.random_bytes, self.wrong_version, self.not_a_map], 2, 4)
@@ -566,8 +572,8 @@ def test_actor_facing_a_newer_learner_is_told_both_versions(ctx, learner_port):
         attempt = CheckedBackground(client.register)
         assert router.poll(5000), "no hello"
         routing_id, _ = router.recv_multipart()
-        body = body_of(Refuse("version_mismatch", "peer speaks 1, we speak 2"))
-        body["proto"] = 2
+        body = body_of(Refuse("version_mismatch", "peer speaks 2, we speak 3"))
+        body["proto"] = 3
         router.send_multipart([routing_id, pack(body)])
         start = time.monotonic()
         attempt.thread.join(5.0)

@@ -56,28 +56,28 @@ torch.set_num_threads(1)
 def test_protocol_version_mismatch_is_refused_naming_both_versions(
     ctx, learner_port, start_learner, monkeypatch, caplog
 ):
-    """A hello in protocol 2 (made by hand on a raw DEALER, and from an ActorClient whose
-    encoder is made to stamp proto 2) is refused with ``version_mismatch``; the refusal,
+    """A v1 actor's hello (made by hand on a raw DEALER, and from an ActorClient whose
+    encoder is made to stamp proto 1) is refused with ``version_mismatch``; the refusal,
     the client's LearnerRefused and the learner's log name both versions, and the
     learner counts each under ``rejected/control/version_mismatch``."""
     learner, run = start_learner(stub_learner_config(learner_port))
     dealer = raw_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{learner_port}")
     body = body_of(stub_hello())
-    body["proto"] = 2
+    body["proto"] = 1
     dealer.send(pack(body))
     refusal = recv_message(dealer)
     assert isinstance(refusal, Refuse) and refusal.code == "version_mismatch"
-    assert "peer speaks 2" in refusal.reason and f"we speak {PROTOCOL_VERSION}" in refusal.reason
+    assert "peer speaks 1" in refusal.reason and f"we speak {PROTOCOL_VERSION}" in refusal.reason
 
-    def encode_v2(message: Message) -> bytes:
+    def encode_v1(message: Message) -> bytes:
         frame = encode(message)
         if not isinstance(message, Hello):
             return frame
         body = msgpack.unpackb(frame, raw=False)
-        body["proto"] = 2
+        body["proto"] = 1
         return pack(body)
 
-    monkeypatch.setattr(client_module, "encode", encode_v2)
+    monkeypatch.setattr(client_module, "encode", encode_v1)
     client = stub_client(ctx, learner_port, register_timeout=10.0)
     start = time.monotonic()
     with pytest.raises(LearnerRefused) as info:
@@ -89,11 +89,11 @@ def test_protocol_version_mismatch_is_refused_naming_both_versions(
     dealer.close()
     print(f"\nversion mismatch: refused in {elapsed * 1000:.0f} ms: {info.value}")
     assert info.value.code == "version_mismatch" and elapsed < 5.0
-    assert "peer speaks 2" in str(info.value) and f"we speak {PROTOCOL_VERSION}" in str(info.value)
+    assert "peer speaks 1" in str(info.value) and f"we speak {PROTOCOL_VERSION}" in str(info.value)
     assert report.counters["rejected/control/version_mismatch"] == 2
     assert "registered" not in report.counters
     logged = [r.getMessage() for r in caplog.records if "version_mismatch" in r.getMessage()]
-    assert logged and "peer speaks 2" in logged[0]
+    assert logged and "peer speaks 1" in logged[0]
 
 
 def test_hello_with_an_unusable_space_is_refused_and_the_run_goes_on(

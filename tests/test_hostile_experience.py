@@ -148,7 +148,7 @@ def test_registered_peer_cannot_poison_the_policy_with_huge_finite_values(
     peer = RegisteredPeer(ctx, learner_port)
     for _ in range(3):
         fragment = peer.fragment(8)
-        peer.send(dataclasses.replace(fragment, **{field: np.full(8, 3e38, np.float32)}))
+        peer.send(dataclasses.replace(fragment, **{field: np.full((8, 1), 3e38, np.float32)}))
     wait_until(
         lambda: learner.counters["rejected/experience/out_of_range"] >= 3,
         TIMEOUT,

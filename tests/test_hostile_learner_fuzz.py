@@ -75,14 +75,20 @@ class ExperienceFuzzer(Fuzzer):
 
     NOT_MAPS = (1, -7, "fragment", [1, 2, 3], None, 3.5, b"\x00", True)
 
-    def __init__(self, seed: int, run_id: str, actors: dict[int, int]) -> None:
+    def __init__(
+        self, seed: int, run_id: str, actors: dict[int, int], tokens: dict[int, bytes]
+    ) -> None:
         super().__init__(seed)
         self.run_id = run_id
         self.actors = actors  # actor_id -> num_envs (registered, good actors)
+        self.tokens = tokens  # actor_id -> its session token (the worst case: known)
 
     def fragment(self, **changes: Any) -> Fragment:
+        """A fragment of a good actor with its token and a seq far in the future (so it
+        can never move the actor's expected seq: seq_jump if nothing else is wrong)."""
         actor_id = changes.pop("actor_id", self.r.choice(sorted(self.actors)))
         run_id = changes.pop("run_id", self.run_id)
+        changes.setdefault("token", self.tokens.get(actor_id, bytes(16)))
         return cartpole_fragment(
             self.rng,
             run_id,
@@ -104,15 +110,19 @@ class ExperienceFuzzer(Fuzzer):
         name = self.r.choice(
             [
                 "actor_id",
-                "slot",
+                "slots",
                 "version",
                 "seq",
                 "run_id",
                 "sent_at",
-                *Fragment.ARRAYS,
+                "token",
+                *Fragment.STEP_FIELDS,
+                "next_obs",
+                "final_obs_index",
+                "final_obs",
             ]
         )
-        if name in ("actor_id", "slot", "version", "seq"):
+        if name in ("actor_id", "version", "seq", "token"):
             value = self.r.choice(["7", 1.5, None, True, [1], {"a": 1}, -3, b"\x01"])
         elif name == "run_id":
             value = self.r.choice([5, None, b"raw", [self.run_id], "x" * 300])
@@ -149,20 +159,18 @@ class ExperienceFuzzer(Fuzzer):
                 [[-1], [1.5], "4", [1] * 9, None, [True], [2**64 - 1]]
             )
         elif case == 2:  # a 1-D field with two dimensions
-            body["rewards"] = encode_array(
-                np.ones((len(body["terminated"]["data"]), 2), np.float32)
-            )
+            body["rewards"] = encode_array(np.ones(len(body["terminated"]["data"]), np.float32))
         elif case == 3:  # T disagrees between fields
             n = body["values"]["shape"][0] + 1
-            body["values"] = encode_array(np.zeros(n, np.float32))
+            body["values"] = encode_array(np.zeros((n, 1), np.float32))
         elif case == 4:
-            body["next_obs"] = encode_array(np.zeros(5, np.float32))
+            body["next_obs"] = encode_array(np.zeros((2, 4), np.float32))
         elif case == 5:
             n = body["actions"]["shape"][0]
-            body["actions"] = encode_array(np.zeros((n, 1, 1), np.int64))
+            body["actions"] = encode_array(np.zeros((n, 2, 1), np.int64))
         elif case == 6:  # T = 0
             fragment = self.fragment()
-            for field in Fragment.ARRAYS[: Fragment.ARRAYS.index("next_obs")]:  # the [T] ones
+            for field in Fragment.STEP_FIELDS:  # the [T, B] ones
                 array = getattr(fragment, field)
                 body[field] = encode_array(array[:0])
         elif case == 7:  # obs with no time axis
@@ -222,7 +230,7 @@ class ExperienceFuzzer(Fuzzer):
         if self.r.random() < 0.2:
             del body["proto"]
             return [pack(body)]
-        return self.set_one(body, "proto", [2, 0, "1", None, 1.0, True, -1, 2**40])
+        return self.set_one(body, "proto", [1, 3, 0, "2", None, 2.0, True, -1, 2**40])
 
     def unknown_actor(self) -> list[bytes]:
         return [encode(self.fragment(actor_id=self.r.choice([2, 7, 999, 123_456, 2**31])))]
@@ -232,14 +240,14 @@ class ExperienceFuzzer(Fuzzer):
         if self.r.random() < 0.5:
             body["actor_id"] = self.r.choice([-1, 2**63, 2**64 - 1])
         else:
-            body["slot"] = self.r.choice([-1, 65536, 2**40])
+            body["slots"] = encode_array(np.array([self.r.choice([-1, -(2**40)])], np.int64))
         return [pack(body)]
 
     def bad_slot(self) -> list[bytes]:
         actor_id = self.r.choice(sorted(self.actors))
         fragment = self.fragment(actor_id=actor_id)
         slot = self.r.choice([self.actors[actor_id], self.actors[actor_id] + 1, 65535])
-        return [encode(dataclasses.replace(fragment, slot=slot))]
+        return [encode(dataclasses.replace(fragment, slots=np.array([slot], np.int32)))]
 
     def bad_obs(self) -> list[bytes]:
         fragment = self.fragment()
@@ -250,8 +258,8 @@ class ExperienceFuzzer(Fuzzer):
                 encode(
                     dataclasses.replace(
                         fragment,
-                        obs=np.zeros((n, 3), np.float32),
-                        next_obs=np.zeros(3, np.float32),
+                        obs=np.zeros((n, 1, 3), np.float32),
+                        next_obs=np.zeros((1, 3), np.float32),
                         final_obs=np.zeros((0, 3), np.float32),
                     )
                 )
@@ -273,11 +281,11 @@ class ExperienceFuzzer(Fuzzer):
         n = fragment.length
         actions = self.r.choice(
             [
-                np.full(n, 2, np.int64),
-                np.full(n, -1, np.int64),
-                np.full(n, 2**40, np.int64),
-                np.zeros(n, np.float32),
-                np.zeros((n, 1), np.int64),
+                np.full((n, 1), 2, np.int64),
+                np.full((n, 1), -1, np.int64),
+                np.full((n, 1), 2**40, np.int64),
+                np.zeros((n, 1), np.float32),
+                np.zeros((n, 1, 1), np.int64),
             ]
         )
         return [encode(dataclasses.replace(fragment, actions=actions))]
@@ -287,16 +295,16 @@ class ExperienceFuzzer(Fuzzer):
         return [encode(self.fragment(run_id=stale))]
 
     def old_seq(self) -> list[bytes]:
-        """A replayed fragment: seq 0 of a slot the actor has sent beyond."""
+        """A replayed fragment: seq 0 of an actor that has sent beyond it."""
         actor_id = self.r.choice(sorted(self.actors))
         slot = self.r.randrange(self.actors[actor_id])
         fragment = self.fragment(actor_id=actor_id)
-        return [encode(dataclasses.replace(fragment, slot=slot, seq=0))]
+        return [encode(dataclasses.replace(fragment, slots=np.array([slot], np.int32), seq=0))]
 
     def bad_final_obs(self) -> list[bytes]:
         fragment = self.fragment()
-        truncated = np.zeros(fragment.length, bool)
-        truncated[-1] = True  # a truncated row without its final observation
+        truncated = np.zeros((fragment.length, 1), bool)
+        truncated[-1, 0] = True  # a truncated row without its final observation
         if self.r.random() < 0.5:
             return [encode(dataclasses.replace(fragment, truncated=truncated))]
         body = body_of(fragment)
@@ -361,7 +369,7 @@ class ControlFuzzer(Fuzzer):
         frame = encode(
             self.r.choice(
                 [
-                    Heartbeat(actor_id=0, run_id=self.run_id),
+                    Heartbeat(actor_id=0, run_id=self.run_id, token=bytes(16)),
                     Bye(actor_id=0, stats={"steps_sent": 1.0}),
                 ]
             )
@@ -388,17 +396,22 @@ class ControlFuzzer(Fuzzer):
                     ("host", "h" * 300),
                     ("pid", -1),
                     ("rejoin_run_id", 5),
-                    ("next_seq", ["x"]),
-                    ("next_seq", [-1]),
-                    ("next_seq", list(range(5000))),
+                    ("pid", 2**40),
                     ("observation_space", {1: 2}),
                 ]
             )
             body[name] = value
         elif case == 1:
-            body = body_of(Heartbeat(actor_id=0, run_id=self.run_id))
+            body = body_of(Heartbeat(actor_id=0, run_id=self.run_id, token=bytes(16)))
             name, value = self.r.choice(
-                [("actor_id", "0"), ("actor_id", None), ("run_id", 5), ("version", -1)]
+                [
+                    ("actor_id", "0"),
+                    ("actor_id", None),
+                    ("run_id", 5),
+                    ("version", -1),
+                    ("token", None),
+                    ("token", "x" * 16),
+                ]
             )
             body[name] = value
         else:
@@ -409,8 +422,9 @@ class ControlFuzzer(Fuzzer):
                     ("stats", {"x": math.inf}),
                     ("stats", [1]),
                     ("stats", {"x": "1"}),
-                    ("last_seq", [-2]),
+                    ("last_seq", -2),
                     ("last_seq", "0"),
+                    ("token", b"\x00" * 15),
                     ("actor_id", -1),
                 ]
             )
@@ -440,7 +454,7 @@ class ControlFuzzer(Fuzzer):
             if self.r.random() < 0.5
             else body_of(Heartbeat(actor_id=0, run_id=self.run_id))
         )
-        return self.set_one(body, "proto", [2, 0, "1", None, 1.0, True])
+        return self.set_one(body, "proto", [1, 3, 0, "2", None, 2.0, True])
 
     def unknown_actor(self) -> list[bytes]:
         """Valid heartbeats / byes from a peer that never registered; answered with
@@ -520,15 +534,14 @@ def test_fuzz_learner_pull_and_router_during_training(ctx, learner_port, start_l
 
     def every_slot_sent() -> bool:
         records = list(learner.members)
-        return len(records) == 2 and all(
-            s is not None and s >= 1 for rec in records for s in rec.next_seq
-        )
+        return len(records) == 2 and all(rec.next_seq >= 1 for rec in records)
 
     wait_until(every_slot_sent, TIMEOUT, "both actors to send on every slot")
     good = {rec.actor_id: rec.num_envs for rec in learner.members}
+    tokens = {rec.actor_id: rec.token for rec in learner.members}
     push = raw_socket(ctx, zmq.PUSH, f"tcp://127.0.0.1:{cfg.experience_port()}")
     dealer = raw_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{learner_port}")
-    experience = ExperienceFuzzer(1, learner.run_id, good)
+    experience = ExperienceFuzzer(1, learner.run_id, good, tokens)
     control = ControlFuzzer(2, learner.run_id)
     tried = {"experience": Counter(), "control": Counter()}
     parts_sent = messages_sent = 0

@@ -272,12 +272,13 @@ def recv_control(
     pytest.fail(f"no {kind.__name__} within {timeout}s")
 
 
-def stop_learner(learner: Learner, run: Background, peers: dict[zmq.Socket, int]) -> Any:
+def stop_learner(learner: Learner, run: Background, peers: dict[zmq.Socket, Welcome]) -> Any:
     """End a learner still waiting for actors; registered peers answer with a bye."""
     learner.request_stop("test over")
-    for sock, actor_id in peers.items():
+    for sock, welcome in peers.items():
         recv_control(sock, Shutdown, run)
-        sock.send(encode(Bye(actor_id=actor_id, stats={"steps_sent": 0}, last_seq=[-1])))
+        bye = Bye(actor_id=welcome.actor_id, token=welcome.token, stats={"steps_sent": 0})
+        sock.send(encode(bye))
     report = run.join()
     assert run.error is None, repr(run.error)
     return report
@@ -361,7 +362,8 @@ def test_duplicate_actor_id_is_refused(ctx, learner_port):
         run = Background(learner.run)
         first = dealer(ctx, learner_port)
         first.send(encode(hello(actor_id=0, host="first-host", pid=111)))
-        assert recv_control(first, Welcome, run).actor_id == 0
+        first_welcome = recv_control(first, Welcome, run)
+        assert first_welcome.actor_id == 0
         second = dealer(ctx, learner_port)
         second.send(encode(hello(actor_id=0, host="second-host", pid=222)))
         refuse = recv_control(second, Refuse, run)
@@ -372,7 +374,7 @@ def test_duplicate_actor_id_is_refused(ctx, learner_port):
         third.send(encode(hello(actor_id=-1, host="third-host", pid=333)))
         welcome = recv_control(third, Welcome, run)
         assert welcome.actor_id == 1
-        report = stop_learner(learner, run, {first: 0, third: 1})
+        report = stop_learner(learner, run, {first: first_welcome, third: welcome})
     finally:
         learner.close()
     # The first actor kept its id; the refused one never replaced it.

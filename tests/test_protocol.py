@@ -36,36 +36,44 @@ from zmq_rl.protocol import (
 RNG = np.random.default_rng(0)
 
 
+TOKEN = bytes(range(16))
+
+
 def make_fragment(
-    T: int = 6, obs_shape=(3,), obs_dtype=np.float32, continuous: bool = False
+    T: int = 6, obs_shape=(3,), obs_dtype=np.float32, continuous: bool = False, B: int = 2
 ) -> Fragment:
-    """Rows: 1 truncated only (needs final_obs), 3 terminated and truncated (does not),
-    5 terminated."""
-    obs = (RNG.standard_normal((T, *obs_shape)) * 10).astype(obs_dtype)
-    terminated = np.zeros(T, bool)
-    truncated = np.zeros(T, bool)
-    truncated[[1, 3]] = True
-    terminated[[3, T - 1]] = True
+    """Column 0: row 1 truncated only (needs final_obs), row 3 terminated and truncated
+    (does not), row T-1 terminated; column 1 (if any): row 2 truncated only."""
+    obs = (RNG.standard_normal((T, B, *obs_shape)) * 10).astype(obs_dtype)
+    terminated = np.zeros((T, B), bool)
+    truncated = np.zeros((T, B), bool)
+    truncated[[1, 3], 0] = True
+    terminated[[3, T - 1], 0] = True
+    cells = [1 * B + 0]
+    if B > 1:
+        truncated[2, 1] = True
+        cells.append(2 * B + 1)
     if continuous:
-        actions = RNG.standard_normal((T, 2)).astype(np.float32)
+        actions = RNG.standard_normal((T, B, 2)).astype(np.float32)
     else:
-        actions = RNG.integers(0, 4, T).astype(np.int64)
+        actions = RNG.integers(0, 4, (T, B)).astype(np.int64)
     return Fragment(
         actor_id=7,
-        slot=2,
         version=11,
         seq=42,
         run_id="run-abc",
+        token=TOKEN,
+        slots=np.arange(2, 2 + B, dtype=np.int32),
         obs=obs,
         actions=actions,
-        rewards=RNG.standard_normal(T).astype(np.float32),
+        rewards=RNG.standard_normal((T, B)).astype(np.float32),
         terminated=terminated,
         truncated=truncated,
-        values=RNG.standard_normal(T).astype(np.float32),
-        log_probs=-RNG.random(T).astype(np.float32),
-        next_obs=(RNG.standard_normal(obs_shape) * 10).astype(obs_dtype),
-        final_obs_index=np.array([1], np.int32),
-        final_obs=(RNG.standard_normal((1, *obs_shape)) * 10).astype(obs_dtype),
+        values=RNG.standard_normal((T, B)).astype(np.float32),
+        log_probs=-RNG.random((T, B)).astype(np.float32),
+        next_obs=(RNG.standard_normal((B, *obs_shape)) * 10).astype(obs_dtype),
+        final_obs_index=np.array(cells, np.int32),
+        final_obs=(RNG.standard_normal((len(cells), *obs_shape)) * 10).astype(obs_dtype),
         sent_at=1234.5,
     )
 
@@ -126,17 +134,60 @@ def test_fragment_round_trip(obs_shape, obs_dtype, continuous):
     sent = make_fragment(obs_shape=obs_shape, obs_dtype=obs_dtype, continuous=continuous)
     got = decode(encode(sent))
     assert isinstance(got, Fragment)
-    assert (got.actor_id, got.slot, got.version, got.seq, got.run_id, got.sent_at) == (
+    assert (got.actor_id, got.version, got.seq, got.run_id, got.sent_at, got.token) == (
         7,
-        2,
         11,
         42,
         "run-abc",
         1234.5,
+        TOKEN,
     )
-    assert got.length == 6
-    for name in Fragment.ARRAYS:
+    assert (got.length, got.num_slots) == (6, 2)
+    for name in (*Fragment.STEP_FIELDS, "slots", "next_obs", "final_obs_index", "final_obs"):
         assert_same_array(getattr(got, name), getattr(sent, name))
+
+
+def test_structured_fragment_round_trip():
+    """A dict observation travels as one array per key, a tuple as a list; a recurrent
+    state as one [B, S] array."""
+    sent = make_fragment(B=2)
+    T, B = 6, 2
+    sent.obs = {"pos": sent.obs, "cell": (np.ones((T, B), np.int64), np.zeros((T, B, 2), np.int8))}
+    sent.next_obs = {
+        "pos": sent.next_obs,
+        "cell": (np.ones(B, np.int64), np.zeros((B, 2), np.int8)),
+    }
+    sent.final_obs = {
+        "pos": sent.final_obs,
+        "cell": (np.ones(2, np.int64), np.zeros((2, 2), np.int8)),
+    }
+    sent.state = np.arange(B * 5, dtype=np.float32).reshape(B, 5)
+    got = decode(encode(sent))
+    assert list(got.obs) == ["pos", "cell"] and isinstance(got.obs["cell"], tuple)
+    assert_same_array(got.obs["cell"][1], sent.obs["cell"][1])
+    assert_same_array(got.final_obs["pos"], sent.final_obs["pos"])
+    assert_same_array(got.state, sent.state)
+    body = body_of(sent)
+    body["next_obs"] = body["next_obs"]["pos"]  # does not nest like the rows
+    rejected(frame_of(body), "bad_shape")
+
+
+def test_for_slot_builds_a_one_column_fragment():
+    rows = make_fragment(B=1)
+    got = Fragment.for_slot(
+        4,
+        actor_id=1,
+        version=0,
+        seq=0,
+        run_id="r",
+        token=TOKEN,
+        **{name: getattr(rows, name)[:, 0] for name in Fragment.STEP_FIELDS},
+        next_obs=rows.next_obs[0],
+        final_obs_index=[1],
+        final_obs=rows.final_obs,
+    )
+    assert (got.num_slots, got.slots.tolist()) == (1, [4])
+    assert_same_array(decode(encode(got)).obs, rows.obs)
 
 
 def test_fragment_without_final_obs_round_trips_to_empty():
@@ -145,7 +196,7 @@ def test_fragment_without_final_obs_round_trips_to_empty():
     sent.final_obs_index = np.zeros(0, np.int32)
     sent.final_obs = None
     got = decode(encode(sent), expected=(Fragment,))
-    assert got.final_obs.shape == (0, 3)
+    assert got.final_obs.shape == (0, 3)  # [K, *obs_shape]
     assert got.final_obs.dtype == np.float32
     assert got.final_obs_index.shape == (0,)
 
@@ -190,13 +241,15 @@ def test_control_messages_round_trip():
         weights_port=6002,
         settings=make_run_settings(),
         weights=make_weights(2),
+        token=TOKEN,
     )
     plain = [
         hello,
         Refuse(code="space_mismatch", reason="spaces differ"),
         Shutdown(reason="budget spent", run_id="run-abc"),
-        Bye(actor_id=3, stats={"steps_sent": 40.0, "episodes_completed": 8}, last_seq=[4, -1]),
-        Heartbeat(actor_id=-1, run_id="run-abc", version=9),
+        Bye(actor_id=3, token=TOKEN, stats={"steps_sent": 40.0, "episodes_completed": 8}),
+        Heartbeat(actor_id=-1, run_id="run-abc", version=9, base_version=3),
+        Heartbeat(actor_id=2, run_id="run-abc", version=9, token=TOKEN, paused=0.5),
     ]
     for message in plain:
         got = decode(encode(message))
@@ -204,7 +257,7 @@ def test_control_messages_round_trip():
         assert got == message
     got = decode(encode(welcome))
     assert isinstance(got, Welcome)
-    assert (got.actor_id, got.run_id, got.base_version) == (3, "run-abc", 2)
+    assert (got.actor_id, got.run_id, got.base_version, got.token) == (3, "run-abc", 2, TOKEN)
     assert (got.experience_port, got.weights_port) == (6001, 6002)
     assert got.settings == welcome.settings
     assert got.weights.version == 2
@@ -225,7 +278,19 @@ def test_every_message_type_is_covered():
         "bye",
         "heartbeat",
     }
-    assert body_of(Heartbeat(actor_id=1, run_id="r"))["proto"] == PROTOCOL_VERSION
+    assert body_of(Heartbeat(actor_id=1, run_id="r", token=TOKEN))["proto"] == PROTOCOL_VERSION == 2
+
+
+def test_actor_heartbeats_and_byes_need_the_token():
+    body = body_of(Heartbeat(actor_id=1, run_id="r", token=TOKEN))
+    del body["token"]
+    rejected(frame_of(body), "bad_field")
+    body = body_of(Heartbeat(actor_id=-1, run_id="r"))
+    body["token"] = TOKEN
+    rejected(frame_of(body), "bad_field")  # a learner heartbeat carries none
+    body = body_of(Bye(actor_id=1, token=TOKEN, stats={}))
+    body["token"] = b"short"
+    rejected(frame_of(body), "bad_field")
 
 
 @pytest.mark.parametrize(
@@ -236,6 +301,13 @@ def test_every_message_type_is_covered():
         spaces.Box(0, 255, (2, 3), np.uint8),
         spaces.Discrete(2),
         spaces.Discrete(5, start=-2),
+        spaces.MultiBinary(5),
+        spaces.MultiBinary([2, 3]),
+        spaces.MultiDiscrete([3, 4, 2]),
+        spaces.MultiDiscrete(np.array([[2, 3], [4, 5]]), start=np.array([[0, 1], [-1, 0]])),
+        spaces.Dict({"a": spaces.Box(-1, 1, (3,)), "b": spaces.Discrete(4)}),
+        spaces.Dict({"z": spaces.MultiBinary(2), "a": spaces.Tuple([spaces.Discrete(2)])}),
+        spaces.Tuple([spaces.Box(0, 255, (4, 4), np.uint8), spaces.MultiDiscrete([2, 2])]),
     ],
 )
 def test_space_spec_round_trip(space):
@@ -266,6 +338,28 @@ def test_space_spec_distinguishes_spaces():
         {"kind": "discrete", "n": 0},
         {"kind": "discrete", "n": True},
         {"kind": "box", "shape": [2], "dtype": "float32", "low": None, "high": None},
+        {"kind": "dict", "spaces": []},
+        {"kind": "dict", "spaces": [["a", {"kind": "discrete", "n": 2}]] * 2},
+        {"kind": "multi_binary", "shape": [0]},
+        {"kind": "multi_discrete", "nvec": encode_array(np.array([0])), "start": None},
+        {
+            "kind": "dict",
+            "spaces": [[k, {"kind": "discrete", "n": 2}] for k in ("dtype", "shape", "data")],
+        },
+        {
+            "kind": "tuple",
+            "spaces": [
+                {
+                    "kind": "tuple",
+                    "spaces": [
+                        {
+                            "kind": "tuple",
+                            "spaces": [{"kind": "tuple", "spaces": [{"kind": "discrete", "n": 2}]}],
+                        }
+                    ],
+                }
+            ],
+        },
     ],
 )
 def test_space_from_spec_rejects_garbage(spec):
@@ -304,27 +398,27 @@ def test_rejects_non_msgpack_and_non_maps():
 
 
 def test_rejects_missing_or_other_protocol_version():
-    body = body_of(Heartbeat(actor_id=1, run_id="r"))
+    body = body_of(Heartbeat(actor_id=1, run_id="r", token=TOKEN))
     del body["proto"]
     err = rejected(frame_of(body), "version_mismatch")
     assert isinstance(err, ProtocolVersionMismatch)
     assert err.theirs is None
-    for other in (2, 0, "1", 1.0, True):
+    for other in (1, 3, 0, "2", 2.0, True):
         body["proto"] = other
         err = rejected(frame_of(body), "version_mismatch")
         assert isinstance(err, ProtocolVersionMismatch)
         assert err.theirs == other
-    body["proto"] = 2
+    body["proto"] = 1
     message = str(rejected(frame_of(body), "version_mismatch"))
-    assert re.search(r"\b2\b", message) and re.search(rf"\b{PROTOCOL_VERSION}\b", message)
+    assert re.search(r"\b1\b", message) and re.search(rf"\b{PROTOCOL_VERSION}\b", message)
 
 
 def test_rejects_unknown_and_unexpected_types():
-    body = body_of(Heartbeat(actor_id=1, run_id="r"))
+    body = body_of(Heartbeat(actor_id=1, run_id="r", token=TOKEN))
     for kind in ("teleport", None, 3, ["heartbeat"]):
         body["type"] = kind
         rejected(frame_of(body), "unknown_type")
-    beat = encode(Heartbeat(actor_id=1, run_id="r"))
+    beat = encode(Heartbeat(actor_id=1, run_id="r", token=TOKEN))
     rejected(beat, "unexpected_type", expected=(Fragment,))
     assert isinstance(decode(beat, expected=(Hello, Heartbeat)), Heartbeat)
     rejected(encode(make_weights()), "unexpected_type", expected=(Fragment,))
@@ -376,24 +470,32 @@ def _inf_value(body):
     [
         (_set(("obs", "dtype"), "complex64"), "bad_dtype"),
         (_set(("obs", "dtype"), "object"), "bad_dtype"),
-        (_replace_array("rewards", np.ones(6, np.int32)), "bad_dtype"),  # allowed, not here
-        (_set(("obs", "shape"), [6, 4]), "size_mismatch"),
+        (_replace_array("rewards", np.ones((6, 2), np.int32)), "bad_dtype"),  # not here
+        (_set(("obs", "shape"), [6, 2, 4]), "size_mismatch"),
         (_set(("obs", "data"), b"\x00" * 7), "size_mismatch"),
-        (_set(("obs", "shape"), [-6, -3]), "bad_shape"),
-        (_set(("obs", "shape"), [6, 3.0]), "bad_shape"),
-        (_set(("obs", "shape"), [1] * 9 + [18]), "bad_shape"),
+        (_set(("obs", "shape"), [-6, -2, -3]), "bad_shape"),
+        (_set(("obs", "shape"), [6, 2, 3.0]), "bad_shape"),
+        (_set(("obs", "shape"), [1] * 9 + [36]), "bad_shape"),
+        (_set(("obs", "shape"), [12, 1, 3]), "bad_shape"),  # leading dims are not [T, B]
         (_set(("obs",), [1, 2, 3]), "bad_array"),
         (_nan_reward, "not_finite"),
         (_inf_value, "not_finite"),
-        (_replace_array("values", np.zeros(5, np.float32)), "bad_shape"),
-        (_replace_array("actions", np.zeros(7, np.int64)), "bad_shape"),
-        (_replace_array("next_obs", np.zeros(4, np.float32)), "bad_shape"),
-        (_replace_array("rewards", np.zeros(0, np.float32)), "bad_shape"),
-        (_replace_array("rewards", np.zeros((6, 1), np.float32)), "bad_shape"),
-        # Row 3 is terminated too: it must not be listed.
-        (_replace_array("final_obs_index", np.array([3], np.int32)), "bad_field"),
+        (_replace_array("values", np.zeros((5, 2), np.float32)), "bad_shape"),
+        (_replace_array("actions", np.zeros((7, 2), np.int64)), "bad_shape"),
+        (_replace_array("next_obs", np.zeros((2, 4), np.float32)), "bad_shape"),
+        (_replace_array("next_obs", np.zeros((3, 3), np.float32)), "bad_shape"),
+        (_replace_array("rewards", np.zeros((0, 2), np.float32)), "bad_shape"),
+        (_replace_array("rewards", np.zeros(6, np.float32)), "bad_shape"),
+        (_replace_array("slots", np.array([2, 2], np.int32)), "bad_field"),
+        (_replace_array("slots", np.array([2], np.int32)), "bad_field"),
+        (_replace_array("slots", np.array([2, -3], np.int32)), "bad_field"),
+        (_replace_array("state", np.zeros((3, 4), np.float32)), "bad_shape"),
+        (_replace_array("state", np.zeros((2, 4), np.float64)), "bad_dtype"),
+        # Cell (3, 0) is terminated too: it must not be listed.
+        (_replace_array("final_obs_index", np.array([2, 6], np.int32)), "bad_field"),
         (_bool_byte_2, "bad_value"),
-        (_set(("slot",), -1), "bad_field"),
+        (_set(("token",), b"x" * 15), "bad_field"),
+        (_set(("token",), "0123456789abcdef"), "bad_field"),
         (_set(("seq",), "1"), "bad_field"),
         (_set(("version",), True), "bad_field"),
         (_set(("sent_at",), float("nan")), "bad_value"),
@@ -403,7 +505,9 @@ def test_fragment_field_rejects(mutate, reason):
     rejected(mutated_fragment(mutate), reason)
 
 
-def test_final_obs_index_must_list_exactly_the_truncated_rows():
+def test_final_obs_index_must_list_exactly_the_truncated_cells():
+    """Flat indices t * B + b: here (1, 0) -> 2 and (2, 1) -> 5, ascending."""
+
     def index_and_obs(index):
         def mutate(body):
             body["final_obs_index"] = encode_array(np.array(index, np.int32))
@@ -411,9 +515,9 @@ def test_final_obs_index_must_list_exactly_the_truncated_rows():
 
         return mutate
 
-    for index in ([3], [1, 3], [], [0], [1, 1]):
+    for index in ([2], [5, 2], [2, 5, 6], [], [1, 5], [2, 2]):
         rejected(mutated_fragment(index_and_obs(index)), "bad_field")
-    decode(mutated_fragment(index_and_obs([1])))  # the right rows pass
+    decode(mutated_fragment(index_and_obs([2, 5])))  # the right cells pass
 
 
 def test_rejects_oversized_frames():
@@ -427,7 +531,7 @@ def test_rejects_bin_claiming_huge_size():
     frame = b"\x81\xa4data\xc6\x7f\xff\xff\xff" + b"abc"
     rejected(frame, "not_msgpack")
     # Same within a real-looking message.
-    head = frame_of({"proto": 1, "type": "fragment"})
+    head = frame_of({"proto": 2, "type": "fragment"})
     rejected(b"\x83" + head[1:] + b"\xa3obs\xc6\xff\xff\xff\xf0" + b"x" * 10, "not_msgpack")
 
 
@@ -449,8 +553,8 @@ def test_weights_rejects_duplicate_names_and_bad_tensors():
 VALID_BODIES = [
     body_of(make_fragment()),
     body_of(make_weights()),
-    body_of(Heartbeat(actor_id=1, run_id="r")),
-    body_of(Bye(actor_id=1, stats={"a": 1.0}, last_seq=[1])),
+    body_of(Heartbeat(actor_id=1, run_id="r", token=TOKEN)),
+    body_of(Bye(actor_id=1, token=TOKEN, stats={"a": 1.0}, last_seq=1)),
     body_of(Hello(actor_id=-1, env_id="e", observation_space={}, action_space={}, num_envs=1)),
     body_of(
         Welcome(
@@ -461,6 +565,7 @@ VALID_BODIES = [
             weights_port=2,
             settings=make_run_settings(),
             weights=make_weights(),
+            token=TOKEN,
         )
     ),
 ]

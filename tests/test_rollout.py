@@ -27,9 +27,10 @@ def fragment(
     truncated[list(truncated_rows)] = True
     terminated[list(terminated_rows)] = True
     final_rows = np.flatnonzero(truncated & ~terminated)
-    return Fragment(
+    return Fragment.for_slot(
+        slot,
+        token=bytes(16),
         actor_id=actor_id,
-        slot=slot,
         version=version,
         seq=0,
         run_id="r",
@@ -174,3 +175,43 @@ def test_drop_actor_counts_fragments_and_rows():
     queues.push(fragment(0, 0, 50, 2))
     rollout = queues.take([(0, 0)], 2)
     np.testing.assert_array_equal(rollout.obs[:, 0], expected_obs(0, 0, [50, 51]))
+
+
+def test_a_multi_slot_fragment_feeds_each_slot_queue_its_column():
+    """A [T, B] fragment of slots 3 and 5: each column queues under its slot, final
+    observations go to the column of their flat index t * B + b, and the bootstrap
+    observation is the column's next_obs."""
+    a, b = fragment(0, 3, 0, 4, truncated_rows=(1,)), fragment(0, 5, 0, 4, truncated_rows=(2,))
+    both = Fragment(
+        **{
+            name: np.concatenate([getattr(a, name), getattr(b, name)], axis=1)
+            for name in Fragment.STEP_FIELDS
+        },
+        actor_id=0,
+        version=2,
+        seq=0,
+        run_id="r",
+        token=bytes(16),
+        slots=np.array([3, 5], np.int32),
+        next_obs=np.concatenate([a.next_obs, b.next_obs]),
+        final_obs_index=np.array([1 * 2 + 0, 2 * 2 + 1], np.int32),
+        final_obs=np.concatenate([a.final_obs, b.final_obs]),
+    )
+    queues = SlotQueues()
+    queues.push(both)
+    assert (queues.rows((0, 3)), queues.rows((0, 5)), queues.total_fragments()) == (4, 4, 1)
+    rollout = queues.take([(0, 5), (0, 3)], 4)
+    np.testing.assert_array_equal(rollout.obs[:, 0], expected_obs(0, 5, range(4)))
+    np.testing.assert_array_equal(rollout.obs[:, 1], expected_obs(0, 3, range(4)))
+    assert sorted(zip(rollout.final_t.tolist(), rollout.final_b.tolist(), strict=True)) == [
+        (1, 1),
+        (2, 0),
+    ]
+    got = {
+        (int(t), int(c)): rollout.final_obs[k]
+        for k, (t, c) in enumerate(zip(rollout.final_t, rollout.final_b, strict=True))
+    }
+    np.testing.assert_array_equal(got[(2, 0)], b.final_obs[0])
+    np.testing.assert_array_equal(got[(1, 1)], a.final_obs[0])
+    np.testing.assert_array_equal(rollout.bootstrap_obs, np.stack([b.next_obs[0], a.next_obs[0]]))
+    assert (rollout.versions == 2).all() and queues.total_rows() == 0

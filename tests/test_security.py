@@ -129,14 +129,16 @@ def raw_curve_socket(
     return sock
 
 
-def forged_fragment(run_id: str, seq: int) -> bytes:
+def forged_fragment(run_id: str, seq: int, token: bytes = bytes(16)) -> bytes:
     """A fragment the learner would accept from the authorised actor 0: right run id,
-    registered actor id, a sequence number ahead of the real one."""
+    registered actor id, a sequence number ahead of the real one (and, given
+    ``token``, its session token: the worst case, an insider who learned it)."""
     t = np.zeros((4, 2), np.float32)
     return encode(
-        Fragment(
+        Fragment.for_slot(
+            0,
             actor_id=0,
-            slot=0,
+            token=token,
             version=0,
             seq=seq,
             run_id=run_id,
@@ -437,7 +439,6 @@ def test_authorised_peer_cannot_push_fragments_as_another_actor(ctx, learner_por
                     observation_space=space_spec(OBS_SPACE),
                     action_space=space_spec(ACT_SPACE),
                     num_envs=1,
-                    next_seq=[0],
                 )
             )
         )
@@ -455,7 +456,7 @@ def test_authorised_peer_cannot_push_fragments_as_another_actor(ctx, learner_por
             return done >= n
 
         for n, (sock, seq) in enumerate([(victim, 0), (insider, 1), (victim, 1)], start=1):
-            sock.send(forged_fragment(learner.run_id, seq))
+            sock.send(forged_fragment(learner.run_id, seq, welcome.token))
             deadline = time.monotonic() + 10.0
             while not handled(n):
                 assert time.monotonic() < deadline, f"fragment {n} never handled"
@@ -465,7 +466,7 @@ def test_authorised_peer_cannot_push_fragments_as_another_actor(ctx, learner_por
         deadline = time.monotonic() + 10.0
         while not isinstance(decode(dealer.recv()) if dealer.poll(100) else None, Shutdown):
             assert time.monotonic() < deadline, "no shutdown"
-        dealer.send(encode(Bye(actor_id=0, stats={})))
+        dealer.send(encode(Bye(actor_id=0, token=welcome.token, stats={}, last_seq=1)))
         run.join()
         for sock in (dealer, victim, insider):
             sock.close()

@@ -232,7 +232,6 @@ class LearnerConnection:
             host=pysocket.gethostname()[:200],
             pid=os.getpid(),
             rejoin_run_id=self.run_id,
-            next_seq=[int(s) for s in self.sender.seq],
         )
         self._control.send(encode(hello))
         deadline = time.monotonic() + timeout
@@ -308,8 +307,10 @@ class LearnerConnection:
             settings,
             actor_id=self.actor_id,
             run_id=self.run_id,
+            token=welcome.token,
             base_version=welcome.base_version,
             observation_space=self.observation_space,
+            action_space=self.action_space,
         )
         self.learner_version = self.version
         self.subscriber.max_message_bytes = self._weights_limit(settings)
@@ -364,7 +365,10 @@ class LearnerConnection:
                 if isinstance(v, (int, float)) and math.isfinite(v)
             }
             bye = Bye(
-                actor_id=self.actor_id, stats=stats, last_seq=[int(s) - 1 for s in self.sender.seq]
+                actor_id=self.actor_id,
+                token=self.sender.token,
+                stats=stats,
+                last_seq=self.sender.last_seq,
             )
             try:
                 self._control.send(encode(bye), zmq.NOBLOCK)
@@ -488,6 +492,8 @@ class LearnerConnection:
             return
         self._last_control = now
         self.learner_version = max(self.learner_version, message.version)
+        if message.base_version is not None:
+            self.sender.rebase(message.base_version)
         if message.sent_at is not None:
             self._link_checks = True
             self._peer_sent_at, self._peer_heard_at = message.sent_at, now
@@ -510,6 +516,7 @@ class LearnerConnection:
         echo = self._peer_sent_at
         beat = Heartbeat(
             actor_id=self.actor_id,
+            token=self.sender.token,
             run_id=self.run_id,
             version=self.version,
             sent_at=now,
@@ -638,21 +645,24 @@ class ActorClient(LearnerConnection):
         log_probs: np.ndarray,
         next_obs: np.ndarray,
         final_obs: Mapping[int, np.ndarray] | None = None,
+        state: np.ndarray | None = None,
     ) -> None:
         """Record one step of every slot (arrays with leading dim ``num_envs``).
 
-        ``obs`` is what the actions were taken in; ``next_obs`` what the envs
-        returned (the reset observation where an episode ended). ``final_obs``
-        maps each slot whose episode was truncated (not terminated) to the true
-        last observation of that episode. A full fragment of every slot is sent
-        once ``fragment_length`` steps are buffered.
+        ``obs`` is what the actions were taken in (a dict/tuple of such arrays for a
+        structured observation space); ``next_obs`` what the envs returned (the reset
+        observation where an episode ended). ``final_obs`` maps each slot whose
+        episode was truncated (not terminated) to the true last observation of that
+        episode. ``state`` (recurrent policies only: ``[num_envs, state_size]``) is
+        the policy state each slot acted from. The buffered rows of every slot are
+        sent once ``fragment_length`` steps are buffered.
         """
         # Not coerced: the sender's buffer converts each row as it stores it.
         steps = StepArrays(obs, actions, rewards, terminated, truncated, values, log_probs)
-        self.sender.step(steps, next_obs, final_obs, self.version)
+        self.sender.step(steps, next_obs, final_obs, self.version, state)
 
     def flush(self) -> None:
-        """Send whatever :meth:`step` has buffered as one fragment per slot."""
+        """Send whatever :meth:`step` has buffered now (a partial fragment)."""
         self.sender.flush(self.version)
 
     def send_fragment(
@@ -660,6 +670,7 @@ class ActorClient(LearnerConnection):
         slot: int,
         *arrays: np.ndarray,
         final_obs: Mapping[int, np.ndarray] | None = None,
+        state: np.ndarray | None = None,
         **named: np.ndarray,
     ) -> None:
         """Send T >= 1 consecutive steps of one slot now (rows are time).
@@ -668,15 +679,16 @@ class ActorClient(LearnerConnection):
         rewards, terminated, truncated, values, log_probs, next_obs``), each with a
         leading dimension T instead of ``num_envs``; ``next_obs`` is the one
         observation after the last row. ``final_obs`` maps row numbers of truncated,
-        non-terminated rows to the episode's true last observation. Use either this
-        or :meth:`step` for a slot, not both.
+        non-terminated rows to the episode's true last observation; ``state``
+        (recurrent policies only) is the policy state the slot acted from at row 0.
+        Use either this or :meth:`step` for a slot, not both.
         """
         names = (*StepArrays.STEP_FIELDS, "next_obs")
         given = dict(zip(names, arrays, strict=False)) | named
         if len(arrays) > len(names) or set(given) != set(names):
             raise TypeError(f"send_fragment takes slot and the arrays {', '.join(names)}")
         steps = StepArrays.coerce(*(given[name] for name in StepArrays.STEP_FIELDS))
-        self.sender.send_fragment(slot, steps, given["next_obs"], final_obs, self.version)
+        self.sender.send_fragment(slot, steps, given["next_obs"], final_obs, self.version, state)
 
     def _wait_for_room(self) -> bool:
         """While PUSH is full: serve control and heartbeats; False (give up on the

@@ -46,11 +46,10 @@ from .protocol import (
     Welcome,
     decode,
     encode,
-    largest_fragment_bytes,
-    space_spec,
 )
 from .report import LearnerReport
 from .rollout import SlotKey, SlotQueues
+from .spaces import space_spec
 from .transport import bind_learner_sockets, tcp_endpoint
 from .valve import fitting_max_lead_steps
 
@@ -132,9 +131,7 @@ class Ingest:
         self.counters = counters
         self.version = version
         self.forget_slots = forget_slots
-        self.max_message_bytes = cfg.max_message_bytes or largest_fragment_bytes(
-            *self.spaces, cfg.fragment_length
-        )
+        self.max_message_bytes = settings.max_fragment_bytes
         self.control_max_bytes = largest_control_bytes(*self.spaces, cfg.max_envs_per_actor)
         self.members = Membership()
         self.limits = MembershipLimits(cfg.max_actors, cfg.max_envs_per_actor, cfg.max_total_envs)
@@ -272,7 +269,7 @@ class Ingest:
                 run_id=self.run_id,
                 version=self.version(),
                 spaces=self.spaces,
-                queued_rows=self.queues.rows((fragment.actor_id, fragment.slot)),
+                queued_rows=self.queues.rows,
                 slot_cap=self._slot_cap,
                 now=time.monotonic(),
             )
@@ -281,10 +278,11 @@ class Ingest:
             return
         if gap:
             self.counters["experience/seq_gaps"] += gap
+        steps = fragment.length * fragment.num_slots
         self.counters["received/fragments"] += 1
-        self.counters["received/steps"] += fragment.length
+        self.counters["received/steps"] += steps
         if rec.said_bye and not self.shutting_down:
-            self.counters["discarded/steps/actor_left"] += fragment.length
+            self.counters["discarded/steps/actor_left"] += steps
             self.counters["discarded/fragments/actor_left"] += 1
             return
         self.queues.push(fragment)
@@ -306,7 +304,7 @@ class Ingest:
         if isinstance(message, Hello):
             self._on_hello(routing_id, message, self._sender_key(frame))
             return
-        rec = self.members.sender(routing_id, message.actor_id)
+        rec = self.members.sender(routing_id, message.actor_id, message.token)
         if rec is None:
             self._reject("control", "unknown_actor", f"{message.TYPE} from unregistered peer")
             reason = f"actor {message.actor_id} is not registered in run {self.run_id}"
@@ -370,6 +368,7 @@ class Ingest:
         return Welcome(
             actor_id=rec.actor_id,
             run_id=self.run_id,
+            token=rec.token,
             base_version=rec.base_version,
             experience_port=cfg.experience_port(),
             weights_port=cfg.weights_port(),

@@ -40,10 +40,7 @@ from .checkpoint import (
 from .config import LearnerConfig, PolicyConfig, PPOConfig
 from .ingest import POLL_MS, Ingest
 from .policy import Policy
-from .protocol import (
-    RunSettings,
-    Weights,
-)
+from .protocol import RunSettings, Weights, encode, largest_fragment_bytes
 from .report import LearnerReport
 from .rollout import SlotQueues
 from .runlog import RunLog
@@ -70,9 +67,16 @@ def run_settings(
     observation_space: gym.Space,
     action_space: gym.Space,
     policy_cfg: PolicyConfig,
+    *,
+    weights_bytes: int = 0,
+    state_size: int = 0,
 ) -> RunSettings:
     """The settings every actor of this run obeys (the welcome's ``config``), with
-    ``num_envs`` the default an actor gets when its hello asks for none."""
+    ``num_envs`` the default an actor gets when its hello asks for none.
+
+    ``weights_bytes`` is the encoded size of this run's weights message: actors must
+    accept twice that (plus 64 KB) on their SUB socket. ``state_size`` is the policy's
+    recurrent state per slot (0 for a feed-forward policy)."""
     return RunSettings(
         env_id=cfg.env_id,
         observation_space=observation_space,
@@ -86,6 +90,10 @@ def run_settings(
         num_envs=cfg.num_envs,
         seed=cfg.seed,
         heartbeat_interval=HEARTBEAT_INTERVAL_S,
+        state_size=state_size,
+        max_weights_bytes=2 * weights_bytes + 64 * 1024,
+        max_fragment_bytes=cfg.max_message_bytes
+        or largest_fragment_bytes(observation_space, action_space, cfg.fragment_length),
     )
 
 
@@ -110,8 +118,15 @@ class Learner:
         spaces = (probe.observation_space, probe.action_space)
         probe.close()
         self.trainer = Trainer(cfg, self.ppo_cfg, self.policy_cfg, *spaces)
-        self.settings = run_settings(cfg, *spaces, self.policy_cfg)
         self.run_id = uuid.uuid4().hex[:12]
+        weights = Weights(version=0, run_id=self.run_id, tensors=self.trainer.weights())
+        self.settings = run_settings(
+            cfg,
+            *spaces,
+            self.policy_cfg,
+            weights_bytes=len(encode(weights)),
+            state_size=int(getattr(self.trainer.policy, "state_size", 0)),
+        )
         self.report = LearnerReport(run_id=self.run_id)
         self.counters: Counter[str] = Counter()
         self._stop_reason = ""

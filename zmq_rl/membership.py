@@ -11,6 +11,8 @@ consumed from each of its slots, which keeps its staleness valve exact.
 
 from __future__ import annotations
 
+import hmac
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,8 +21,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .protocol import Fragment, Hello, space_from_spec
+from .protocol import MAX_SEQ_GAP, TOKEN_BYTES, Fragment, Hello
 from .rollout import SlotKey
+from .spaces import space_from_spec, value_problem
 
 RunSpaces = tuple[gym.Space, gym.Space]
 """The run's ``(observation_space, action_space)`` (gymnasium spaces)."""
@@ -107,7 +110,8 @@ class ActorRecord:
     member: bool
     last_seen: float
     registered_at: float
-    next_seq: list[int | None] = field(default_factory=list)
+    token: bytes = b""  # the session token of this registration (welcome, every message)
+    next_seq: int = 0  # the seq its next fragment must carry
     last_fragment: float = 0.0
     key: str = ""  # the CURVE public key it registered with (empty without CURVE)
     fragments_received: int = 0
@@ -115,7 +119,7 @@ class ActorRecord:
     steps_consumed: int = 0
     said_bye: bool = False
     bye_stats: dict[str, float] = field(default_factory=dict)
-    bye_last_seq: list[int] = field(default_factory=list)
+    bye_last_seq: int = -1
     peer_sent_at: float | None = None  # sent_at of its newest heartbeat (echoed back)
     peer_heard_at: float = 0.0  # when the learner read that heartbeat
     link: LinkEstimate = field(default_factory=LinkEstimate)
@@ -126,10 +130,7 @@ class ActorRecord:
 
     def caught_up(self) -> bool:
         """Whether every fragment the bye says was sent has arrived."""
-        return all(
-            (nxt if nxt is not None else 0) > last
-            for nxt, last in zip(self.next_seq, self.bye_last_seq, strict=False)
-        )
+        return self.next_seq > self.bye_last_seq
 
     def death_line(self, now: float, updates: int, version: int) -> dict[str, Any]:
         """The actor's entry in the report's ``dead_actors``."""
@@ -176,10 +177,14 @@ class Membership:
         """The record of ``actor_id``, if registered."""
         return self.actors.get(actor_id)
 
-    def sender(self, routing_id: bytes, actor_id: int) -> ActorRecord | None:
-        """The record of a control message's sender, if it is who it says it is."""
+    def sender(self, routing_id: bytes, actor_id: int, token: bytes | None) -> ActorRecord | None:
+        """The record of a control message's sender, if it is who it says it is: the
+        connection it registered on, and its registration's session token."""
         known = self.by_routing.get(routing_id)
-        return self.actors.get(known) if known == actor_id else None
+        rec = self.actors.get(known) if known == actor_id else None
+        if rec is None or token is None or not hmac.compare_digest(rec.token, token):
+            return None
+        return rec
 
     def member_slots(self) -> list[SlotKey]:
         """Every slot the rollout being filled needs rows from."""
@@ -218,7 +223,7 @@ class Membership:
             last_seen=now,
             last_fragment=now,
             registered_at=now,
-            next_seq=list(hello.next_seq) if len(hello.next_seq) == num_envs else [None] * num_envs,
+            token=secrets.token_bytes(TOKEN_BYTES),
         )
         self.actors[actor_id] = rec
         self.by_routing[routing_id] = actor_id
@@ -326,31 +331,34 @@ class Membership:
         run_id: str,
         version: int,
         spaces: RunSpaces,
-        queued_rows: int,
+        queued_rows: Callable[[SlotKey], int],
         slot_cap: int,
         now: float,
     ) -> tuple[ActorRecord, int]:
         """Every check of a decoded fragment against the run and its sender, in one place.
 
         The fragment must be of this run, of a version the learner published, from a
-        registered actor through the CURVE key it registered with (``sender_key``,
-        empty without CURVE), for one of its slots, fit the run's ``spaces``, not go
-        back in ``seq``, and not push the slot's queue (``queued_rows`` already
-        there) past ``slot_cap`` (an actor that follows the staleness valve never
-        does). Raises :class:`FragmentRejected`; on success records the fragment
-        (next ``seq``, last seen, counts) and returns the record and the number of
-        sequence numbers skipped before it (lost fragments).
+        registered actor with its registration's session token, through the CURVE
+        key it registered with (``sender_key``, empty without CURVE), for its slots,
+        fit the run's ``spaces``, carry the next ``seq`` (not an earlier one, and not
+        more than :data:`~zmq_rl.protocol.MAX_SEQ_GAP` beyond), and not push any of
+        its slots' queues (``queued_rows(key)`` already there) past ``slot_cap`` (an
+        actor that follows the staleness valve never does). Raises
+        :class:`FragmentRejected`, touching no record; on success records the
+        fragment (next ``seq``, last seen, counts) and returns the record and the
+        number of sequence numbers skipped before it (lost fragments).
         """
         if fragment.run_id != run_id:
             raise FragmentRejected("other_run", f"run_id {fragment.run_id!r} is not {run_id!r}")
+        rec = self.actors.get(fragment.actor_id)
+        if rec is None or not hmac.compare_digest(rec.token, fragment.token):
+            raise FragmentRejected(
+                "unknown_actor",
+                f"actor_id {fragment.actor_id} with this token is not registered",
+            )
         if fragment.version > version:
             raise FragmentRejected(
                 "bad_version", f"version {fragment.version} > the learner's {version}"
-            )
-        rec = self.actors.get(fragment.actor_id)
-        if rec is None:
-            raise FragmentRejected(
-                "unknown_actor", f"actor_id {fragment.actor_id} is not registered"
             )
         problem = _fit_problem(fragment, rec, spaces)
         if problem:
@@ -359,26 +367,31 @@ class Membership:
             raise FragmentRejected(
                 "wrong_sender", f"fragment for actor {rec.actor_id} sent with another CURVE key"
             )
-        expected = rec.next_seq[fragment.slot]
-        if expected is not None and fragment.seq < expected:
+        expected = rec.next_seq
+        if fragment.seq < expected:
             raise FragmentRejected(
-                "old_seq",
-                f"actor {rec.actor_id} slot {fragment.slot} seq {fragment.seq} "
-                f"< expected {expected}",
+                "old_seq", f"actor {rec.actor_id} seq {fragment.seq} < expected {expected}"
             )
-        if queued_rows + fragment.length > slot_cap:
+        if fragment.seq > expected + MAX_SEQ_GAP:
             raise FragmentRejected(
-                "over_lead",
-                f"actor {rec.actor_id} slot {fragment.slot} would queue "
-                f"{queued_rows + fragment.length} rows > {slot_cap}: it ignores the "
-                "staleness valve",
+                "seq_jump",
+                f"actor {rec.actor_id} seq {fragment.seq} is more than {MAX_SEQ_GAP} "
+                f"beyond the expected {expected}",
             )
-        gap = fragment.seq - expected if expected is not None else 0
-        rec.next_seq[fragment.slot] = fragment.seq + 1
+        length = fragment.length
+        for slot in fragment.slots.tolist():
+            queued = queued_rows((rec.actor_id, slot))
+            if queued + length > slot_cap:
+                raise FragmentRejected(
+                    "over_lead",
+                    f"actor {rec.actor_id} slot {slot} would queue {queued + length} rows "
+                    f"> {slot_cap}: it ignores the staleness valve",
+                )
+        rec.next_seq = fragment.seq + 1
         rec.last_seen = rec.last_fragment = now
         rec.fragments_received += 1
-        rec.steps_received += fragment.length
-        return rec, gap
+        rec.steps_received += length * fragment.num_slots
+        return rec, fragment.seq - expected
 
 
 MAX_ABS_VALUE = 1e9
@@ -471,29 +484,48 @@ class FragmentRejected(Exception):
 
 def _fit_problem(fragment: Fragment, rec: ActorRecord, spaces: RunSpaces) -> tuple[str, str] | None:
     """Whether a decoded fragment's arrays fit the run's spaces and the actor's slots."""
-    if fragment.slot >= rec.num_envs:
-        return "bad_slot", f"slot {fragment.slot} >= actor's num_envs {rec.num_envs}"
+    slots = fragment.slots
+    if int(slots.max()) >= rec.num_envs:
+        return "bad_slot", f"slot {int(slots.max())} >= actor's num_envs {rec.num_envs}"
     observation_space, action_space = spaces
-    if fragment.obs.shape[1:] != observation_space.shape or (
-        fragment.obs.dtype != observation_space.dtype
-    ):
-        return "bad_obs", (
-            f"obs rows {fragment.obs.shape[1:]} {fragment.obs.dtype}, "
-            f"expected {observation_space.shape} {observation_space.dtype}"
-        )
+    problem = value_problem(observation_space, fragment.obs, "obs", 2)
+    if problem:
+        return "bad_obs", f"{problem} (observation space {observation_space})"
     for name in ("rewards", "values", "log_probs"):
         array = getattr(fragment, name)
-        if array.size and float(np.abs(array).max()) > MAX_ABS_VALUE:
+        if float(np.abs(array).max()) > MAX_ABS_VALUE:
             return "out_of_range", f"|{name}| exceeds {MAX_ABS_VALUE:g}"
-    actions = fragment.actions
-    if isinstance(action_space, gym.spaces.Discrete):
-        n = int(action_space.n)
-        if actions.ndim != 1 or actions.dtype.kind != "i":
-            return "bad_actions", f"discrete actions must be int [T], got {actions.dtype}"
-        if actions.size and (actions.min() < 0 or actions.max() >= n):
-            return "bad_actions", f"discrete actions outside [0, {n})"
-    else:
-        shape = (actions.shape[0], *action_space.shape)
-        if actions.shape != shape or actions.dtype.kind != "f":
-            return "bad_actions", f"actions {actions.shape} {actions.dtype}, expected {shape}"
+    problem = action_problem(action_space, fragment.actions)
+    if problem:
+        return "bad_actions", problem
+    return None
+
+
+def action_problem(space: gym.Space, actions: np.ndarray) -> str | None:
+    """Why ``actions`` (``[T, B, ...]``) are not the policy's actions for ``space``:
+    discrete indices in ``[0, n)``, multi-discrete indices in ``[0, nvec)``, 0/1 for
+    multi-binary, floats of the box's shape (the actor clips to the bounds when it
+    steps the env), or None."""
+    element = actions.shape[2:]
+    got = f"actions {list(actions.shape)} {actions.dtype}"
+    if isinstance(space, gym.spaces.Discrete):
+        if element != () or actions.dtype.kind != "i":
+            return f"discrete actions must be int [T, B], got {list(actions.shape)} {actions.dtype}"
+        if int(actions.min()) < 0 or int(actions.max()) >= int(space.n):
+            return f"discrete actions outside [0, {int(space.n)})"
+        return None
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if element != space.shape or actions.dtype.kind != "i":
+            return f"{got}, expected int {list(space.shape)}"
+        if (actions < 0).any() or (actions >= space.nvec).any():
+            return "multi-discrete actions outside [0, nvec)"
+        return None
+    if isinstance(space, gym.spaces.MultiBinary):
+        if element != space.shape or actions.dtype.kind not in "iub":
+            return f"{got}, expected 0/1 {list(space.shape)}"
+        if actions.dtype.kind != "b" and (int(actions.min()) < 0 or int(actions.max()) > 1):
+            return "multi-binary actions other than 0 and 1"
+        return None
+    if element != space.shape or actions.dtype.kind != "f":
+        return f"{got}, expected float {list(space.shape)}"
     return None

@@ -1,4 +1,4 @@
-"""Wire protocol v1: every message that crosses a socket, and nothing else.
+"""Wire protocol v2: every message that crosses a socket, and nothing else.
 
 A message is one ZeroMQ frame holding one msgpack map. Every map has
 
@@ -7,7 +7,9 @@ A message is one ZeroMQ frame holding one msgpack map. Every map has
 
 plus the fields of that type. Arrays travel as a map
 ``{"dtype": str, "shape": [int, ...], "data": bin}`` holding the raw little-endian,
-C-ordered bytes of a numpy array whose dtype is one of :data:`ARRAY_DTYPES`.
+C-ordered bytes of a numpy array whose dtype is one of :data:`ARRAY_DTYPES`
+(:mod:`zmq_rl.wire`); observations of structured spaces travel as maps and lists of
+such arrays (:mod:`zmq_rl.spaces`).
 Nothing here constructs arbitrary objects: msgpack yields only maps, lists,
 strings, numbers and bytes, and every field is checked before a message object
 exists. ``docs/protocol.md`` is the normative specification of the same rules.
@@ -27,171 +29,30 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import msgpack
 import numpy as np
 
+from .spaces import (
+    Value,
+    as_value,
+    decode_value,
+    encode_value,
+    leaves,
+    map_value,
+    space_from_spec,
+    space_spec,
+    value_nbytes,
+)
+from .wire import (
+    ARRAY_DTYPES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_ENVS_PER_ACTOR,
+    PROTOCOL_VERSION,
+    ProtocolError,
+    ProtocolVersionMismatch,
+    decode_array,
+    encode_array,
+)
+
 if TYPE_CHECKING:  # gymnasium is imported where spaces are built, not by every peer
     import gymnasium as gym
-
-PROTOCOL_VERSION = 1
-"""Bumped whenever a message changes incompatibly."""
-
-ARRAY_DTYPES = (
-    "bool",
-    "int8",
-    "uint8",
-    "int16",
-    "int32",
-    "int64",
-    "float16",
-    "float32",
-    "float64",
-)
-"""The only dtypes an array may declare (little-endian for multi-byte types)."""
-
-MAX_ARRAY_DIMS = 8
-
-MAX_ENVS_PER_ACTOR = 4096
-"""The most env slots one actor may run (hello ``num_envs``, welcome ``num_envs``)."""
-
-DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
-
-class ProtocolError(ValueError):
-    """A frame is not a valid protocol-v1 message.
-
-    ``reason`` is a short stable code (``"not_msgpack"``, ``"bad_field"``, ...) under
-    which receivers count rejects; the message says what exactly is wrong.
-    """
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class ProtocolVersionMismatch(ProtocolError):
-    """The peer speaks another protocol version (``theirs``) than we do."""
-
-    def __init__(self, theirs: Any) -> None:
-        super().__init__(
-            "version_mismatch",
-            f"protocol version mismatch: peer speaks {theirs!r}, we speak {PROTOCOL_VERSION}",
-        )
-        self.theirs = theirs
-
-
-# --------------------------------------------------------------------------- arrays
-
-
-_ONE_BYTE = ("bool", "int8", "uint8")
-_WIRE: dict[str, np.dtype] = {
-    name: (np.dtype(name) if name in _ONE_BYTE else np.dtype(name).newbyteorder("<"))
-    for name in ARRAY_DTYPES
-}
-"""Wire dtype string -> the numpy dtype its bytes are read as (built once)."""
-_NAME: dict[np.dtype, str] = {}
-for _name in ARRAY_DTYPES:
-    for _order in ("<", ">", "="):
-        _NAME.setdefault(np.dtype(_name).newbyteorder(_order), _name)
-_ARRAY_KEYS = frozenset(("dtype", "shape", "data"))
-
-
-def encode_array(array: np.ndarray) -> dict[str, Any]:
-    """Encode a numpy array as ``{"dtype", "shape", "data"}`` (raw C-order bytes).
-
-    Dtype names come from a dict keyed by ``np.dtype`` (``ndarray.dtype.name`` is a
-    slow Python-level property in numpy 2, and this runs ten times per fragment).
-    """
-    if type(array) is not np.ndarray:
-        array = np.asarray(array)
-    dtype = array.dtype
-    name = _NAME.get(dtype)
-    if name is None:
-        raise TypeError(f"dtype {dtype.name} cannot travel; allowed: {', '.join(ARRAY_DTYPES)}")
-    if dtype.byteorder == ">":
-        array = array.astype(dtype.newbyteorder("<"))
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
-    return {"dtype": name, "shape": list(array.shape), "data": array.tobytes()}
-
-
-def decode_array(value: Any, where: str) -> np.ndarray:
-    """Decode and validate an encoded array; the result is a read-only view."""
-    if not isinstance(value, dict) or len(value) != 3 or not _ARRAY_KEYS.issuperset(value):
-        raise ProtocolError("bad_array", f"{where}: expected an array map {{dtype, shape, data}}")
-    dtype, shape, data = value["dtype"], value["shape"], value["data"]
-    np_dtype = _WIRE.get(dtype) if type(dtype) is str else None
-    if np_dtype is None:
-        raise ProtocolError("bad_dtype", f"{where}: dtype {dtype!r} is not one of {ARRAY_DTYPES}")
-    if not isinstance(shape, list) or len(shape) > MAX_ARRAY_DIMS:
-        raise ProtocolError("bad_shape", f"{where}: shape {shape!r} is not a list of ints >= 0")
-    count = 1
-    for d in shape:
-        if type(d) is not int or d < 0:
-            raise ProtocolError("bad_shape", f"{where}: shape {shape!r} is not a list of ints >= 0")
-        count *= d
-    if not isinstance(data, bytes):
-        raise ProtocolError("bad_array", f"{where}: data must be bytes")
-    expected = count * np_dtype.itemsize
-    if expected != len(data):
-        raise ProtocolError(
-            "size_mismatch",
-            f"{where}: shape {shape} of {dtype} needs {expected} bytes, got {len(data)}",
-        )
-    if dtype == "bool" and data.translate(None, b"\x00\x01"):
-        raise ProtocolError("bad_value", f"{where}: bool array holds bytes other than 0 and 1")
-    return np.frombuffer(data, dtype=np_dtype).reshape(shape)
-
-
-# --------------------------------------------------------------------------- spaces
-
-
-def space_spec(space: Any) -> dict[str, Any]:
-    """Describe a gymnasium ``Box`` or ``Discrete`` space as a plain map."""
-    from gymnasium import spaces
-
-    if isinstance(space, spaces.Discrete):
-        return {"kind": "discrete", "n": int(space.n), "start": int(space.start)}
-    if isinstance(space, spaces.Box):
-        return {
-            "kind": "box",
-            "shape": list(space.shape),
-            "dtype": space.dtype.name,
-            "low": encode_array(np.asarray(space.low)),
-            "high": encode_array(np.asarray(space.high)),
-        }
-    raise TypeError(f"space {space} is not supported (only Box and Discrete)")
-
-
-def space_from_spec(spec: Any, where: str = "space") -> Any:
-    """Rebuild a gymnasium space from :func:`space_spec` output, validating it."""
-    from gymnasium import spaces
-
-    if not isinstance(spec, dict):
-        raise ProtocolError("bad_field", f"{where}: expected a space map")
-    kind = spec.get("kind")
-    try:
-        if kind == "discrete":
-            n, start = spec.get("n"), spec.get("start", 0)
-            if (
-                type(n) is not int
-                or not 1 <= n <= 2**31
-                or type(start) is not int
-                or not (-(2**31) <= start <= 2**31)
-            ):
-                raise ProtocolError("bad_field", f"{where}: discrete n={n!r} start={start!r}")
-            return spaces.Discrete(n, start=start)
-        if kind == "box":
-            low = decode_array(spec.get("low"), f"{where}.low")
-            high = decode_array(spec.get("high"), f"{where}.high")
-            shape = spec.get("shape")
-            dtype = spec.get("dtype")
-            if dtype not in ARRAY_DTYPES or list(low.shape) != shape or list(high.shape) != shape:
-                raise ProtocolError("bad_field", f"{where}: inconsistent box {shape} {dtype}")
-            return spaces.Box(low=low, high=high, shape=tuple(shape), dtype=np.dtype(dtype))
-    except (TypeError, ValueError, OverflowError) as exc:
-        if isinstance(exc, ProtocolError):
-            raise
-        raise ProtocolError("bad_field", f"{where}: {exc}") from exc
-    raise ProtocolError("bad_field", f"{where}: unknown space kind {kind!r}")
-
 
 # --------------------------------------------------------------------------- field checks
 
@@ -206,12 +67,6 @@ def _str(value: Any, where: str, max_len: int = 256) -> str:
     if not isinstance(value, str) or len(value) > max_len:
         raise ProtocolError("bad_field", f"{where}: expected a string of <= {max_len} chars")
     return value
-
-
-def _int_list(value: Any, where: str, lo: int = 0) -> list[int]:
-    if not isinstance(value, list) or len(value) > 4096:
-        raise ProtocolError("bad_field", f"{where}: expected a list of at most 4096 ints")
-    return [_int(v, f"{where}[]", lo) for v in value]
 
 
 def _finite_float(value: Any, where: str) -> float:
@@ -290,23 +145,35 @@ class Message:
 
 
 FLOAT_DTYPES = ("float32", "float64")
-OBS_DTYPES = ("float32", "float64", "float16", "uint8", "int8", "int16", "int32", "int64")
-ACTION_DTYPES = ("int64", "int32", "float32", "float64")
+OBS_DTYPES = ("float32", "float64", "float16", "uint8", "int8", "int16", "int32", "int64", "bool")
+ACTION_DTYPES = ("int64", "int32", "float32", "float64", "int8", "uint8", "bool")
+TOKEN_BYTES = 16
+"""Length of the session token a welcome hands out and every later message carries."""
+MAX_SEQ_GAP = 1024
+"""A fragment whose ``seq`` is more than this beyond the expected one is rejected
+(``seq_jump``); smaller gaps are fragments lost on a broken connection (counted)."""
+
+
+def _like(example: Any, lead: tuple[int, ...], drop: int) -> Any:
+    """Uninitialised arrays shaped ``(*lead, *leaf.shape[drop:])`` for each leaf of
+    ``example`` (a value), with the leaf's dtype."""
+    return map_value(lambda a: np.empty((*lead, *a.shape[drop:]), a.dtype), example)
 
 
 @dataclass
 class StepArrays:
     """The arrays of a block of env steps, one row per step, named once.
 
-    The same record is a fragment's rows (``[T, ...]``), the client's lockstep
-    buffer (``[T, num_envs, ...]``) and a learner rollout (``[T, B, ...]``): adding
-    a field to experience means adding it here (with its row in :data:`STEP_WIRE`)
-    and in ``docs/protocol.md``. Row ``t`` holds the observation the action was
-    taken in, the action, and what the step returned.
+    The same record is a fragment's rows and the client's lockstep buffer
+    (``[T, num_envs, ...]``) and a learner rollout (``[T, B, ...]``): adding a field to
+    experience means adding it here (with its row in :data:`STEP_WIRE`) and in
+    ``docs/protocol.md``. Row ``t`` holds the observation the action was taken in, the
+    action, and what the step returned. ``obs`` is a *value* (:mod:`zmq_rl.spaces`):
+    one array, or a dict/tuple of arrays for a structured observation space.
     """
 
-    obs: np.ndarray  # [*lead, *obs_shape]
-    actions: np.ndarray  # [*lead] (discrete) or [*lead, act_dim] (continuous)
+    obs: Value  # [*lead, *obs_shape] per leaf
+    actions: np.ndarray  # [*lead] (discrete) or [*lead, *action_shape]
     rewards: np.ndarray  # [*lead] float32
     terminated: np.ndarray  # [*lead] bool
     truncated: np.ndarray  # [*lead] bool
@@ -328,21 +195,29 @@ class StepArrays:
         """T, the number of rows (the leading dimension)."""
         return int(self.rewards.shape[0])
 
-    def step_arrays(self) -> dict[str, np.ndarray]:
+    def step_arrays(self) -> dict[str, Any]:
         """The step fields by name (what ``StepArrays(**...)`` takes)."""
         return {name: getattr(self, name) for name in self.STEP_FIELDS}
 
     def select(self, index: Any) -> StepArrays:
         """The same rows of every field (``index`` as for numpy), as views where
         numpy gives views: ``steps.select((slice(0, n), slot))`` is one slot's rows."""
-        return StepArrays(**{name: getattr(self, name)[index] for name in self.STEP_FIELDS})
+        fields_ = {name: getattr(self, name)[index] for name in self.STEP_FIELDS[1:]}
+        obs = self.obs
+        obs = obs[index] if type(obs) is np.ndarray else map_value(lambda a: a[index], obs)
+        return StepArrays(obs=obs, **fields_)
 
     def write(self, index: Any, source: StepArrays) -> None:
         """Copy ``source``'s fields into rows ``index`` of this record's arrays (numpy
         converts them to these arrays' dtypes). The actor's hot path: per-step cost."""
         mine, theirs = self.__dict__, source.__dict__
-        for name in self.STEP_FIELDS:
+        for name in self.STEP_FIELDS[1:]:
             mine[name][index] = theirs[name]
+        obs = self.obs
+        if type(obs) is np.ndarray:
+            obs[index] = theirs["obs"]
+        else:
+            map_value(lambda a, b: a.__setitem__(index, b), obs, theirs["obs"])
 
     @classmethod
     def coerce(cls, *arrays: Any) -> StepArrays:
@@ -351,21 +226,22 @@ class StepArrays:
         dtype from :data:`STEP_DTYPES`."""
         if len(arrays) != len(cls.STEP_FIELDS):
             raise TypeError(f"StepArrays.coerce takes {', '.join(cls.STEP_FIELDS)}")
-        return cls(*[np.asarray(a, dtype) for a, dtype in zip(arrays, _COERCE_DTYPES, strict=True)])
+        obs, *rest = arrays
+        return cls(
+            as_value(obs),
+            *[np.asarray(a, dtype) for a, dtype in zip(rest, _COERCE_DTYPES[1:], strict=True)],
+        )
 
     @classmethod
     def allocate(
-        cls,
-        lead: tuple[int, ...],
-        obs_shape: tuple[int, ...],
-        obs_dtype: Any,
-        action_shape: tuple[int, ...],
-        action_dtype: Any,
+        cls, lead: tuple[int, ...], obs: Value, actions: np.ndarray, drop: int
     ) -> StepArrays:
-        """Uninitialised arrays of leading shape ``lead`` (``(T, B)`` for a rollout)."""
+        """Uninitialised arrays of leading shape ``lead`` (``(T, B)`` for a rollout),
+        shaped and typed like ``obs`` and ``actions`` without their first ``drop``
+        dimensions."""
         arrays = {name: np.empty(lead, dtype) for name, dtype in STEP_DTYPES.items()}
-        arrays["obs"] = np.empty((*lead, *obs_shape), obs_dtype)
-        arrays["actions"] = np.empty((*lead, *action_shape), action_dtype)
+        arrays["obs"] = _like(obs, lead, drop)
+        arrays["actions"] = np.empty((*lead, *actions.shape[drop:]), actions.dtype)
         return cls(**arrays)
 
 
@@ -379,107 +255,161 @@ STEP_DTYPES: dict[str, Any] = {
 """The fixed dtype of each step field (observations and actions keep the env's)."""
 _COERCE_DTYPES = tuple(STEP_DTYPES.get(name) for name in StepArrays.STEP_FIELDS)
 
-STEP_WIRE: dict[str, tuple[tuple[str, ...], int | None]] = {
-    "obs": (OBS_DTYPES, None),
-    "actions": (ACTION_DTYPES, None),
-    "rewards": (FLOAT_DTYPES, 1),
-    "terminated": (("bool",), 1),
-    "truncated": (("bool",), 1),
-    "values": (FLOAT_DTYPES, 1),
-    "log_probs": (FLOAT_DTYPES, 1),
+STEP_WIRE: dict[str, tuple[str, ...]] = {
+    "actions": ACTION_DTYPES,
+    "rewards": FLOAT_DTYPES,
+    "terminated": ("bool",),
+    "truncated": ("bool",),
+    "values": FLOAT_DTYPES,
+    "log_probs": FLOAT_DTYPES,
 }
-"""Per step field of a fragment: the dtypes it may travel as, and its rank when fixed."""
+"""Per array step field of a fragment: the dtypes it may travel as (each is ``[T, B,
+...]``; ``obs`` is a value whose leaves are any of :data:`OBS_DTYPES`)."""
+
+
+def _same_structure(a: Value, b: Value) -> bool:
+    """Whether two values nest alike with leaves of the same dtypes (shapes are the
+    caller's to compare: their leading dims differ)."""
+    if isinstance(a, dict):
+        return (
+            isinstance(b, dict)
+            and list(a) == list(b)
+            and all(_same_structure(a[k], b[k]) for k in a)
+        )
+    if isinstance(a, tuple):
+        return (
+            isinstance(b, tuple)
+            and len(a) == len(b)
+            and all(_same_structure(x, y) for x, y in zip(a, b, strict=True))
+        )
+    return isinstance(b, np.ndarray) and a.dtype == b.dtype
 
 
 @dataclass
 class Fragment(StepArrays, Message):
-    """T >= 1 consecutive steps of one env slot of one actor: :class:`StepArrays`
-    plus where they come from and what follows them.
+    """T >= 1 consecutive steps of B >= 1 env slots of one actor (``[T, B, ...]``
+    arrays, column ``b`` is slot ``slots[b]``): :class:`StepArrays` plus where they
+    come from and what follows them.
 
-    ``next_obs`` is the observation after the last row (the reset observation when
-    the last row ended an episode). For every row that was truncated (and not
-    terminated) ``final_obs`` holds the true last observation of that episode, in
-    row order, and ``final_obs_index`` the row numbers, so the learner can
-    bootstrap V(final observation).
+    ``token`` is the session token of the registration (from the welcome); ``seq``
+    counts this registration's fragments from 0. ``next_obs`` (``[B, ...]``) is the
+    observation after the last row (the reset observation when the last row ended an
+    episode). For every cell ``(t, b)`` that was truncated (and not terminated)
+    ``final_obs`` holds the true last observation of that episode, and
+    ``final_obs_index`` its flat index ``t * B + b``, ascending, so the learner can
+    bootstrap V(final observation). ``state`` (``[B, S]`` float32, recurrent policies
+    only) is the policy state each slot acted from at row 0.
     """
 
     TYPE: ClassVar[str] = "fragment"
 
     actor_id: int
-    slot: int
     version: int
     seq: int
     run_id: str
-    next_obs: np.ndarray  # [*obs_shape]
+    token: bytes
+    slots: np.ndarray  # [B] int
+    next_obs: Value  # [B, *obs_shape]
     final_obs_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [K]
-    final_obs: np.ndarray | None = None  # [K, *obs_shape]
+    final_obs: Value | None = None  # [K, *obs_shape]
+    state: np.ndarray | None = None  # [B, S] float32
     sent_at: float = 0.0
 
-    ARRAYS: ClassVar[tuple[str, ...]] = (
-        *StepArrays.STEP_FIELDS,
-        "next_obs",
-        "final_obs_index",
-        "final_obs",
-    )
+    @property
+    def num_slots(self) -> int:
+        """B, the number of slots (the second dimension)."""
+        return int(self.rewards.shape[1])
+
+    @classmethod
+    def for_slot(
+        cls,
+        slot: int,
+        *,
+        next_obs: Value,
+        final_obs_index: Any = (),
+        final_obs: Value | None = None,
+        state: Any = None,
+        **fields_: Any,
+    ) -> Fragment:
+        """A fragment of the one slot ``slot`` from ``[T, ...]`` rows: every step array
+        gets a column dimension of 1, ``next_obs`` and ``state`` a slot dimension;
+        ``final_obs_index`` lists row numbers (with one column they are the flat
+        indices). The other keywords are the header fields (``actor_id``, ``token``,
+        ...)."""
+        column = {
+            name: map_value(lambda a: np.asarray(a)[:, np.newaxis], as_value(fields_.pop(name)))
+            for name in StepArrays.STEP_FIELDS
+        }
+        widened = map_value(lambda a: np.asarray(a)[np.newaxis], as_value(next_obs))
+        return cls(
+            **column,
+            **fields_,
+            slots=np.array([slot], np.int32),
+            next_obs=widened,
+            final_obs_index=np.asarray(final_obs_index, np.int32).reshape(-1),
+            final_obs=None if final_obs is None else as_value(final_obs),
+            state=None if state is None else np.asarray(state, np.float32).reshape(1, -1),
+        )
 
     def to_map(self) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "actor_id": self.actor_id,
-            "slot": self.slot,
-            "version": self.version,
-            "seq": self.seq,
             "run_id": self.run_id,
+            "actor_id": self.actor_id,
+            "token": self.token,
+            "seq": self.seq,
+            "version": self.version,
             "sent_at": float(self.sent_at),
+            "slots": encode_array(self.slots),
+            "obs": encode_value(self.obs),
         }
+        for name in STEP_WIRE:
+            body[name] = encode_array(getattr(self, name))
+        body["next_obs"] = encode_value(self.next_obs)
         final_obs = self.final_obs
         if final_obs is None:
-            final_obs = np.zeros((0, *self.next_obs.shape), self.next_obs.dtype)
-        for name in self.ARRAYS:
-            body[name] = encode_array(final_obs if name == "final_obs" else getattr(self, name))
+            final_obs = map_value(lambda a: np.zeros((0, *a.shape[1:]), a.dtype), self.next_obs)
+        body["final_obs_index"] = encode_array(self.final_obs_index)
+        body["final_obs"] = encode_value(final_obs)
+        if self.state is not None:
+            body["state"] = encode_array(self.state)
         return body
 
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Fragment:
-        arrays = {
-            name: _array(body.get(name), f"fragment.{name}", dtypes, ndim)
-            for name, (dtypes, ndim) in STEP_WIRE.items()
+        arrays: dict[str, Any] = {
+            name: _array(body.get(name), f"fragment.{name}", dtypes)
+            for name, dtypes in STEP_WIRE.items()
         }
-        arrays["next_obs"] = _array(body.get("next_obs"), "fragment.next_obs", OBS_DTYPES)
-        arrays["final_obs_index"] = _array(
-            body.get("final_obs_index"), "fragment.final_obs_index", ("int32", "int64"), 1
-        )
-        arrays["final_obs"] = _array(body.get("final_obs"), "fragment.final_obs", OBS_DTYPES)
-        length = arrays["rewards"].shape[0]
-        if length < 1:
-            raise ProtocolError("bad_shape", "fragment: T must be >= 1")
-        for name in StepArrays.STEP_FIELDS:
-            if arrays[name].ndim < 1 or arrays[name].shape[0] != length:
+        lead = arrays["rewards"].shape
+        if len(lead) != 2 or lead[0] < 1 or lead[1] < 1:
+            raise ProtocolError(
+                "bad_shape", f"fragment.rewards: shape {list(lead)}, expected [T >= 1, B >= 1]"
+            )
+        length, width = lead
+        for name, array in arrays.items():
+            if array.shape[:2] != lead or (name != "actions" and array.ndim != 2):
                 raise ProtocolError(
-                    "bad_shape",
-                    f"fragment.{name}: leading dim {list(arrays[name].shape)} != T={length}",
+                    "bad_shape", f"fragment.{name}: shape {list(array.shape)}, expected [T, B]"
                 )
-        if arrays["actions"].ndim > 2:
-            raise ProtocolError("bad_shape", "fragment.actions: expected [T] or [T, act_dim]")
-        obs_shape = arrays["obs"].shape[1:]
-        if arrays["next_obs"].shape != obs_shape:
+        slots = _array(body.get("slots"), "fragment.slots", ("int32", "int64"), 1)
+        if slots.shape != (width,) or (slots < 0).any() or np.unique(slots).size != width:
             raise ProtocolError(
-                "bad_shape",
-                f"fragment.next_obs: shape {list(arrays['next_obs'].shape)} != obs "
-                f"row shape {list(obs_shape)}",
+                "bad_field", f"fragment.slots: {slots.tolist()} must be {width} distinct ints >= 0"
             )
-        index = arrays["final_obs_index"]
-        if arrays["final_obs"].shape != (index.shape[0], *obs_shape):
-            raise ProtocolError(
-                "bad_shape",
-                f"fragment.final_obs: shape {list(arrays['final_obs'].shape)} != "
-                f"[{index.shape[0]}, {', '.join(map(str, obs_shape))}]",
-            )
-        for name in ("next_obs", "final_obs"):
-            if arrays[name].dtype != arrays["obs"].dtype:
+        obs = decode_value(body.get("obs"), "fragment.obs", lead)
+        next_obs = decode_value(body.get("next_obs"), "fragment.next_obs", (width,))
+        index = _array(body.get("final_obs_index"), "fragment.final_obs_index", INDEX_DTYPES, 1)
+        final_obs = decode_value(body.get("final_obs"), "fragment.final_obs", index.shape)
+        for leaf in leaves(obs):
+            if leaf.dtype.name not in OBS_DTYPES:
+                raise ProtocolError("bad_dtype", f"fragment.obs: dtype {leaf.dtype} not allowed")
+        row = map_value(lambda a: a[0, 0], obs)
+        for name, other in (("next_obs", next_obs), ("final_obs", final_obs)):
+            if not _same_structure(row, other) or any(
+                x.shape[2:] != y.shape[1:] for x, y in zip(leaves(obs), leaves(other), strict=True)
+            ):
                 raise ProtocolError(
-                    "bad_dtype",
-                    f"fragment.{name}: dtype {arrays[name].dtype} != obs dtype "
-                    f"{arrays['obs'].dtype}",
+                    "bad_shape", f"fragment.{name}: does not nest, shape or type like obs rows"
                 )
         # Bool bytes are validated 0/1, so "no truncated row" is a byte search.
         needs_final = (
@@ -490,20 +420,50 @@ class Fragment(StepArrays, Message):
         if not np.array_equal(index.astype(np.int64), needs_final):
             raise ProtocolError(
                 "bad_field",
-                f"fragment.final_obs_index: {index.tolist()} must list exactly the truncated, "
-                f"non-terminated rows {needs_final.tolist()}",
+                f"fragment.final_obs_index: {index.tolist()} must list exactly the flat "
+                f"indices t*B+b of the truncated, non-terminated cells {needs_final.tolist()}",
             )
+        state = body.get("state")
+        if state is not None:
+            state = _array(state, "fragment.state", ("float32",), 2)
+            if state.shape[0] != width:
+                raise ProtocolError("bad_shape", f"fragment.state: shape {list(state.shape)}")
+            _require_finite(state, "fragment.state")
         for name, array in arrays.items():
             _require_finite(array, f"fragment.{name}")
+        for name, value in (("obs", obs), ("next_obs", next_obs), ("final_obs", final_obs)):
+            for leaf in leaves(value):
+                _require_finite(leaf, f"fragment.{name}")
         return cls(
-            actor_id=_int(body.get("actor_id"), "fragment.actor_id"),
-            slot=_int(body.get("slot"), "fragment.slot", 0, 65535),
+            obs=obs,
+            **arrays,
+            actor_id=_int(body.get("actor_id"), "fragment.actor_id", 0, MAX_ACTOR_ID),
             version=_int(body.get("version"), "fragment.version"),
             seq=_int(body.get("seq"), "fragment.seq"),
             run_id=_str(body.get("run_id"), "fragment.run_id"),
+            token=_token(body.get("token"), "fragment.token"),
+            slots=slots,
+            next_obs=next_obs,
+            final_obs_index=index,
+            final_obs=final_obs,
+            state=state,
             sent_at=_finite_float(body.get("sent_at", 0.0), "fragment.sent_at"),
-            **arrays,
         )
+
+
+INDEX_DTYPES = ("int32", "int64")
+MAX_STATE_SIZE = 1 << 20
+"""Most floats of recurrent state per slot (``RunSettings.state_size``)."""
+MAX_MESSAGE_LIMIT = 1 << 40
+"""Largest message size a learner may announce (``max_weights_bytes``, ...)."""
+MAX_ACTOR_ID = 2**31 - 1
+"""Actor ids are in [0, MAX_ACTOR_ID] everywhere (-1 in a hello: any free id)."""
+
+
+def _token(value: Any, where: str) -> bytes:
+    if not isinstance(value, bytes) or len(value) != TOKEN_BYTES:
+        raise ProtocolError("bad_field", f"{where}: expected {TOKEN_BYTES} bytes (bin)")
+    return value
 
 
 @dataclass
@@ -566,9 +526,8 @@ class Hello(Message):
     ``actor_id`` -1 lets the learner choose; ``num_envs`` 0 takes the learner's
     ``num_envs``; empty space maps take the learner's env. ``rejoin_run_id`` names the run the
     actor was in before (empty on first contact) so a restarted learner can tell
-    re-registration from a new actor. ``next_seq`` (optional) is the sequence
-    number the actor will put on its next fragment of each slot, so the learner
-    can tell fragments of an earlier registration from new ones and count gaps.
+    re-registration from a new actor. (Protocol v1's ``next_seq`` is gone: every
+    registration gets its own token and counts its fragments from 0.)
     """
 
     TYPE: ClassVar[str] = "hello"
@@ -581,7 +540,6 @@ class Hello(Message):
     host: str = ""
     pid: int = 0
     rejoin_run_id: str = ""
-    next_seq: list[int] = field(default_factory=list)
 
     def to_map(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -589,15 +547,14 @@ class Hello(Message):
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Hello:
         return cls(
-            actor_id=_int(body.get("actor_id"), "hello.actor_id", -1, 2**31 - 1),
+            actor_id=_int(body.get("actor_id"), "hello.actor_id", -1, MAX_ACTOR_ID),
             env_id=_str(body.get("env_id"), "hello.env_id"),
             observation_space=_map(body.get("observation_space"), "hello.observation_space"),
             action_space=_map(body.get("action_space"), "hello.action_space"),
             num_envs=_int(body.get("num_envs"), "hello.num_envs", 0, MAX_ENVS_PER_ACTOR),
             host=_str(body.get("host", ""), "hello.host"),
-            pid=_int(body.get("pid", 0), "hello.pid"),
+            pid=_int(body.get("pid", 0), "hello.pid", 0, 2**31 - 1),
             rejoin_run_id=_str(body.get("rejoin_run_id", ""), "hello.rejoin_run_id"),
-            next_seq=_int_list(body.get("next_seq", []), "hello.next_seq"),
         )
 
 
@@ -623,6 +580,9 @@ class RunSettings:
     num_envs: int
     seed: int
     heartbeat_interval: float
+    state_size: int = 0  # floats of recurrent state per slot (0: feed-forward policy)
+    max_weights_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # largest weights frame published
+    max_fragment_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the learner's experience limit
 
     def to_map(self) -> dict[str, Any]:
         """The msgpack map of these settings (spaces as space maps)."""
@@ -659,6 +619,13 @@ class RunSettings:
             heartbeat_interval=_positive_float(
                 body["heartbeat_interval"], f"{where}.heartbeat_interval"
             ),
+            state_size=_int(body["state_size"], f"{where}.state_size", 0, MAX_STATE_SIZE),
+            max_weights_bytes=_int(
+                body["max_weights_bytes"], f"{where}.max_weights_bytes", 1, MAX_MESSAGE_LIMIT
+            ),
+            max_fragment_bytes=_int(
+                body["max_fragment_bytes"], f"{where}.max_fragment_bytes", 1, MAX_MESSAGE_LIMIT
+            ),
         )
 
 
@@ -682,6 +649,7 @@ class Welcome(Message):
     weights_port: int
     settings: RunSettings
     weights: Weights
+    token: bytes = b"\0" * TOKEN_BYTES
 
     @property
     def config(self) -> dict[str, Any]:
@@ -698,6 +666,7 @@ class Welcome(Message):
         return {
             "actor_id": self.actor_id,
             "run_id": self.run_id,
+            "token": self.token,
             "base_version": self.base_version,
             "experience_port": self.experience_port,
             "weights_port": self.weights_port,
@@ -708,8 +677,9 @@ class Welcome(Message):
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Welcome:
         return cls(
-            actor_id=_int(body.get("actor_id"), "welcome.actor_id", 0, 2**31 - 1),
+            actor_id=_int(body.get("actor_id"), "welcome.actor_id", 0, MAX_ACTOR_ID),
             run_id=_str(body.get("run_id"), "welcome.run_id"),
+            token=_token(body.get("token"), "welcome.token"),
             base_version=_int(body.get("base_version"), "welcome.base_version"),
             experience_port=_int(body.get("experience_port"), "welcome.experience_port", 1, 65535),
             weights_port=_int(body.get("weights_port"), "welcome.weights_port", 1, 65535),
@@ -761,23 +731,31 @@ class Shutdown(Message):
 @dataclass
 class Bye(Message):
     """Actor → learner: leaving, with the actor's counters (``stats``) and the
-    highest sequence number sent on each slot (``last_seq``)."""
+    ``seq`` of the last fragment this registration sent (``last_seq``, -1 if none), so
+    the learner knows when every fragment sent before the bye has arrived."""
 
     TYPE: ClassVar[str] = "bye"
 
     actor_id: int
     stats: dict[str, float]
-    last_seq: list[int] = field(default_factory=list)
+    last_seq: int = -1
+    token: bytes = b"\0" * TOKEN_BYTES
 
     def to_map(self) -> dict[str, Any]:
-        return {"actor_id": self.actor_id, "stats": self.stats, "last_seq": self.last_seq}
+        return {
+            "actor_id": self.actor_id,
+            "token": self.token,
+            "stats": self.stats,
+            "last_seq": self.last_seq,
+        }
 
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Bye:
         return cls(
-            actor_id=_int(body.get("actor_id"), "bye.actor_id"),
+            actor_id=_int(body.get("actor_id"), "bye.actor_id", 0, MAX_ACTOR_ID),
+            token=_token(body.get("token"), "bye.token"),
             stats=_numbers(body.get("stats"), "bye.stats"),
-            last_seq=_int_list(body.get("last_seq", []), "bye.last_seq", -1),
+            last_seq=_int(body.get("last_seq"), "bye.last_seq", -1),
         )
 
 
@@ -785,8 +763,12 @@ class Bye(Message):
 class Heartbeat(Message):
     """Either direction on the control channel: "I am alive".
 
-    From an actor, ``actor_id`` is its id; from the learner, -1. ``run_id`` lets
-    each side notice that the other one restarted.
+    From an actor, ``actor_id`` is its id and ``token`` its registration's session
+    token (required); from the learner, ``actor_id`` is -1 and there is no token.
+    ``run_id`` lets each side notice that the other one restarted. A learner's
+    heartbeat may carry ``base_version``: the recipient's base version, which the
+    actor adopts when it is greater than its own (the learner admits a registration
+    into the rollout once it delivers, docs/protocol.md section 4.6).
 
     The optional link fields (absent on the wire when None; a v1 peer that omits
     them just gets no link measurement, see docs/protocol.md section 4.6):
@@ -809,6 +791,8 @@ class Heartbeat(Message):
     echo: float | None = None
     held: float | None = None
     paused: float | None = None
+    token: bytes | None = None
+    base_version: int | None = None
 
     LINK_FIELDS: ClassVar[tuple[str, ...]] = ("sent_at", "echo", "held", "paused")
 
@@ -822,12 +806,27 @@ class Heartbeat(Message):
             value = getattr(self, key)
             if value is not None:
                 body[key] = float(value)
+        if self.token is not None:
+            body["token"] = self.token
+        if self.base_version is not None:
+            body["base_version"] = self.base_version
         return body
 
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Heartbeat:
+        actor_id = _int(body.get("actor_id"), "heartbeat.actor_id", -1, MAX_ACTOR_ID)
+        token = body.get("token")
+        if actor_id >= 0:
+            token = _token(token, "heartbeat.token")
+        elif token is not None:
+            raise ProtocolError("bad_field", "heartbeat.token: a learner heartbeat has none")
+        base_version = body.get("base_version")
         return cls(
-            actor_id=_int(body.get("actor_id"), "heartbeat.actor_id", -1),
+            actor_id=actor_id,
+            token=token,
+            base_version=(
+                None if base_version is None else _int(base_version, "heartbeat.base_version")
+            ),
             run_id=_str(body.get("run_id"), "heartbeat.run_id"),
             version=_int(body.get("version", 0), "heartbeat.version"),
             sent_at=_optional_number(body.get("sent_at"), "heartbeat.sent_at"),
@@ -837,13 +836,33 @@ class Heartbeat(Message):
         )
 
 
+FRAGMENT_TARGET_BYTES = 1 << 20
+"""The Python actor groups a flush's slots into fragments of about this size (one
+slot per fragment where a slot alone is larger)."""
+
+
+def fragment_bytes(observation_space: Any, action_space: Any, rows: int, slots: int) -> int:
+    """An upper bound of the encoded size of a fragment of ``rows`` x ``slots`` steps
+    (every cell truncated, so a final observation each, plus 4 KB of map overhead)."""
+    obs, act = value_nbytes(observation_space), value_nbytes(action_space)
+    cell = 2 * obs + act + 4 + 1 + 1 + 4 + 4  # obs (+ a final obs), action, r, done x2, v, logp
+    return slots * (rows * cell + obs + 16) + 4096
+
+
+def slots_per_fragment(observation_space: Any, action_space: Any, rows: int) -> int:
+    """How many slots the Python actor puts in one fragment of ``rows`` rows: as many
+    as fit in :data:`FRAGMENT_TARGET_BYTES`, at least one."""
+    one = fragment_bytes(observation_space, action_space, rows, 1)
+    return max(1, FRAGMENT_TARGET_BYTES // one)
+
+
 def largest_fragment_bytes(observation_space: Any, action_space: Any, fragment_length: int) -> int:
-    """Twice the encoded size of the largest legitimate fragment, plus 64 KB: the
-    default message limit of the learner's receiving sockets (``max_message_bytes``)."""
-    obs = int(np.prod(observation_space.shape)) * observation_space.dtype.itemsize
-    act = 8 * max(1, int(np.prod(action_space.shape or (1,))))
-    row = 2 * obs + act + 4 + 1 + 1 + 4 + 4  # obs (+ a final obs), action, r, done x2, v, logp
-    return 2 * (fragment_length * row + obs) + 64 * 1024
+    """Twice the size bound of the largest fragment the Python actor sends, plus 64 KB:
+    the default message limit of the learner's experience socket (``max_message_bytes``,
+    announced to actors as ``max_fragment_bytes``)."""
+    spaces_ = (observation_space, action_space)
+    slots = slots_per_fragment(*spaces_, fragment_length)
+    return 2 * fragment_bytes(*spaces_, fragment_length, slots) + 64 * 1024
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {

@@ -1,7 +1,8 @@
 """Per-slot FIFOs of experience fragments, assembled into time-major rollouts.
 
-A *slot* is one env instance of one actor, named by ``(actor_id, slot)``. Fragments
-queue per slot in arrival (sequence) order; a rollout of ``num_steps`` rows is taken
+A *slot* is one env instance of one actor, named by ``(actor_id, slot)``. A fragment
+carries rows of one or more slots of its actor (``[T, B]``); each of its columns
+queues under its slot in arrival (sequence) order; a rollout of ``num_steps`` rows is taken
 when every member slot holds at least that many rows. Rows beyond the quota stay
 queued for the next rollout, so nothing is dropped. No sockets here.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .protocol import Fragment, StepArrays
+from .spaces import Value, map_value
 
 SlotKey = tuple[int, int]
 """``(actor_id, slot)``."""
@@ -21,14 +23,20 @@ SlotKey = tuple[int, int]
 
 @dataclass
 class Rollout(StepArrays):
-    """One ``[T, B]`` batch of step arrays, time-major; column ``b`` is ``slots[b]``."""
+    """One ``[T, B]`` batch of step arrays, time-major; column ``b`` is ``slots[b]``.
+
+    ``states`` / ``state_starts`` (recurrent runs only): the policy state each column
+    acted from at every row where one of its fragments begins (``state_starts`` True
+    there); rows that continue a fragment carry no state."""
 
     slots: list[SlotKey]
     versions: np.ndarray  # [T, B] int64 policy version that acted
-    bootstrap_obs: np.ndarray  # [B, *obs_shape] observation after row T-1
+    bootstrap_obs: Value  # [B, *obs_shape] observation after row T-1
     final_t: np.ndarray  # [K] rows of truncated steps with a final observation
     final_b: np.ndarray  # [K] columns of those steps
-    final_obs: np.ndarray  # [K, *obs_shape]
+    final_obs: Value  # [K, *obs_shape]
+    states: np.ndarray | None = None  # [T, B, S] float32
+    state_starts: np.ndarray | None = None  # [T, B] bool
 
     @property
     def num_steps(self) -> int:
@@ -42,38 +50,35 @@ class Rollout(StepArrays):
 
 
 class _SlotQueue:
-    """FIFO of fragments of one slot, with a read cursor into the first one."""
+    """FIFO of ``(fragment, column)`` entries of one slot, with a read cursor into the
+    first one."""
 
-    __slots__ = ("fragments", "cursor", "rows")
+    __slots__ = ("entries", "cursor", "rows")
 
     def __init__(self) -> None:
-        self.fragments: deque[Fragment] = deque()
+        self.entries: deque[tuple[Fragment, int]] = deque()
         self.cursor = 0
         self.rows = 0
 
-    def push(self, fragment: Fragment) -> None:
-        self.fragments.append(fragment)
+    def push(self, fragment: Fragment, column: int) -> None:
+        self.entries.append((fragment, column))
         self.rows += fragment.length
 
-    def take(self, n: int) -> list[tuple[Fragment, int, int]]:
-        """Pop ``n`` rows as ``(fragment, start, stop)`` pieces, oldest first."""
+    def take(self, n: int) -> list[tuple[Fragment, int, int, int]]:
+        """Pop ``n`` rows as ``(fragment, column, start, stop)`` pieces, oldest first."""
         pieces = []
         while n > 0:
-            fragment = self.fragments[0]
+            fragment, column = self.entries[0]
             stop = min(fragment.length, self.cursor + n)
-            pieces.append((fragment, self.cursor, stop))
+            pieces.append((fragment, column, self.cursor, stop))
             n -= stop - self.cursor
             self.rows -= stop - self.cursor
             if stop == fragment.length:
-                self.fragments.popleft()
+                self.entries.popleft()
                 self.cursor = 0
             else:
                 self.cursor = stop
         return pieces
-
-    def peek_next_obs(self, fragment: Fragment, stop: int) -> np.ndarray:
-        """The observation after row ``stop - 1`` of ``fragment``."""
-        return fragment.obs[stop] if stop < fragment.length else fragment.next_obs
 
 
 class SlotQueues:
@@ -88,12 +93,13 @@ class SlotQueues:
         self._queues: dict[SlotKey, _SlotQueue] = {}
 
     def push(self, fragment: Fragment) -> None:
-        """Queue a validated fragment behind the earlier ones of its slot."""
-        key = (fragment.actor_id, fragment.slot)
-        queue = self._queues.get(key)
-        if queue is None:
-            queue = self._queues[key] = _SlotQueue()
-        queue.push(fragment)
+        """Queue each column of a validated fragment behind the earlier rows of its slot."""
+        for column, slot in enumerate(fragment.slots.tolist()):
+            key = (fragment.actor_id, slot)
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = self._queues[key] = _SlotQueue()
+            queue.push(fragment, column)
 
     def rows(self, key: SlotKey) -> int:
         """Rows queued for ``key``."""
@@ -109,13 +115,15 @@ class SlotQueues:
         return [key for key in slots if self.rows(key) < num_steps]
 
     def drop_actor(self, actor_id: int) -> tuple[int, int]:
-        """Forget every queue of ``actor_id``; return (fragments, rows) dropped."""
-        fragments = rows = 0
+        """Forget every queue of ``actor_id``; return (fragments, rows) dropped (a
+        fragment counts once however many of its slots were queued)."""
+        fragments: set[int] = set()
+        rows = 0
         for key in [k for k in self._queues if k[0] == actor_id]:
             queue = self._queues.pop(key)
-            fragments += len(queue.fragments)
+            fragments.update(id(fragment) for fragment, _ in queue.entries)
             rows += queue.rows
-        return fragments, rows
+        return len(fragments), rows
 
     def total_rows(self) -> int:
         """Rows queued over all slots."""
@@ -123,38 +131,68 @@ class SlotQueues:
 
     def total_fragments(self) -> int:
         """Fragments (whole or partly consumed) queued over all slots."""
-        return sum(len(q.fragments) for q in self._queues.values())
+        return len({id(f) for q in self._queues.values() for f, _ in q.entries})
 
     def take(self, slots: list[SlotKey], num_steps: int) -> Rollout:
-        """Pop ``num_steps`` rows of every slot into a :class:`Rollout`."""
-        columns = []
-        for key in slots:
-            queue = self._queues[key]
-            pieces = queue.take(num_steps)
-            columns.append((queue, pieces))
-        first = columns[0][1][0][0]
+        """Pop ``num_steps`` rows of every slot into a :class:`Rollout`.
+
+        Neighbouring rollout columns whose rows come from neighbouring columns of the
+        same fragments (an actor's lockstep flushes) are copied as one block: the cost
+        is per fragment, not per slot."""
+        columns = [self._queues[key].take(num_steps) for key in slots]
+        first = columns[0][0][0]
         T, B = num_steps, len(slots)
-        obs_shape = first.obs.shape[1:]
-        steps = StepArrays.allocate(
-            (T, B), obs_shape, first.obs.dtype, first.actions.shape[1:], first.actions.dtype
-        )
+        steps = StepArrays.allocate((T, B), first.obs, first.actions, 2)
         versions = np.empty((T, B), np.int64)
-        bootstrap_obs = np.empty((B, *obs_shape), first.obs.dtype)
+        bootstrap_obs = map_value(lambda a: np.empty((B, *a.shape[1:]), a.dtype), first.next_obs)
+        recurrent = first.state is not None
+        states = np.zeros((T, B, first.state.shape[1]), np.float32) if recurrent else None
+        starts = np.zeros((T, B), bool) if recurrent else None
         final_t, final_b, final_obs = [], [], []
-        for b, (queue, pieces) in enumerate(columns):
+        b = 0
+        while b < B:
+            pieces = columns[b]
+            e = b + 1
+            while e < B and _continues(pieces, columns[e], e - b):
+                e += 1
             t = 0
-            for fragment, start, stop in pieces:
-                n = stop - start
-                steps.write((slice(t, t + n), b), fragment.select(slice(start, stop)))
-                versions[t : t + n, b] = fragment.version
-                for k, row in enumerate(fragment.final_obs_index):
-                    if start <= row < stop:
-                        final_t.append(t + int(row) - start)
-                        final_b.append(b)
-                        final_obs.append(fragment.final_obs[k])
+            for fragment, column, start, stop in pieces:
+                n, cols = stop - start, slice(column, column + e - b)
+                steps.write(
+                    (slice(t, t + n), slice(b, e)), fragment.select((slice(start, stop), cols))
+                )
+                versions[t : t + n, b:e] = fragment.version
+                if recurrent and start == 0 and fragment.state is not None:
+                    states[t, b:e] = fragment.state[cols]
+                    starts[t, b:e] = True
+                if fragment.final_obs_index.size:
+                    rows, cells = np.divmod(
+                        fragment.final_obs_index.astype(np.int64), fragment.num_slots
+                    )
+                    mine = (
+                        (cells >= cols.start)
+                        & (cells < cols.stop)
+                        & (rows >= start)
+                        & (rows < stop)
+                    )
+                    for k in np.flatnonzero(mine):
+                        final_t.append(t + int(rows[k]) - start)
+                        final_b.append(b + int(cells[k]) - column)
+                        final_obs.append(map_value(lambda a, k=k: a[k], fragment.final_obs))
                 t += n
-            fragment, _, stop = pieces[-1]
-            bootstrap_obs[b] = queue.peek_next_obs(fragment, stop)
+            fragment, column, _, stop = pieces[-1]
+            cols = slice(column, column + e - b)
+            after = (
+                map_value(lambda a, s=stop, c=cols: a[s, c], fragment.obs)
+                if stop < fragment.length
+                else map_value(lambda a, c=cols: a[c], fragment.next_obs)
+            )
+            map_value(
+                lambda mine, theirs, r=slice(b, e): mine.__setitem__(r, theirs),
+                bootstrap_obs,
+                after,
+            )
+            b = e
         return Rollout(
             **steps.step_arrays(),
             slots=list(slots),
@@ -163,6 +201,23 @@ class SlotQueues:
             final_t=np.asarray(final_t, np.int64),
             final_b=np.asarray(final_b, np.int64),
             final_obs=(
-                np.stack(final_obs) if final_obs else np.zeros((0, *obs_shape), first.obs.dtype)
+                map_value(lambda *rows: np.stack(rows), *final_obs)
+                if final_obs
+                else map_value(lambda a: np.zeros((0, *a.shape[1:]), a.dtype), first.next_obs)
             ),
+            states=states,
+            state_starts=starts,
         )
+
+
+def _continues(
+    pieces: list[tuple[Fragment, int, int, int]],
+    other: list[tuple[Fragment, int, int, int]],
+    offset: int,
+) -> bool:
+    """Whether ``other``'s rows are ``pieces``' rows ``offset`` columns to the right in
+    the same fragments (so both columns can be copied as one block)."""
+    return len(other) == len(pieces) and all(
+        f is g and c + offset == d and s == u and e == v
+        for (f, c, s, e), (g, d, u, v) in zip(pieces, other, strict=True)
+    )
