@@ -140,7 +140,10 @@ class BroadcastClock:
 
     def longest_gap(self, start: float = 0.0, end: float = float("inf")) -> float:
         """The longest time between two broadcasts within [start, end] (the edges
-        count: a window with no broadcast at all is one gap)."""
+        count: a window with no broadcast at all is one gap; a window reaching past
+        the last broadcast, the end of the run, ends there)."""
+        if self.times:  # a window past the run's last broadcast ends there
+            end = min(end, self.times[-1])
         inside = [t for t in self.times if start <= t <= end]
         edges = [max(start, self.times[0] if self.times else start), *inside]
         if end != float("inf"):
