@@ -476,3 +476,92 @@ def test_authorised_peer_cannot_push_fragments_as_another_actor(ctx, learner_por
     assert counters.get("rejected/experience/old_seq", 0) == 0, "actor 0's real seq 1 dropped"
     assert counters["received/fragments"] == 2
     assert sum(v for k, v in counters.items() if k.startswith("rejected/")) == 1
+
+
+@pytest.mark.parametrize("command", ["learner", "actor"])
+def test_public_key_file_given_as_secret_key_is_one_error_line_exit_2(command, keys, learner_port):
+    """The classic mistake (the ``.key`` file where the ``.key_secret`` belongs) is one
+    ``error:`` line naming the flag's field and the file, exit 2, no traceback."""
+    import subprocess
+    import sys
+
+    if command == "learner":
+        argv = ["-m", "zmq_rl.cli.learner", "--env-id", "CartPole-v1", "--port", str(learner_port)]
+        argv += ["--curve-secret-key", keys.learner_public]
+        argv += ["--curve-authorized-keys", keys.authorized, "--no-tensorboard"]
+        public = keys.learner_public
+    else:
+        argv = ["-m", "zmq_rl.cli.actor", "--learner", f"127.0.0.1:{learner_port}"]
+        argv += ["--curve-secret-key", keys.actor_public]
+        argv += ["--curve-server-key", keys.learner_public]
+        public = keys.actor_public
+    proc = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=60, check=False
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(errors) == 1 and "curve_secret_key" in errors[0] and public in errors[0], errors
+
+
+def test_failed_handshakes_are_logged_with_the_peer_address_rate_limited(
+    ctx, learner_port, keys, curve_learner, caplog
+):
+    """A stranger's key (ZAP refuses it) leaves a line naming 127.0.0.1, the socket and
+    the reason; 10 more strangers from the same host, a plain-tcp peer and a client
+    holding the wrong learner key are counted but add at most one line (one per host
+    per HANDSHAKE_LOG_EVERY_S; a local peer whose handshake fails within a millisecond
+    is logged as host "unknown", libzmq having closed it before its address was read)."""
+    import logging
+
+    from zmq_rl.transport import HANDSHAKE_LOG_EVERY_S
+
+    assert HANDSHAKE_LOG_EVERY_S >= 5
+    caplog.set_level(logging.WARNING, logger="zmq_rl.transport")
+    control = f"tcp://127.0.0.1:{learner_port}"
+    watch = curve_learner.ingest.sockets.handshakes
+    peers = []
+
+    def failures() -> int:
+        return sum(watch.failures.values())
+
+    def wait_for(key_refused: int, bad_handshake: int = 0) -> None:
+        def done() -> bool:
+            got = watch.failures
+            return (
+                got.get("key_refused", 0) >= key_refused
+                and got.get("bad_handshake", 0) >= bad_handshake
+            )
+
+        deadline = time.monotonic() + 10
+        while not done() and time.monotonic() < deadline:
+            curve_learner.pump(20)
+        assert done(), watch.failures
+
+    peers.append(
+        raw_curve_socket(ctx, zmq.DEALER, control, keys.stranger_secret, keys.learner_public)
+    )
+    wait_for(1)
+    lines = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "from 127.0.0.1" in lines[0] and "not authorised" in lines[0], lines
+    assert str(zmq.auth.load_certificate(keys.stranger_public)[0].decode()) in lines[0]
+    # More failures from the same host within the interval: counted, not logged.
+    for _ in range(10):
+        peers.append(
+            raw_curve_socket(ctx, zmq.DEALER, control, keys.stranger_secret, keys.learner_public)
+        )
+    peers.append(raw_curve_socket(ctx, zmq.DEALER, control, None, keys.learner_public))
+    peers.append(
+        raw_curve_socket(ctx, zmq.DEALER, control, keys.actor_secret, keys.impostor_public)
+    )
+    wait_for(11, 2)
+    curve_learner.pump(0)
+    lines = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    print(f"\n{failures()} failed handshakes, {len(lines)} log line(s): {lines}")
+    assert len(lines) <= 2 and all("unknown" in line for line in lines[1:]), lines
+    counters = curve_learner.counters
+    assert counters["auth/handshake_failed/key_refused"] >= 11
+    assert counters["auth/handshake_failed/bad_handshake"] >= 2
+    for sock in peers:
+        sock.close()

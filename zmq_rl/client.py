@@ -91,12 +91,18 @@ from .transport import (
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RECEIVE_BYTES = 256 * 1024 * 1024
-"""Largest weights/welcome message an actor accepts (ZMQ_MAXMSGSIZE)."""
+"""The weights SUB's limit (ZMQ_MAXMSGSIZE) when the learner announces none (a
+protocol-v1 welcome) and the client was given no ``max_message_bytes``."""
+UNLIMITED_DECODE_BYTES = 1 << 40
+"""What ``decode`` allows on the control socket when the client has no limit."""
 LINK_SILENCE_INTERVALS = 3.0
 """Heartbeat intervals without a control message from the learner after which the
 actor pauses for the link. The learner heartbeats every interval while it is in its
 receive loop; three intervals is the least ``actor_timeout`` docs/failure-model.md
 recommends, so an actor cut off pauses about when the learner may evict it."""
+STALE_WEIGHTS_INTERVALS = 5.0
+"""Heartbeat intervals the learner may announce a newer version than the loaded one
+before the actor subscribes to the weights again (WeightsSubscriber.check)."""
 LOG_AT = (1, 10, 100, 1000, 10000)
 """Occurrences of a repeated event that are logged at INFO (the others at DEBUG)."""
 
@@ -134,7 +140,7 @@ class LearnerConnection:
         context: zmq.Context | None = None,
         register_timeout: float = 30.0,
         learner_timeout: float = 60.0,
-        max_message_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+        max_message_bytes: int = 0,
         curve: CurveClientKeys | None = None,
     ) -> None:
         self.host, self.control_port = parse_learner_address(learner)
@@ -157,6 +163,7 @@ class LearnerConnection:
         self.actor_id = -1
         self.run_id = ""
         self.version = 0
+        self.learner_version = 0  # the newest version the learner's heartbeats announced
         self.settings: RunSettings | None = None
         self.heartbeat_interval = 1.0
         self.shutdown_requested = False
@@ -164,7 +171,9 @@ class LearnerConnection:
         self.rejects: Counter[str] = Counter()
         self.stats: dict[str, float] = {"policy_updates_received": 0, "last_policy_version": 0}
         self.sender = ExperienceSender(self.stats, self.rejects, self._wait_for_room, self.num_envs)
-        self.subscriber = WeightsSubscriber(self.rejects, self._reject, self.max_message_bytes)
+        self.subscriber = WeightsSubscriber(
+            self.rejects, self._reject, self.max_message_bytes or DEFAULT_MAX_RECEIVE_BYTES
+        )
         self._last_heartbeat = 0.0
         self.last_heard = time.monotonic()
         # Link checks (armed per registration by a learner heartbeat with sent_at).
@@ -207,7 +216,7 @@ class LearnerConnection:
         """
         timeout = self.register_timeout if timeout is None else timeout
         if self._control is None:
-            options = SocketOptions(linger_ms=500, max_message_bytes=self.max_message_bytes)
+            options = SocketOptions(linger_ms=500, max_message_bytes=self.max_message_bytes or -1)
             self._control = self._socket(zmq.DEALER, options)
             self._monitor = self._control.get_monitor_socket(HANDSHAKE_FAILED_EVENTS)
             self._control.connect(tcp_endpoint(self.host, self.control_port))
@@ -244,7 +253,7 @@ class LearnerConnection:
                     f"within {timeout:.1f}s"
                 )
             try:
-                message = decode(self._control.recv(), max_bytes=self.max_message_bytes)
+                message = decode(self._control.recv(), max_bytes=self._control_limit())
             except ProtocolVersionMismatch as exc:
                 raise LearnerRefused(
                     "version_mismatch",
@@ -303,16 +312,49 @@ class LearnerConnection:
             observation_space=self.observation_space,
             action_space=self.action_space,
         )
-        sub = self._socket(
-            zmq.SUB, SocketOptions(rcvhwm=WEIGHTS_HWM, max_message_bytes=self.max_message_bytes)
+        self.learner_version = self.version
+        self.subscriber.max_message_bytes = self._weights_limit(settings)
+        endpoint = tcp_endpoint(self.host, welcome.weights_port)
+        self.subscriber.start(
+            self._weights_socket(endpoint), lambda: self._weights_socket(endpoint)
         )
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(tcp_endpoint(self.host, welcome.weights_port))
-        self.subscriber.start(sub)
         log.info(
             "registered as actor %d of run %s (version %d, base version %d)",
             *(self.actor_id, self.run_id, self.version, welcome.base_version),
         )
+
+    def _control_limit(self) -> int:
+        return self.max_message_bytes or UNLIMITED_DECODE_BYTES
+
+    def _weights_limit(self, settings: RunSettings) -> int:
+        """The weights SUB's message limit: the largest weights frame the learner
+        announced (``max_weights_bytes``, protocol v2), capped by an explicit
+        ``max_message_bytes`` (with a warning when that is too small to receive them);
+        256 MiB when neither says."""
+        announced = int(getattr(settings, "max_weights_bytes", 0) or 0)
+        if self.max_message_bytes:
+            if announced > self.max_message_bytes:
+                log.warning(
+                    "the learner publishes weights of up to %d bytes, over this actor's "
+                    "max_message_bytes=%d: broadcasts that large will not arrive (each "
+                    "one costs the weights connection; leave max_message_bytes at 0 to "
+                    "follow the learner)",
+                    announced,
+                    self.max_message_bytes,
+                )
+            return self.max_message_bytes
+        return announced or DEFAULT_MAX_RECEIVE_BYTES
+
+    def _weights_socket(self, endpoint: str) -> zmq.Socket:
+        """A SUB connected to the learner's weights ``endpoint``, subscribed to all,
+        taking frames up to the subscriber's limit (:meth:`_weights_limit`)."""
+        sub = self._socket(
+            zmq.SUB,
+            SocketOptions(rcvhwm=WEIGHTS_HWM, max_message_bytes=self.subscriber.max_message_bytes),
+        )
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(endpoint)
+        return sub
 
     def close(self, extra_stats: Mapping[str, float] | None = None) -> None:
         """Say bye with the counters (plus ``extra_stats``) and close every socket."""
@@ -368,6 +410,9 @@ class LearnerConnection:
         self._check_link(time.monotonic())
         self._check_learner_alive("no message from the learner")
         self._maybe_heartbeat()
+        stale_after = STALE_WEIGHTS_INTERVALS * self.heartbeat_interval
+        if self.subscriber.check(self.version, self.learner_version, stale_after):
+            self.stats["weights_resubscriptions"] = self.subscriber.resubscriptions
         if not self.subscriber.pending():
             return None
         weights = self.subscriber.newest(self.run_id)
@@ -419,7 +464,7 @@ class LearnerConnection:
         sock = self._control
         while sock is not None and readable(sock):
             try:
-                message = decode(sock.recv(), max_bytes=self.max_message_bytes)
+                message = decode(sock.recv(), max_bytes=self._control_limit())
             except ProtocolError as exc:
                 self._reject("control", exc)
                 continue
@@ -446,6 +491,7 @@ class LearnerConnection:
             self.needs_reregister = True
             return
         self._last_control = now
+        self.learner_version = max(self.learner_version, message.version)
         if message.base_version is not None:
             self.sender.rebase(message.base_version)
         if message.sent_at is not None:

@@ -49,6 +49,7 @@ from .protocol import (
 )
 from .report import LearnerReport
 from .rollout import SlotKey, SlotQueues
+from .spaces import space_spec
 from .transport import bind_learner_sockets, tcp_endpoint
 from .valve import fitting_max_lead_steps
 
@@ -72,8 +73,34 @@ PAUSED_ADVICE_SHARE = 0.30
 ``max_lead_steps`` advice (logged once per actor)."""
 ADVICE_MIN_SAMPLES = 5
 """Heartbeats (with ``paused``, after training started) before the advice is given."""
+PENDING_SILENCE_INTERVALS = 5.0
+"""Heartbeat intervals a registration that has not joined the rollout may stay
+silent (no heartbeat, no fragment) before it is dropped; a live actor heartbeats
+every interval."""
+ADMIT_ON_DELIVERY = "base_version" in {f.name for f in dataclasses.fields(Heartbeat)}
+"""Protocol v2 (heartbeats carry ``base_version``): a registration joins the rollout
+at a broadcast only once it has delivered rows for every slot; until then each
+broadcast moves its base version on and tells it so. Under v1 it joins at the next
+broadcast whatever it sent."""
 CYCLE_WINDOW = 16
 """Broadcast cycles over which the learner's busy time per cycle is the median."""
+
+
+CONTROL_SLACK_BYTES = 128 * 1024
+"""Room in the control message limit beyond the spaces and the per-slot lists: ids,
+host and env names, a bye's stats (a legitimate one is under 2 KB)."""
+
+
+def largest_control_bytes(observation_space: Any, action_space: Any, max_envs: int) -> int:
+    """The learner's control message limit (ROUTER ``ZMQ_MAXMSGSIZE``): twice what
+    a legitimate hello (both space specs, up to ``max_envs`` per-slot integers) or bye
+    can be for the run's spaces, plus :data:`CONTROL_SLACK_BYTES`. A hello of other
+    spaces larger than that costs its sender the connection instead of a
+    ``space_mismatch`` refusal; anything bigger is never legitimate."""
+    import msgpack
+
+    specs = len(msgpack.packb([space_spec(observation_space), space_spec(action_space)]))
+    return 2 * (specs + 9 * max_envs) + CONTROL_SLACK_BYTES
 
 
 class Ingest:
@@ -105,6 +132,7 @@ class Ingest:
         self.version = version
         self.forget_slots = forget_slots
         self.max_message_bytes = settings.max_fragment_bytes
+        self.control_max_bytes = largest_control_bytes(*self.spaces, cfg.max_envs_per_actor)
         self.members = Membership()
         self.limits = MembershipLimits(cfg.max_actors, cfg.max_envs_per_actor, cfg.max_total_envs)
         self.queues = SlotQueues()
@@ -126,7 +154,10 @@ class Ingest:
         self._cycle_busy: deque[float] = deque(maxlen=CYCLE_WINDOW)
         self._advised: set[int] = set()  # actor ids told which max_lead_steps fits
         self.sockets = bind_learner_sockets(
-            context or zmq.Context.instance(), cfg, self.max_message_bytes
+            context or zmq.Context.instance(),
+            cfg,
+            self.max_message_bytes,
+            control_max_bytes=self.control_max_bytes,
         )
         self.control, self.experience = self.sockets.control, self.sockets.experience
         self.poller = zmq.Poller()
@@ -195,6 +226,9 @@ class Ingest:
         # paused for the link resumes on that echo), also right after a long update.
         self._maybe_heartbeat()
         self._evict_silent_actors()
+        if self.sockets.handshakes is not None:  # counted by its thread, copied here
+            for kind, count in list(self.sockets.handshakes.failures.items()):
+                self.counters[f"auth/handshake_failed/{kind}"] = count
         self._pump_end = time.monotonic()
 
     @staticmethod
@@ -260,7 +294,7 @@ class Ingest:
             return
         routing_id, frame = frames[0].bytes, frames[1]
         try:
-            message = decode(frame.buffer, (Hello, Heartbeat, Bye), self.max_message_bytes)
+            message = decode(frame.buffer, (Hello, Heartbeat, Bye), self.control_max_bytes)
         except ProtocolVersionMismatch as exc:
             self._reject("control", exc.reason, str(exc))
             self._send_control(routing_id, Refuse("version_mismatch", str(exc)))
@@ -356,20 +390,51 @@ class Ingest:
         if now - self._last_heartbeat < self.settings.heartbeat_interval:
             return
         self._last_heartbeat = now
-        version = self.version()
         for rec in self.members:
             if not rec.said_bye:
-                echo = rec.peer_sent_at
-                beat = Heartbeat(
-                    actor_id=-1,
-                    run_id=self.run_id,
-                    version=version,
-                    sent_at=now,
-                    echo=echo,
-                    held=None if echo is None else max(0.0, now - rec.peer_heard_at),
-                    base_version=rec.base_version,
-                )
-                self._send_control(rec.routing_id, beat)
+                self._send_control(rec.routing_id, self._heartbeat(rec, now))
+
+    def _heartbeat(self, rec: ActorRecord, now: float) -> Heartbeat:
+        """The learner's heartbeat to ``rec``: the version, the echo of its newest
+        heartbeat and (protocol v2) its base version."""
+        echo = rec.peer_sent_at
+        fields: dict[str, Any] = dict(
+            actor_id=-1,
+            run_id=self.run_id,
+            version=self.version(),
+            sent_at=now,
+            echo=echo,
+            held=None if echo is None else max(0.0, now - rec.peer_heard_at),
+        )
+        if ADMIT_ON_DELIVERY:
+            fields["base_version"] = rec.base_version
+        return Heartbeat(**fields)
+
+    # ------------------------------------------------------------------ joining
+
+    def delivered(self, rec: ActorRecord) -> bool:
+        """Whether every slot of ``rec`` has rows queued (it may join the rollout)."""
+        return all(self.queues.rows(key) > 0 for key in rec.slots())
+
+    def can_admit(self) -> bool:
+        """Whether a registration waiting to join may join now (see :meth:`admit_pending`)."""
+        return any(not ADMIT_ON_DELIVERY or self.delivered(r) for r in self.members.pending())
+
+    def admit_pending(self) -> list[ActorRecord]:
+        """At a broadcast (the version was just incremented): registrations waiting to
+        join become members from this version on. Under protocol v2 only those that
+        delivered rows for every slot (:meth:`delivered`): a hello that sends nothing
+        never makes a rollout wait. Each one left waiting gets ``base_version =
+        version + 1`` (the version it can join at), sent at once in a heartbeat, so
+        its staleness valve counts from there and stays exact."""
+        if not ADMIT_ON_DELIVERY:
+            return self.members.admit_pending()
+        admitted = self.members.admit_pending(self.delivered)
+        now = time.monotonic()
+        for rec in self.members.pending():
+            rec.base_version = self.version() + 1
+            self._send_control(rec.routing_id, self._heartbeat(rec, now))
+        return admitted
 
     # ------------------------------------------------------------------ links
 
@@ -468,10 +533,24 @@ class Ingest:
 
     def _evict_silent_actors(self) -> None:
         """Declare dead every actor silent for ``actor_timeout``: its slots leave the
-        rollout being filled and what it had queued is discarded (counted)."""
+        rollout being filled and what it had queued is discarded (counted). Drop
+        every registration that has not joined and has sent nothing for
+        :data:`PENDING_SILENCE_INTERVALS` heartbeat intervals (one line per pump)."""
         if self.shutting_down:
             return
         now, timeout = time.monotonic(), self.cfg.actor_timeout
+        silence = min(timeout, PENDING_SILENCE_INTERVALS * self.settings.heartbeat_interval)
+        dropped = self.members.drop_silent_pending(now, silence)
+        if dropped:
+            self.counters["actors/dropped_silent"] += len(dropped)
+            ids = [rec.actor_id for rec in dropped]
+            log.warning(
+                "dropped %d registration(s) that sent nothing for %.1fs and had not joined "
+                "the rollout: actor id(s) %s%s",
+                *(len(ids), silence, ids[:10], " ..." if len(ids) > 10 else ""),
+            )
+            for rec in dropped:
+                self._forget(rec, "dropped_silent")
         short = self.queues.short_slots(self.members.member_slots(), self.cfg.num_steps)
         for rec, why in self.members.evict_silent(now, timeout, {a for a, _ in short}):
             log.warning(

@@ -274,7 +274,7 @@ class Learner:
         """Publish the next version; actors waiting to join become members."""
         self.trainer.next_version()
         self.publish_weights()
-        for rec in self.members.admit_pending():
+        for rec in self.ingest.admit_pending():
             log.info("actor %d joins the rollout at version %d", rec.actor_id, self.version)
 
     def wait_for_actors(self, start: float) -> None:
@@ -302,7 +302,7 @@ class Learner:
             slots = self.members.member_slots()
             if slots and self.queues.ready(slots, cfg.num_steps):
                 return
-            if not slots and self.members.pending():
+            if not slots and self.ingest.can_admit():
                 # No member left: the waiting actors join now. A fresh version
                 # (same weights) starts their accounting from here, so their
                 # valve, which counts from base_version = version + 1, stays exact.

@@ -243,12 +243,22 @@ class Membership:
         """Registered actors that have not said bye."""
         return sum(1 for r in self.actors.values() if not r.said_bye)
 
-    def admit_pending(self) -> list[ActorRecord]:
-        """Make every registered non-member (that has not left) a member."""
-        admitted = self.pending()
+    def admit_pending(
+        self, ready: Callable[[ActorRecord], bool] | None = None
+    ) -> list[ActorRecord]:
+        """Make registered non-members (that have not left) members: every one, or
+        with ``ready`` only those for which ``ready(record)`` holds."""
+        admitted = [r for r in self.pending() if ready is None or ready(r)]
         for rec in admitted:
             rec.member = True
         return admitted
+
+    def drop_silent_pending(self, now: float, silence: float) -> list[ActorRecord]:
+        """Remove and return the registrations that never joined the rollout and have
+        sent nothing (no heartbeat, no fragment) for ``silence`` seconds: a hello
+        alone holds a place in ``max_actors`` only that long."""
+        dropped = [r for r in self.pending() if now - r.last_seen > silence]
+        return [self.remove(r.actor_id) for r in dropped]
 
     def silent(
         self, now: float, timeout: float, short_since: dict[int, float] | None = None

@@ -14,13 +14,16 @@ explicit linger and high-water mark. The chosen behaviour at the HWM:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
-from .config import DEFAULT_PORT
+from .config import DEFAULT_PORT, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,14 @@ WEIGHTS_HWM = 4
 """Weight blobs queued per PUB/SUB pipe; past it PUB drops the new blob for that
 subscriber (a slow actor then catches up with the next broadcast)."""
 CONTROL_HWM = 1000
-"""Control messages queued per peer."""
+"""Control messages queued per peer toward the learner's peers (ROUTER SNDHWM), and
+the most queued from one peer (RCVHWM; see CONTROL_BUFFER_BYTES)."""
+CONTROL_BUFFER_BYTES = 4 * 1024 * 1024
+"""What the learner's ROUTER may buffer per peer, in bytes: its RCVHWM is this over
+the control message limit, at least CONTROL_MIN_HWM."""
+CONTROL_MIN_HWM = 16
+"""The least RCVHWM of the learner's ROUTER (a legitimate actor sends one heartbeat
+a second)."""
 ACTOR_PUSH_LINGER_MS = 2000
 """How long an exiting actor keeps trying to deliver fragments it already sent."""
 
@@ -121,28 +131,38 @@ class CurveClientKeys:
 
 
 def load_secret_certificate(path: str, what: str) -> tuple[bytes, bytes]:
-    """(public, secret) from a ``zmq.auth`` secret certificate file; a clear error
-    naming ``what`` and the path when the file is missing or holds no secret key."""
+    """(public, secret) from a ``zmq.auth`` secret certificate file.
+
+    Raises :class:`~zmq_rl.config.ConfigError` naming ``what`` and the path when the
+    file is missing, unreadable, not a certificate, or holds only a public key (the
+    ``.key`` file given where the ``.key_secret`` one belongs): the CLIs print it as
+    one ``error:`` line and exit 2.
+    """
+    public, secret = _read_certificate(path, what)
+    if not secret:
+        raise ConfigError(
+            what, path, "holds only a public key; give the secret certificate (.key_secret)"
+        )
+    return public, secret
+
+
+def load_public_certificate(path: str, what: str) -> bytes:
+    """The public key of a ``zmq.auth`` certificate file (public or secret); a
+    :class:`~zmq_rl.config.ConfigError` naming ``what`` and the path otherwise."""
+    return _read_certificate(path, what)[0]
+
+
+def _read_certificate(path: str, what: str) -> tuple[bytes, bytes | None]:
     import zmq.auth
 
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{what}: cannot read certificate {path!r}: {exc}") from exc
-    if not secret:
-        raise ValueError(f"{what}: {path!r} holds no secret key (use the .key_secret file)")
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(what, path, f"not a readable CURVE certificate ({detail})") from None
+    if not public:
+        raise ConfigError(what, path, "not a CURVE certificate (no public-key line)")
     return public, secret
-
-
-def load_public_certificate(path: str, what: str) -> bytes:
-    """The public key of a ``zmq.auth`` certificate file (public or secret)."""
-    import zmq.auth
-
-    try:
-        public, _ = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{what}: cannot read certificate {path!r}: {exc}") from exc
-    return public
 
 
 def apply_curve_server(sock: zmq.Socket, keys: CurveServerKeys) -> None:
@@ -160,14 +180,35 @@ def apply_curve_client(sock: zmq.Socket, keys: CurveClientKeys) -> None:
 
 
 def start_authenticator(ctx: zmq.Context, keys: CurveServerKeys):  # -> ThreadAuthenticator
-    """Start pyzmq's ZAP authenticator accepting only the keys in ``authorized_dir``."""
-    import os
-
+    """Start pyzmq's ZAP authenticator accepting only the keys in ``authorized_dir``;
+    every key it refuses is logged with the peer's address (:class:`HandshakeWatch`
+    rate-limits the lines, once :func:`bind_learner_sockets` made it)."""
     from zmq.auth.thread import ThreadAuthenticator
+    from zmq.utils import z85
 
     if not os.path.isdir(keys.authorized_dir):
-        raise ValueError(f"curve_authorized_keys: {keys.authorized_dir!r} is not a directory")
-    auth = ThreadAuthenticator(ctx, log=logging.getLogger("zmq_rl.auth"))
+        raise ConfigError("curve_authorized_keys", keys.authorized_dir, "is not a directory")
+
+    class LoggingAuthenticator(ThreadAuthenticator):
+        watch: HandshakeWatch | None = None
+        _address = _key = ""
+
+        async def handle_zap_message(self, msg: list[bytes]) -> None:
+            self._address = msg[3].decode("utf-8", "replace") if len(msg) > 3 else "unknown"
+            self._key = ""
+            await super().handle_zap_message(msg)
+
+        async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
+            self._key = z85.encode(client_key).decode() if client_key else ""
+            return await super()._authenticate_curve(domain, client_key)
+
+        def _send_zap_reply(self, request_id: bytes, status_code: bytes, *args: Any, **kw: Any):
+            if status_code != b"200" and self.watch is not None:
+                peer = self._address.removeprefix("::ffff:")
+                self.watch.denied(peer, f"CURVE key {self._key or '?'} is not authorised")
+            return super()._send_zap_reply(request_id, status_code, *args, **kw)
+
+    auth = LoggingAuthenticator(ctx, log=logging.getLogger("zmq_rl.auth"))
     auth.start()
     auth.configure_curve(domain="*", location=keys.authorized_dir)
     return auth
@@ -192,6 +233,155 @@ def handshake_failure(event: dict[str, Any], endpoint: str) -> str:
     return f"{detail} at {endpoint} (handshake event {event['event']}, value {event['value']})"
 
 
+HANDSHAKE_LOG_EVERY_S = 10.0
+"""A host whose CURVE handshakes fail is logged at most once per this many seconds
+(the line says how many failed since the previous one)."""
+HANDSHAKE_LOG_HOSTS = 1024
+"""Hosts remembered for that rate limit (the oldest are forgotten first)."""
+HANDSHAKE_FAILURE_KINDS = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "key_refused",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "bad_handshake",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "bad_handshake",
+}
+"""Socket-monitor event -> the ``auth/handshake_failed/<kind>`` counter's kind."""
+
+
+class HandshakeWatch:
+    """Logs and counts failed CURVE handshakes on the learner's bound sockets.
+
+    libzmq reports a failed handshake only to a socket monitor, which names the
+    learner's own endpoint, not the peer. So:
+
+    * a peer whose key the ZAP authenticator refuses is logged by the authenticator
+      (:func:`start_authenticator`), which knows its address and key;
+    * any other failure (a peer without CURVE, or holding the wrong learner key) is
+      seen by a thread reading the monitors: on ``ACCEPTED`` it looks up the new
+      connection's peer address; the ``HANDSHAKE_FAILED_*`` event is followed at once
+      by that connection's ``DISCONNECTED``, which names it (``unknown`` when libzmq
+      closed it before the address was read: a local peer failing within a
+      millisecond).
+
+    Every failure is counted in :attr:`failures` by kind (``key_refused``,
+    ``bad_handshake``; the learner's ``auth/handshake_failed/<kind>`` counters); a
+    host is logged at most once per :data:`HANDSHAKE_LOG_EVERY_S` (the line says how
+    many failed since the previous one).
+    """
+
+    def __init__(self, sockets: dict[str, zmq.Socket]) -> None:
+        import threading
+
+        self.failures: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._monitors = {
+            sock.get_monitor_socket(
+                zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED_EVENTS
+            ): name
+            for name, sock in sockets.items()
+        }
+        self._sockets = list(sockets.values())
+        self._peers: dict[int, str] = {}  # descriptor -> peer address
+        self._failed: dict[zmq.Socket, str] = {}  # monitor -> detail, until DISCONNECTED
+        self._logged: dict[str, tuple[float, int]] = {}  # host -> (last line, failures since)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="zmq_rl-handshakes", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and the monitors (before the watched sockets close)."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        for sock in self._sockets:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+
+    def _run(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        poller = zmq.Poller()
+        for monitor in self._monitors:
+            poller.register(monitor, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                for monitor, _ in poller.poll(50):
+                    self._on_event(monitor, recv_monitor_message(monitor))
+        except zmq.ZMQError:  # the context is terminating
+            pass
+        finally:
+            for monitor in self._monitors:
+                monitor.close(linger=0)
+
+    def _on_event(self, monitor: zmq.Socket, event: dict[str, Any]) -> None:
+        kind, value = event["event"], int(event["value"])
+        failed = self._failed.pop(monitor, None)
+        if kind == zmq.EVENT_DISCONNECTED:
+            peer = self._peers.pop(value, "unknown")
+            if failed is not None:
+                self.denied(
+                    peer,
+                    "the handshake failed: no CURVE, or the wrong learner key "
+                    f"({failed}) on the {self._monitors[monitor]} socket",
+                )
+            return
+        if failed is not None:  # its DISCONNECTED did not follow at once
+            self.denied("unknown", f"the handshake failed ({failed})")
+        if kind == zmq.EVENT_ACCEPTED:
+            self._peers[value] = _peer_address(value)
+            while len(self._peers) > HANDSHAKE_LOG_HOSTS:  # descriptors never closed?
+                del self._peers[next(iter(self._peers))]
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self._count("key_refused")  # logged by the authenticator, which knows the key
+        elif kind in HANDSHAKE_FAILURE_KINDS:
+            self._count("bad_handshake")
+            self._failed[monitor] = _failure_detail(event)
+
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self.failures[kind] = self.failures.get(kind, 0) + 1
+
+    def denied(self, peer: str, what: str) -> None:
+        """Log that ``peer`` (``host:port``) was refused because of ``what``, at most
+        once per host per :data:`HANDSHAKE_LOG_EVERY_S` (thread-safe)."""
+        host = peer.rsplit(":", 1)[0] if ":" in peer else peer
+        now = time.monotonic()
+        with self._lock:
+            last, since = self._logged.pop(host, (-HANDSHAKE_LOG_EVERY_S, 0))
+            if now - last < HANDSHAKE_LOG_EVERY_S:
+                self._logged[host] = (last, since + 1)
+                return
+            self._logged[host] = (now, 0)
+            while len(self._logged) > HANDSHAKE_LOG_HOSTS:
+                del self._logged[next(iter(self._logged))]
+        more = f"; {since} more failure(s) from {host} since the last line" if since else ""
+        log.warning("refused a connection from %s: %s%s", peer, what, more)
+
+
+def _failure_detail(event: dict[str, Any]) -> str:
+    """libzmq's reason for a failed handshake, as a short name."""
+    value = int(event["value"])
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"ZAP status {value}"
+    try:
+        return str(zmq.Event(value).name).lower()
+    except ValueError:
+        return f"libzmq code {value}"
+
+
+def _peer_address(fd: int) -> str:
+    """``host:port`` of the TCP peer on descriptor ``fd`` (``unknown`` if gone)."""
+    import socket as pysocket
+
+    try:
+        with pysocket.socket(fileno=os.dup(fd)) as sock:
+            peer = sock.getpeername()
+    except OSError:
+        return "unknown"
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0]).removeprefix("::ffff:")  # an IPv4 peer on the IPv6 socket
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{peer[1]}"
+    return str(peer)
+
+
 def readable(sock: zmq.Socket) -> bool:
     """Whether a message can be received now (cheaper than a poll)."""
     return bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
@@ -205,9 +395,13 @@ class LearnerSockets:
     experience: zmq.Socket  # PULL at port + 1
     weights: zmq.Socket  # PUB at port + 2
     auth: Any = None
+    handshakes: HandshakeWatch | None = None  # with CURVE: failed handshakes logged
 
     def close(self) -> None:
         """Close every socket (linger 0) and stop the authenticator."""
+        if self.handshakes is not None:
+            self.handshakes.stop()
+            self.handshakes = None
         for sock in (self.control, self.experience, self.weights):
             sock.close(linger=0)
         if self.auth is not None:
@@ -215,15 +409,21 @@ class LearnerSockets:
             self.auth = None
 
 
-def bind_learner_sockets(ctx: zmq.Context, cfg: Any, max_message_bytes: int) -> LearnerSockets:
+def bind_learner_sockets(
+    ctx: zmq.Context, cfg: Any, max_message_bytes: int, control_max_bytes: int | None = None
+) -> LearnerSockets:
     """Create and bind ROUTER, PULL and PUB for a :class:`~zmq_rl.config.LearnerConfig`,
     with CURVE when it names a secret key. OSError naming the ports when one is taken.
 
-    HWMs count frames, not bytes: PULL's is chosen so that what a stalled learner
-    buffers per peer stays near :data:`EXPERIENCE_BUFFER_BYTES` (senders block;
-    nothing is dropped).
+    ``max_message_bytes`` limits what PULL takes, ``control_max_bytes`` (default:
+    the same) what ROUTER takes. HWMs count frames, not bytes: PULL's and ROUTER's
+    receive HWMs are chosen so that what a stalled learner buffers per peer stays
+    near :data:`EXPERIENCE_BUFFER_BYTES` and :data:`CONTROL_BUFFER_BYTES` (PUSH
+    senders block, nothing is dropped; a control peer past its HWM waits in TCP).
     """
-    receive = SocketOptions(max_message_bytes=max_message_bytes)
+    control_max = control_max_bytes or max_message_bytes
+    control_hwm = max(CONTROL_MIN_HWM, min(CONTROL_HWM, CONTROL_BUFFER_BYTES // control_max))
+    receive = SocketOptions(rcvhwm=control_hwm, max_message_bytes=control_max)
     rcvhwm = max(4, min(EXPERIENCE_HWM, EXPERIENCE_BUFFER_BYTES // max_message_bytes))
     pull = SocketOptions(rcvhwm=rcvhwm, max_message_bytes=max_message_bytes)
     sockets = LearnerSockets(
@@ -238,6 +438,14 @@ def bind_learner_sockets(ctx: zmq.Context, cfg: Any, max_message_bytes: int) -> 
             sockets.auth = start_authenticator(ctx, keys)
             for sock in (sockets.control, sockets.experience, sockets.weights):
                 apply_curve_server(sock, keys)
+            sockets.handshakes = HandshakeWatch(
+                {
+                    "control": sockets.control,
+                    "experience": sockets.experience,
+                    "weights": sockets.weights,
+                }
+            )
+            sockets.auth.watch = sockets.handshakes
             log.info("CURVE on: accepting actors whose keys are in %s", cfg.curve_authorized_keys)
         sockets.control.bind(tcp_endpoint(cfg.host, cfg.port))
         sockets.experience.bind(tcp_endpoint(cfg.host, cfg.experience_port()))

@@ -1,0 +1,128 @@
+"""An actor whose weights subscription breaks subscribes again (issue 19, finding 6).
+
+libzmq drops a SUB's connection for good when a frame exceeds its ZMQ_MAXMSGSIZE and
+never reconnects: before this, one oversized frame on the weights port left an actor
+acting on stale weights for the rest of the run, silently. Against a real learner
+(driven by hand, so the test chooses what its PUB sends) and a real ActorClient:
+
+* an oversized frame: the client logs the dropped connection with its limit,
+  subscribes again and loads the next broadcast;
+* a subscription that receives nothing while the learner's heartbeats announce newer
+  versions (here: unsubscribed behind the client's back) is re-created after
+  ``STALE_WEIGHTS_INTERVALS`` heartbeat intervals;
+* an undecodable weights frame is logged with its size.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import zmq
+
+from tests.helpers import (
+    ACT_SPACE,
+    OBS_SPACE,
+    STUB_ENV_ID,
+    TIMEOUT,
+    CheckedBackground,
+    stub_learner_config,
+)
+from zmq_rl import client as client_module
+from zmq_rl.client import ActorClient
+from zmq_rl.config import PPOConfig
+from zmq_rl.learner import Learner
+
+LIMIT = 1 << 20  # the client's message limit in these tests
+
+
+@pytest.fixture
+def pair(ctx, learner_port):
+    """A learner (not running its loop) and an ActorClient registered with it, whose
+    SUB is known to receive (a broadcast reached it)."""
+    learner = Learner(stub_learner_config(learner_port), PPOConfig(num_epochs=1), context=ctx)
+    client = ActorClient(
+        f"127.0.0.1:{learner_port}",
+        env_id=STUB_ENV_ID,
+        observation_space=OBS_SPACE,
+        action_space=ACT_SPACE,
+        context=ctx,
+        register_timeout=TIMEOUT,
+        max_message_bytes=LIMIT,
+    )
+    try:
+        registering = CheckedBackground(client.register)
+        deadline = time.monotonic() + TIMEOUT
+        while registering.alive() and time.monotonic() < deadline:
+            learner.pump(10)
+        registering.join()
+        broadcast_until_loaded(learner, client)
+        yield learner, client
+    finally:
+        client.close()
+        learner.close()
+
+
+def broadcast_until_loaded(
+    learner: Learner, client: ActorClient, timeout: float = TIMEOUT
+) -> float:
+    """Publish a new version (again every 50 ms: PUB drops what no subscriber takes)
+    and serve the learner until the client has loaded it; the seconds it took."""
+    learner.trainer.next_version()
+    start = time.monotonic()
+    last = 0.0
+    while client.version < learner.version:
+        now = time.monotonic()
+        assert now - start < timeout, (client.version, learner.version, client.rejects)
+        if now - last > 0.05:
+            learner.publish_weights()
+            last = now
+        learner.pump(5)
+        client.poll()
+    return time.monotonic() - start
+
+
+def test_oversized_weights_frame_is_logged_and_the_actor_subscribes_again(pair, caplog):
+    learner, client = pair
+    caplog.set_level(logging.WARNING)
+    learner.ingest.sockets.weights.send(b"\0" * (2 * LIMIT))
+    took = broadcast_until_loaded(learner, client)
+    print(f"\nloaded version {client.version} {took:.2f}s after the oversized frame")
+    assert client.rejects["weights:connection_dropped"] == 1
+    assert client.stats["weights_resubscriptions"] == 1
+    lines = [r.getMessage() for r in caplog.records if "weights connection" in r.getMessage()]
+    assert len(lines) == 1 and f"{LIMIT:,} bytes" in lines[0], lines
+    # The new subscription keeps working.
+    broadcast_until_loaded(learner, client)
+    assert client.subscriber.resubscriptions == 1
+
+
+def test_subscription_that_gets_nothing_is_made_again(pair, monkeypatch, caplog):
+    """The learner announces newer versions in its heartbeats; the SUB (unsubscribed
+    here) gets none: after STALE_WEIGHTS_INTERVALS intervals the client subscribes
+    again and loads the next broadcast."""
+    learner, client = pair
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(client_module, "STALE_WEIGHTS_INTERVALS", 1.0)
+    client.subscriber.socket.setsockopt(zmq.UNSUBSCRIBE, b"")
+    start = time.monotonic()
+    took = broadcast_until_loaded(learner, client)
+    print(f"\nstale subscription re-made; loaded after {took:.2f}s")
+    assert client.rejects["weights:behind"] == 1
+    assert 1.0 <= took < 1.0 + 3 * client.heartbeat_interval + 2, took
+    assert time.monotonic() - start < TIMEOUT
+    assert any("announced version" in r.getMessage() for r in caplog.records)
+
+
+def test_undecodable_weights_frame_is_logged_with_its_size(pair, caplog):
+    learner, client = pair
+    caplog.set_level(logging.WARNING)
+    learner.ingest.sockets.weights.send(b"\xc1" * 1234)  # 0xc1: never valid msgpack
+    deadline = time.monotonic() + TIMEOUT
+    while not client.rejects["weights:not_msgpack"] and time.monotonic() < deadline:
+        client.poll()
+        learner.pump(5)
+    assert client.rejects["weights:not_msgpack"] == 1
+    assert any("1,234 bytes" in r.getMessage() for r in caplog.records)
+    broadcast_until_loaded(learner, client)
