@@ -12,8 +12,8 @@ processes while this script, as the hostile peers, sends:
 * **oversized frames** (``--oversize-mb``) on PULL and ROUTER, and 8 MB hellos
   carrying a 1M-element Box space, each from a connection of its own (libzmq drops
   the connection: they never reach the learner's code, so they are not counted);
-* **forged fragments** (protocol v2: valid fragments as actor 0 with a guessed
-  session token and a huge ``seq``; skipped under v1, which has no token).
+* **forged fragments** (valid fragments as actor 0 with a guessed session token and a
+  huge ``seq``).
 
 It prints the ledger (messages sent per kind; the learner's counters per reason),
 each good actor's steps sent vs received, the longest gap between two broadcasts
@@ -217,15 +217,11 @@ def greedy_hello() -> bytes:
     )
 
 
-def forged_fragment(run_id: str, r: np.random.Generator) -> bytes | None:
-    """A protocol-valid fragment as actor 0, slot 0, with a huge seq and (v2) a guessed
-    token; None under protocol v1 (no token: a forged fragment is accepted there,
-    docs/security.md)."""
-    from zmq_rl import protocol
-
-    if protocol.PROTOCOL_VERSION < 2:
-        return None
+def forged_fragment(run_id: str, r: np.random.Generator) -> bytes:
+    """A protocol-valid fragment as actor 0, slot 0, with a huge seq and a guessed
+    session token."""
     from tests.helpers import cartpole_fragment
+    from zmq_rl import protocol
 
     fragment = cartpole_fragment(r, run_id, actor_id=0, seq=10**9, token=r.bytes(16))
     return protocol.encode(fragment)
@@ -272,11 +268,9 @@ class Hostile:
                 self.sent["experience"][name] += 1
                 self.experience_frames += len(parts)
                 if i % 500 == 0:
-                    forged = forged_fragment(self.run_id, self.rng)
-                    if forged is not None:
-                        self.push.send(forged)
-                        self.sent["experience"]["forged_fragment"] += 1
-                        self.experience_frames += 1
+                    self.push.send(forged_fragment(self.run_id, self.rng))
+                    self.sent["experience"]["forged_fragment"] += 1
+                    self.experience_frames += 1
             for i in range(b * batch, min((b + 1) * batch, args.control)):
                 name, parts = self.control.generate(i)
                 self.dealer.send_multipart(parts)

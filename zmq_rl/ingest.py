@@ -77,11 +77,6 @@ PENDING_SILENCE_INTERVALS = 5.0
 """Heartbeat intervals a registration that has not joined the rollout may stay
 silent (no heartbeat, no fragment) before it is dropped; a live actor heartbeats
 every interval."""
-ADMIT_ON_DELIVERY = "base_version" in {f.name for f in dataclasses.fields(Heartbeat)}
-"""Protocol v2 (heartbeats carry ``base_version``): a registration joins the rollout
-at a broadcast only once it has delivered rows for every slot; until then each
-broadcast moves its base version on and tells it so. Under v1 it joins at the next
-broadcast whatever it sent."""
 CYCLE_WINDOW = 16
 """Broadcast cycles over which the learner's busy time per cycle is the median."""
 
@@ -405,9 +400,8 @@ class Ingest:
             sent_at=now,
             echo=echo,
             held=None if echo is None else max(0.0, now - rec.peer_heard_at),
+            base_version=rec.base_version,
         )
-        if ADMIT_ON_DELIVERY:
-            fields["base_version"] = rec.base_version
         return Heartbeat(**fields)
 
     # ------------------------------------------------------------------ joining
@@ -418,17 +412,15 @@ class Ingest:
 
     def can_admit(self) -> bool:
         """Whether a registration waiting to join may join now (see :meth:`admit_pending`)."""
-        return any(not ADMIT_ON_DELIVERY or self.delivered(r) for r in self.members.pending())
+        return any(self.delivered(r) for r in self.members.pending())
 
     def admit_pending(self) -> list[ActorRecord]:
         """At a broadcast (the version was just incremented): registrations waiting to
-        join become members from this version on. Under protocol v2 only those that
-        delivered rows for every slot (:meth:`delivered`): a hello that sends nothing
+        join become members from this version on: only those that delivered rows for
+        every slot (:meth:`delivered`), so a hello that sends nothing
         never makes a rollout wait. Each one left waiting gets ``base_version =
         version + 1`` (the version it can join at), sent at once in a heartbeat, so
         its staleness valve counts from there and stays exact."""
-        if not ADMIT_ON_DELIVERY:
-            return self.members.admit_pending()
         admitted = self.members.admit_pending(self.delivered)
         now = time.monotonic()
         for rec in self.members.pending():
