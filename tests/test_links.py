@@ -495,3 +495,31 @@ def test_long_link_benchmark_smoke(tmp_path):
     assert runs["long_suggested"]["max_lead_steps"] == data["suggested_max_lead_steps"]
     assert data["suggested_max_lead_steps"] > runs["long_default"]["max_lead_steps"]
     print(f"smoke took {took:.1f}s")
+
+
+def test_an_actor_whose_learner_chosen_id_was_given_away_registers_with_any(ctx, learner_port):
+    """An actor that asked for any id (-1) and was declared dead while cut off asks for
+    its old id again; when the learner has given it to someone else (duplicate_id) the
+    client registers with any free id instead of exiting."""
+    fake = FakeLearner(ctx, learner_port)
+    client, routing_id = registered(ctx, fake, heartbeat_interval=FAST_BEAT)
+    assert client.requested_id == -1 and client.actor_id == 0
+    before = client.registrations
+    fake.send(routing_id, Refuse("reregister", "who are you?"))
+
+    def poll_until_registered() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while client.registrations == before and time.monotonic() < deadline:
+            client.wait_for_weights(0.02)
+
+    polling = Background(poll_until_registered)
+    routing_id, hello = fake.recv_control(Hello)
+    assert hello.actor_id == 0  # its old id first
+    fake.send(routing_id, Refuse("duplicate_id", "actor id 0 is already taken"))
+    routing_id, again = fake.recv_control(Hello)
+    assert again.actor_id == -1
+    fake.welcome(routing_id, 5, weights_of(make_policy(0), 3))
+    polling.join()
+    assert polling.error is None, repr(polling.error)
+    assert client.actor_id == 5 and client.registrations == before + 1
+    client.close()

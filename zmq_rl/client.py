@@ -263,6 +263,18 @@ class LearnerConnection:
             except ProtocolError as exc:
                 self._reject("control", exc)
                 continue
+            if (
+                isinstance(message, Refuse)
+                and message.code == "duplicate_id"
+                and hello.actor_id >= 0
+                and self.requested_id < 0
+            ):
+                # The id was the learner's choice in an earlier registration and is now
+                # someone else's (this actor was declared dead meanwhile): take any.
+                log.info("actor id %d was given away: registering with any free id", hello.actor_id)
+                hello.actor_id = -1
+                self._control.send(encode(hello))
+                continue
             if isinstance(message, Refuse) and message.code != "reregister":
                 raise LearnerRefused(message.code, message.reason)
             if isinstance(message, Welcome):
