@@ -164,6 +164,45 @@ def test_registered_peer_cannot_poison_the_policy_with_huge_finite_values(
     assert all(torch.isfinite(p).all() for p in learner.policy.parameters())
 
 
+def test_a_forged_fragment_can_neither_stall_the_run_nor_evict_a_live_actor(
+    ctx, learner_port, start_learner
+):
+    """Issue 19, finding 4, under protocol v2: a fragment as the live actor with a
+    guessed session token and ``seq`` 10^9 is ``unknown_actor``; one with the real token
+    (the worst case: a leaked token) but ``seq`` 10^9 is ``seq_jump``. Neither moves the
+    actor's expected ``seq`` or counts gaps: its own next fragments are accepted, the
+    run consumes its budget, and nobody is declared dead."""
+    cfg = stub_learner_config(learner_port, total_env_steps=32)
+    learner, run = start_learner(cfg)
+    peer = RegisteredPeer(ctx, learner_port)
+    real = peer.fragment(8)
+    forged = [
+        dataclasses.replace(real, seq=10**9, token=bytes(16)),
+        dataclasses.replace(real, seq=10**9),
+    ]
+    for fragment in forged:
+        peer.send(fragment)
+    wait_until(
+        lambda: total(learner.counters, "rejected/experience/") >= 2,
+        TIMEOUT,
+        "the forged fragments to be rejected",
+    )
+    peer.send(real)  # seq 0: still what the learner expects
+    for _ in range(3):
+        peer.send(peer.fragment(8))
+    wait_until(lambda: not run.alive(), TIMEOUT, "the run to consume its budget")
+    peer.serve_control()
+    report = run.join()
+    peer.close()
+    counters = report.counters
+    assert counters["rejected/experience/unknown_actor"] == 1
+    assert counters["rejected/experience/seq_jump"] == 1
+    assert counters.get("experience/seq_gaps", 0) == 0
+    assert counters.get("rejected/experience/old_seq", 0) == 0
+    assert counters.get("actors/declared_dead", 0) == 0
+    assert report.env_steps_consumed == 32 and report.stop_reason == "budget spent"
+
+
 # ----------------------------------------------------------------------------- floods
 
 FLOOD_LEARNER = textwrap.dedent(
