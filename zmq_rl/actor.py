@@ -21,15 +21,18 @@ import torch
 
 from .client import ActorClient
 from .config import ActorConfig
+from .networks import batch_obs, obs_tensor
 from .policy import (
     Policy,
     WeightsMismatch,
     build_policy,
     import_weights,
+    is_recurrent,
     policy_config_from,
 )
 from .protocol import Weights, Welcome
 from .seeding import env_seeds
+from .spaces import env_actions, map_value
 from .transport import CurveClientKeys, load_public_certificate, load_secret_certificate
 
 log = logging.getLogger(__name__)
@@ -108,21 +111,22 @@ class GymActor:
         policy = build_policy(obs_space, act_space, policy_config_from(settings))
         policy.eval()
         import_weights(policy, welcome.weights.tensors)
+        scalar = isinstance(act_space, gym.spaces.Discrete)
         seed = cfg.seed if cfg.seed >= 0 else settings.seed + 1 + client.actor_id
         generator = torch.Generator().manual_seed(seed)
-        discrete = isinstance(act_space, gym.spaces.Discrete)
-        low = None if discrete else act_space.low
-        high = None if discrete else act_space.high
-        obs = np.stack(
-            [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, num_envs), strict=True)]
-        ).astype(obs_space.dtype)
+        recurrent = is_recurrent(policy)
+        state = policy.initial_state(num_envs) if recurrent else None
+        obs = batch_obs(
+            obs_space,
+            [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, num_envs), strict=True)],
+        )
         log.info(
             "actor %d collecting on %d x %s (seed %d)", client.actor_id, num_envs, env_id, seed
         )
         rewards = np.zeros(num_envs, np.float32)
         terminated = np.zeros(num_envs, bool)
         truncated = np.zeros(num_envs, bool)
-        next_obs = np.empty_like(obs)
+        next_obs: list[Any] = [None] * num_envs
         with torch.inference_mode():
             while True:
                 weights = client.poll()
@@ -135,20 +139,26 @@ class GymActor:
                     if weights is not None:
                         load_weights(client, policy, weights)
                     continue
-                action_t, log_prob_t, value_t = policy.act(torch.from_numpy(obs), generator)
+                if recurrent:
+                    action_t, log_prob_t, value_t, next_state = policy.act_recurrent(
+                        obs_tensor(obs), state, generator
+                    )
+                else:
+                    action_t, log_prob_t, value_t = policy.act(obs_tensor(obs), generator)
                 actions = action_t.numpy()
-                env_actions = actions if discrete else np.clip(actions, low, high)
+                to_env = env_actions(act_space, actions)
                 final_obs = {}
                 for j, env in enumerate(envs):
-                    o, r, term, trunc, _ = env.step(
-                        env_actions[j].item() if discrete else env_actions[j]
-                    )
+                    o, r, term, trunc, _ = env.step(to_env[j].item() if scalar else to_env[j])
                     rewards[j], terminated[j], truncated[j] = r, term, trunc
                     if term or trunc:
                         if trunc and not term:
-                            final_obs[j] = o
+                            final_obs[j] = batch_obs(obs_space, [o])
                         o, _ = env.reset()
                     next_obs[j] = o
+                if final_obs:
+                    final_obs = {j: map_value(lambda a: a[0], v) for j, v in final_obs.items()}
+                stacked = batch_obs(obs_space, next_obs)
                 client.step(
                     obs,
                     actions,
@@ -157,10 +167,14 @@ class GymActor:
                     truncated,
                     value_t.numpy(),
                     log_prob_t.numpy(),
-                    next_obs,
+                    stacked,
                     final_obs,
+                    state=None if state is None else state.numpy(),
                 )
-                obs, next_obs = next_obs, obs
+                if recurrent:
+                    # The state each slot acts from next: zeros where an episode began.
+                    state = next_state * torch.from_numpy(~(terminated | truncated))[:, None]
+                obs = stacked
         for env in envs:
             env.close()
         return dict(client.stats)
