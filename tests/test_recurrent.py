@@ -133,7 +133,7 @@ def collect(policy, env_id: str, num_envs: int, steps: int, cuts: list[int], see
 
 
 def to_fragment(rows, next_obs, state, seq) -> Fragment:
-    T, B = len(rows), len(rows[0]["rewards"])
+    B = len(rows[0]["rewards"])
     final_index = [t * B + b for t, r in enumerate(rows) for b in sorted(r["final"])]
     finals = [r["final"][b] for r in rows for b in sorted(r["final"])]
     return Fragment(
