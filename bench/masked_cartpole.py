@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -152,7 +153,11 @@ def main() -> None:
                 cmd = command(*key, args.budget, args.eval_every, run_dir)
                 print("$", " ".join(["zmq-rl", *cmd[3:]]), flush=True)
                 running[key] = subprocess.Popen(
-                    cmd, cwd=_util.ROOT, stdout=log, stderr=subprocess.STDOUT
+                    cmd,
+                    cwd=_util.ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 )
                 started[key] = time.monotonic()
             for key, proc in list(running.items()):

@@ -17,7 +17,7 @@ import pytest
 from zmq_rl.cli import main as main_cli
 
 REPO = Path(__file__).resolve().parent.parent
-RUN_TIMEOUT = 240.0
+RUN_TIMEOUT = 420.0
 
 # (env, random policy's return, bound the trained evaluation must pass)
 CASES = [
