@@ -230,3 +230,55 @@ def test_ppo_update_on_sequences_changes_the_recurrent_weights():
     assert metrics["losses/skipped_minibatches"] == 0
     assert metrics["losses/epochs_run"] == pytest.approx(2.0)
     assert not torch.equal(before, policy.rnn.weight_hh_l0)
+
+
+def test_policy_type_reaches_the_welcome_policy_map():
+    from zmq_rl.config import LearnerConfig
+    from zmq_rl.learner import run_settings
+    from zmq_rl.policy import policy_config_from
+
+    env = gym.make(MASKED)
+    policy = make_policy("gru")
+    settings = run_settings(
+        LearnerConfig(env_id=MASKED),
+        env.observation_space,
+        env.action_space,
+        PolicyConfig(policy_type="gru", hidden_sizes=(16,)),
+        state_size=policy.state_size,
+    )
+    env.close()
+    assert settings.policy["policy_type"] == "gru" and settings.state_size == 16
+    actor_side = build_policy(
+        settings.observation_space, settings.action_space, policy_config_from(settings)
+    )
+    assert actor_side.state_size == settings.state_size
+
+
+@pytest.mark.timeout(400)
+def test_lstm_run_through_real_processes(tmp_path, learner_port):
+    """zmq-rl run with --policy-type lstm: the actors carry and send the state, the
+    learner accepts every fragment and trains on sequences (fragments of 4 rows,
+    rollouts of 6: rollouts begin mid-fragment)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "zmq_rl", "run", "--env", "tests.stub_env:Stub-v0"]
+    argv += ["--policy-type", "lstm", "--hidden-sizes", "8", "--actors", "1"]
+    argv += ["--num-envs", "2", "--num-steps", "6", "--fragment-length", "4"]
+    argv += ["--total-env-steps", "48", "--eval-episodes", "2", "--num-epochs", "2"]
+    argv += ["--minibatch-size", "4", "--port", str(learner_port), "--run-dir", str(run_dir)]
+    argv += ["--no-plot"]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=360)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["stop_reason"] == "budget spent"
+    assert report["updates_completed"] == 4 and report["env_steps_consumed"] == 48
+    assert report["episodes_completed"] >= 8  # Stub-v0 episodes are 5 steps
+    rejected = {k: v for k, v in report["counters"].items() if "reject" in k and v}
+    assert not rejected, rejected
