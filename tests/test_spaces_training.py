@@ -19,9 +19,12 @@ from zmq_rl.cli import main as main_cli
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT = 420.0
 
-# (env, random policy's return, bound the trained evaluation must pass)
+# (env, random policy's return, bound the trained evaluation must pass). DictObs: a
+# policy blind to the Box part gets at most 10 (it knows the mode, not the side), one
+# blind to the Discrete part 6.7, so > 12 needs both encoders. MultiDiscreteAct: a
+# policy that only learns one component gets 13.3 or 15 at best, random 8.3.
 CASES = [
-    ("tests.space_envs:DictObs-v0", 6.7, 14.0),
+    ("tests.space_envs:DictObs-v0", 6.7, 12.0),
     ("tests.space_envs:MultiDiscreteAct-v0", 8.3, 14.0),
 ]
 

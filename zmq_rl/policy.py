@@ -5,8 +5,10 @@ This module holds no socket code. It provides:
 * :func:`build_policy`, which derives the whole architecture from the gymnasium
   spaces and a :class:`~zmq_rl.config.PolicyConfig`, so that an actor process can
   build a network identical to the learner's and load broadcast weights into it;
-* :class:`ActorCritic`, an MLP actor-critic for flat ``Box`` observations and
-  ``Discrete`` (categorical) or ``Box`` (diagonal Gaussian) actions. Its sampling
+* :class:`ActorCritic`, an MLP actor-critic for float ``Box`` observations and
+  ``Discrete`` (categorical) or ``Box`` (diagonal Gaussian) actions (every other
+  supported space, and the recurrent ``policy_type`` s, are built by
+  :mod:`zmq_rl.networks`). Its sampling
   path :meth:`ActorCritic.act` avoids ``torch.distributions`` (whose object
   construction and argument validation cost ~140 us per call) and computes the
   same log-densities in closed form as :meth:`ActorCritic.evaluate_actions`;
@@ -287,8 +289,8 @@ def build_policy(
     and then load broadcast weights into it.
 
     ``cfg.policy_type`` ``lstm`` / ``gru`` builds a
-    :class:`~zmq_rl.networks.RecurrentActorCritic`. Otherwise a flat (non-image)
-    ``Box`` observation with a ``Discrete`` (from 0) or 1-D ``Box`` action builds the
+    :class:`~zmq_rl.networks.RecurrentActorCritic`. Otherwise a float ``Box``
+    observation with a ``Discrete`` (from 0) or 1-D ``Box`` action builds the
     :class:`ActorCritic` MLP, and every other supported combination a
     :class:`~zmq_rl.networks.StructuredActorCritic`: observations ``Box``,
     ``Discrete``, ``MultiDiscrete``, ``MultiBinary`` and ``Dict`` / ``Tuple`` of
@@ -318,10 +320,9 @@ def build_policy(
 
 
 def _flat_box(space: gymnasium.Space) -> bool:
-    """A Box that :class:`ActorCritic` takes as it always has (not an image)."""
-    from .networks import is_image_space
-
-    return isinstance(space, gymnasium.spaces.Box) and not is_image_space(space)
+    """A float Box (not an image) that :class:`ActorCritic` takes as it always has;
+    integer boxes go to the structured network, which normalises float parts only."""
+    return isinstance(space, gymnasium.spaces.Box) and np.issubdtype(space.dtype, np.floating)
 
 
 def policy_config_from(settings: RunSettings) -> PolicyConfig:
