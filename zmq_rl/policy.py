@@ -354,6 +354,10 @@ class Policy(Protocol):
     Everything in its ``state_dict`` is broadcast to actors (parameters and persistent
     buffers). Optional: ``update_obs_stats(obs_batch)``, called by the learner on every
     rollout before the update.
+
+    A recurrent policy (``state_size > 0``) has :data:`RECURRENT_METHODS`
+    (``initial_state``, ``act_recurrent``, ``evaluate_sequence``) instead; see
+    :class:`zmq_rl.networks.RecurrentActorCritic` and docs/embedding.md.
     """
 
     def act(
