@@ -42,6 +42,7 @@ from torch.nn import functional as F
 
 from .config import PolicyConfig
 from .normalization import merge_moments
+from .policy import _layer, _trunk
 from .spaces import Value, map_value
 
 __all__ = [
@@ -58,25 +59,6 @@ OBS_NORM_EPS = 1e-8
 OBS_CLIP = 10.0
 IMAGE_MIN_SIDE = 36
 """The Nature-DQN convolutions need at least 36 pixels per side."""
-
-
-def _layer(in_features: int, out_features: int, gain: float, ortho: bool) -> nn.Linear:
-    layer = nn.Linear(in_features, out_features)
-    if ortho:
-        nn.init.orthogonal_(layer.weight, gain=gain)
-        nn.init.zeros_(layer.bias)
-    return layer
-
-
-def _trunk(in_features: int, cfg: PolicyConfig) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    width = in_features
-    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[cfg.activation]
-    for hidden in cfg.hidden_sizes:
-        layers.append(_layer(width, hidden, math.sqrt(2.0), cfg.ortho_init))
-        layers.append(act())
-        width = hidden
-    return nn.Sequential(*layers)
 
 
 # --------------------------------------------------------------------------- values
