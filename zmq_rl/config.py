@@ -132,7 +132,8 @@ class PolicyConfig:
     policy_type: str = _f(
         "mlp",
         "network of the built-in policy: mlp (feed-forward), lstm or gru (recurrent: "
-        "a cell of the last hidden width after the MLP trunk, trained on whole fragments)",
+        "a cell of the last hidden width after the MLP trunk, trained by truncated BPTT "
+        "on sequences within fragments; see docs/embedding.md)",
         choices=("mlp", "lstm", "gru"),
     )
     factory: str = _f(
