@@ -272,6 +272,7 @@ def test_actor_config_sentinels_are_valid():
         ({"hidden_sizes": (8.0,)}, "hidden_sizes", "(8.0,)"),
         ({"activation": "gelu"}, "activation", "'gelu'"),
         ({"log_std_init": math.inf}, "log_std_init", "inf"),
+        ({"policy_type": "rnn"}, "policy_type", "'rnn'"),
     ],
 )
 def test_policy_config_rejects(changes, field, shown):

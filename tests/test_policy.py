@@ -75,10 +75,10 @@ def test_observations_are_flattened_and_cast():
 @pytest.mark.parametrize(
     ("obs_space", "act_space", "named"),
     [
-        (CARTPOLE[0], spaces.MultiBinary(3), "MultiBinary"),
-        (CARTPOLE[0], spaces.MultiDiscrete([2, 3]), "MultiDiscrete"),
-        (spaces.Discrete(5), CARTPOLE[1], "Discrete"),
-        (CARTPOLE[0], spaces.Discrete(3, start=1), "start"),
+        (CARTPOLE[0], spaces.Dict({"a": spaces.Discrete(2)}), "action space Dict"),
+        (CARTPOLE[0], spaces.Tuple((spaces.Discrete(2),)), "action space Tuple"),
+        (spaces.Text(5), CARTPOLE[1], "Text"),
+        (spaces.Dict({"t": spaces.Text(5)}), CARTPOLE[1], "Text"),
     ],
 )
 def test_rejects_unsupported_spaces(obs_space, act_space, named):

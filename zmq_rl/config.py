@@ -215,6 +215,13 @@ class PolicyConfig:
         "normalise observations by running mean/var (kept by the learner, shipped "
         "inside the weights so actors apply exactly the same transform)",
     )
+    policy_type: str = _f(
+        "mlp",
+        "network of the built-in policy: mlp (feed-forward), lstm or gru (recurrent: "
+        "a cell of the last hidden width after the MLP trunk, trained by truncated BPTT "
+        "on sequences within fragments; see docs/embedding.md)",
+        choices=("mlp", "lstm", "gru"),
+    )
     factory: str = _f(
         "", "custom policy 'package.module:callable' (see docs/embedding.md); empty = built-in MLP"
     )
@@ -238,6 +245,12 @@ class PolicyConfig:
             "must be 'tanh' or 'relu'",
         )
         _finite(self, "log_std_init")
+        _require(
+            self.policy_type in ("mlp", "lstm", "gru"),
+            "policy_type",
+            self.policy_type,
+            "must be 'mlp', 'lstm' or 'gru'",
+        )
         _require(
             not self.factory or (":" in self.factory and all(self.factory.split(":", 1))),
             "factory",

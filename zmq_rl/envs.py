@@ -58,6 +58,9 @@ __all__ = [
     "make_env",
     "parse_env_kwargs",
     "register_game",
+    "MASKED_CARTPOLE",
+    "MaskVelocity",
+    "make_masked_cartpole",
 ]
 
 
@@ -318,3 +321,42 @@ def register_game(game: str) -> str:
 
 for _game in GAMES:
     register_game(_game)
+
+
+# --------------------------------------------------------------------------- partial observability
+
+
+class MaskVelocity(gym.ObservationWrapper):
+    """CartPole without its velocities: the observation is ``[x, theta]`` (cart
+    position and pole angle), so a policy must infer the velocities from the history
+    -- a memoryless policy cannot balance the pole for long, a recurrent one can
+    (the "CartPole-NoVel" task of the RecurrentPPO benchmarks).
+
+    ``gym.make("zmq_rl.envs:MaskedCartPole-v1")`` is ``CartPole-v1`` (500 steps at
+    most) under this wrapper; observations are float32 ``Box((2,))``.
+    """
+
+    KEEP = (0, 2)
+    """Indices of CartPole's ``[x, x_dot, theta, theta_dot]`` that are kept."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        inner = env.observation_space
+        keep = list(self.KEEP)
+        self.observation_space = gym.spaces.Box(
+            inner.low[keep], inner.high[keep], (len(keep),), np.float32
+        )
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        """The kept components, float32."""
+        return np.asarray(observation, np.float32)[list(self.KEEP)]
+
+
+def make_masked_cartpole(**kwargs: Any) -> gym.Env:
+    """``CartPole-v1`` with its velocities masked (:class:`MaskVelocity`)."""
+    return MaskVelocity(gym.make("CartPole-v1", **kwargs))
+
+
+MASKED_CARTPOLE = "MaskedCartPole-v1"
+if MASKED_CARTPOLE not in gym.registry:
+    gym.register(id=MASKED_CARTPOLE, entry_point=make_masked_cartpole)

@@ -16,8 +16,10 @@ import torch
 
 from .checkpoint import config_dict
 from .envs import make_env
-from .policy import Policy
+from .networks import batch_obs, obs_tensor
+from .policy import Policy, is_recurrent
 from .seeding import env_seeds
+from .spaces import env_actions
 
 
 @torch.no_grad()
@@ -33,27 +35,36 @@ def evaluate_policy(
 
     All episodes run in lockstep (one env each, one batched forward per step), so
     evaluating 20 CartPole episodes costs about as many forwards as one episode.
-    Actions are the policy's mode (argmax / mean), clipped to Box bounds. The envs
-    are built by :func:`~zmq_rl.envs.make_env` with ``env_kwargs`` and ``wrappers``.
+    Actions are the policy's mode (argmax / mean), clipped to Box bounds
+    (:func:`zmq_rl.spaces.env_actions`); a recurrent policy carries its state per
+    episode from zeros. The envs are built by :func:`~zmq_rl.envs.make_env` with
+    ``env_kwargs`` and ``wrappers``.
     """
     envs = [make_env(env_id, env_kwargs, wrappers) for _ in range(episodes)]
     obs = [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, episodes), strict=True)]
     returns = np.zeros(episodes, np.float64)
     active = list(range(episodes))
     space = envs[0].action_space
-    discrete = isinstance(space, gym.spaces.Discrete)
+    obs_space = envs[0].observation_space
+    scalar = isinstance(space, gym.spaces.Discrete)
+    recurrent = is_recurrent(policy)
+    state = policy.initial_state(episodes) if recurrent else None
     was_training = policy.training
     policy.eval()
     try:
         while active:
-            batch = torch.as_tensor(np.stack([obs[i] for i in active]), dtype=torch.float32)
-            actions, _, _ = policy.act(batch, deterministic=True)
-            actions = actions.numpy()
+            batch = obs_tensor(batch_obs(obs_space, [obs[i] for i in active]))
+            if recurrent:
+                actions, _, _, next_state = policy.act_recurrent(
+                    batch, state[active], deterministic=True
+                )
+                state[active] = next_state
+            else:
+                actions, _, _ = policy.act(batch, deterministic=True)
+            actions = env_actions(space, actions.numpy())
             still = []
             for k, i in enumerate(active):
-                action = (
-                    actions[k].item() if discrete else np.clip(actions[k], space.low, space.high)
-                )
+                action = actions[k].item() if scalar else actions[k]
                 obs[i], reward, terminated, truncated, _ = envs[i].step(action)
                 returns[i] += float(reward)
                 if not (terminated or truncated):

@@ -5,8 +5,10 @@ This module holds no socket code. It provides:
 * :func:`build_policy`, which derives the whole architecture from the gymnasium
   spaces and a :class:`~zmq_rl.config.PolicyConfig`, so that an actor process can
   build a network identical to the learner's and load broadcast weights into it;
-* :class:`ActorCritic`, an MLP actor-critic for flat ``Box`` observations and
-  ``Discrete`` (categorical) or ``Box`` (diagonal Gaussian) actions. Its sampling
+* :class:`ActorCritic`, an MLP actor-critic for float ``Box`` observations and
+  ``Discrete`` (categorical) or ``Box`` (diagonal Gaussian) actions (every other
+  supported space, and the recurrent ``policy_type`` s, are built by
+  :mod:`zmq_rl.networks`). Its sampling
   path :meth:`ActorCritic.act` avoids ``torch.distributions`` (whose object
   construction and argument validation cost ~140 us per call) and computes the
   same log-densities in closed form as :meth:`ActorCritic.evaluate_actions`;
@@ -45,6 +47,7 @@ __all__ = [
     "build_policy",
     "export_weights",
     "import_weights",
+    "is_recurrent",
 ]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -285,9 +288,15 @@ def build_policy(
     lets an actor build a network identical to the learner's from the run config
     and then load broadcast weights into it.
 
-    Supported: a ``Box`` observation space (flattened to a float32 vector), and a
-    ``Discrete`` (with ``start == 0``) or ``Box`` action space (flattened to
-    ``act_dim``). Anything else raises :class:`ValueError` naming the space.
+    ``cfg.policy_type`` ``lstm`` / ``gru`` builds a
+    :class:`~zmq_rl.networks.RecurrentActorCritic`. Otherwise a float ``Box``
+    observation with a ``Discrete`` (from 0) or 1-D ``Box`` action builds the
+    :class:`ActorCritic` MLP, and every other supported combination a
+    :class:`~zmq_rl.networks.StructuredActorCritic`: observations ``Box``,
+    ``Discrete``, ``MultiDiscrete``, ``MultiBinary`` and ``Dict`` / ``Tuple`` of
+    those; actions ``Discrete``, ``MultiDiscrete``, ``MultiBinary`` or ``Box``
+    (policy actions: 0-based indices, see :func:`zmq_rl.spaces.env_actions`).
+    Anything else raises :class:`ValueError` naming the space.
 
     With ``cfg.factory`` set (``"package.module:callable"``) the callable builds the
     network instead: ``callable(observation_space, action_space, cfg) -> nn.Module``
@@ -297,29 +306,23 @@ def build_policy(
         module = load_factory(cfg.factory)(observation_space, action_space, cfg)
         check_policy_interface(module, cfg.factory)
         return module
-    if not isinstance(observation_space, gymnasium.spaces.Box):
-        # ValueError, not TypeError: an unsupported space is a bad value of a valid type.
-        raise ValueError(  # noqa: TRY004
-            f"unsupported observation space {observation_space!r}: only Box observations "
-            "(flattened to a vector) are supported"
-        )
-    obs_dim = int(np.prod(observation_space.shape, dtype=np.int64))
-    if isinstance(action_space, gymnasium.spaces.Discrete):
-        if int(action_space.start) != 0:
-            raise ValueError(
-                f"unsupported action space {action_space!r}: Discrete actions must start at 0"
-            )
-        return ActorCritic(obs_dim, int(action_space.n), True, cfg)
-    if isinstance(action_space, gymnasium.spaces.Box):
-        if len(action_space.shape) != 1:
-            raise ValueError(
-                f"unsupported action space {action_space!r}: Box actions must be 1-D "
-                "(flatten the action space with a wrapper, or use a custom policy factory)"
-            )
-        return ActorCritic(obs_dim, int(action_space.shape[0]), False, cfg)
-    raise ValueError(
-        f"unsupported action space {action_space!r}: only Discrete and Box actions are supported"
-    )
+    from .networks import RecurrentActorCritic, StructuredActorCritic
+
+    if cfg.policy_type in ("lstm", "gru"):
+        return RecurrentActorCritic(observation_space, action_space, cfg)
+    if _flat_box(observation_space):
+        obs_dim = int(np.prod(observation_space.shape, dtype=np.int64))
+        if isinstance(action_space, gymnasium.spaces.Discrete) and int(action_space.start) == 0:
+            return ActorCritic(obs_dim, int(action_space.n), True, cfg)
+        if isinstance(action_space, gymnasium.spaces.Box) and len(action_space.shape) == 1:
+            return ActorCritic(obs_dim, int(action_space.shape[0]), False, cfg)
+    return StructuredActorCritic(observation_space, action_space, cfg)
+
+
+def _flat_box(space: gymnasium.Space) -> bool:
+    """A float Box (not an image) that :class:`ActorCritic` takes as it always has;
+    integer boxes go to the structured network, which normalises float parts only."""
+    return isinstance(space, gymnasium.spaces.Box) and np.issubdtype(space.dtype, np.floating)
 
 
 def policy_config_from(settings: RunSettings) -> PolicyConfig:
@@ -351,6 +354,10 @@ class Policy(Protocol):
     Everything in its ``state_dict`` is broadcast to actors (parameters and persistent
     buffers). Optional: ``update_obs_stats(obs_batch)``, called by the learner on every
     rollout before the update.
+
+    A recurrent policy (``state_size > 0``) has :data:`RECURRENT_METHODS`
+    (``initial_state``, ``act_recurrent``, ``evaluate_sequence``) instead; see
+    :class:`zmq_rl.networks.RecurrentActorCritic` and docs/embedding.md.
     """
 
     def act(
@@ -411,21 +418,39 @@ def load_factory(spec: str):  # -> Callable[..., nn.Module]
     return factory
 
 
+RECURRENT_METHODS = ("initial_state", "act_recurrent", "evaluate_sequence")
+"""What a recurrent policy (``state_size > 0``) needs instead of :class:`Policy`'s
+methods (docs/embedding.md, "Custom policies")."""
+
+
+def is_recurrent(policy: object) -> bool:
+    """Whether ``policy`` carries a recurrent state (``state_size > 0``)."""
+    return int(getattr(policy, "state_size", 0) or 0) > 0
+
+
 def check_policy_interface(module: object, spec: str) -> None:
     """Raise :class:`FactoryError` naming what ``module`` lacks to serve as a policy.
 
-    A policy is an ``nn.Module`` that satisfies :class:`Policy`.
+    A policy is an ``nn.Module`` that satisfies :class:`Policy`; a recurrent one
+    (``state_size`` an int > 0) has :data:`RECURRENT_METHODS` instead.
     """
     if not isinstance(module, nn.Module):
         raise FactoryError(spec, f"returned {type(module).__name__}, not a torch.nn.Module")
-    if isinstance(module, Policy):
+    size = getattr(module, "state_size", 0)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise FactoryError(
+            spec, f"returned a module whose state_size is {size!r}, not an integer >= 0"
+        )
+    needed = RECURRENT_METHODS if size > 0 else _POLICY_METHODS
+    if size == 0 and isinstance(module, Policy):
         return
-    missing = [m for m in _POLICY_METHODS if not callable(getattr(module, m, None))]
+    missing = [m for m in needed if not callable(getattr(module, m, None))]
     if missing:
+        kind = "a recurrent policy" if size > 0 else "a policy"
         raise FactoryError(
             spec,
             f"returned {type(module).__name__}, which lacks "
-            f"{', '.join(missing)}; a policy needs {', '.join(_POLICY_METHODS)} "
+            f"{', '.join(missing)}; {kind} needs {', '.join(needed)} "
             "(see docs/embedding.md, 'Custom policies')",
         )
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from zmq_rl.config import PPOConfig
 from zmq_rl.policy import Policy
+from zmq_rl.spaces import leaves, map_value
 
 __all__ = [
     "PPOLoss",
@@ -119,51 +120,78 @@ def explained_variance(prediction: torch.Tensor, target: torch.Tensor) -> float:
 
 @dataclass
 class RolloutBatch:
-    """A flat batch of ``N`` transitions for one PPO update.
+    """A batch of transitions for one PPO update.
+
+    Feed-forward policies get a flat batch of ``N`` transitions; recurrent ones
+    (``states`` given) a time-major batch of ``N`` sequences of up to ``L`` rows, in
+    which every per-row tensor is ``[L, N, ...]`` and minibatches are made of whole
+    sequences (:mod:`zmq_rl.targets` builds them).
 
     Attributes:
-      obs: ``[N, *obs_shape]`` observations.
-      actions: ``[N]`` (Discrete) or ``[N, act_dim]`` (Box, unclipped samples).
+      obs: ``[N, *obs_shape]`` observations: one tensor, or a dict / tuple of
+        tensors for a structured observation space (:mod:`zmq_rl.spaces` values).
+      actions: ``[N]`` (Discrete), ``[N, *action_shape]`` (the other kinds).
       old_log_probs: ``[N]`` log-probabilities of ``actions`` under the behaviour policy.
       old_values: ``[N]`` values the behaviour policy predicted (for the clipped
         value loss and explained variance).
       advantages: ``[N]`` advantage estimates (e.g. GAE, unnormalised).
       returns: ``[N]`` value targets.
+      states: recurrent only, ``[N, S]``: the state each sequence starts from.
+      lengths: recurrent only, ``[N]`` int64: the real rows of each sequence.
+      mask: recurrent only, ``[L, N]`` bool: the row is real (False = padding).
     """
 
-    obs: torch.Tensor
+    obs: Any
     actions: torch.Tensor
     old_log_probs: torch.Tensor
     old_values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    states: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
-        return int(self.obs.shape[0])
+        """Transitions (feed-forward) or sequences (recurrent)."""
+        return int(self.actions.shape[1 if self.states is not None else 0])
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The batch with every tensor on ``device`` (no copy for tensors already there)."""
         return RolloutBatch(
-            obs=self.obs.to(device),
+            obs=map_value(lambda t: t.to(device), self.obs),
             actions=self.actions.to(device),
             old_log_probs=self.old_log_probs.to(device),
             old_values=self.old_values.to(device),
             advantages=self.advantages.to(device),
             returns=self.returns.to(device),
+            states=None if self.states is None else self.states.to(device),
+            lengths=self.lengths,
+            mask=None if self.mask is None else self.mask.to(device),
         )
 
     def validate(self) -> None:
-        """Raise ``ValueError`` unless every tensor has the same leading size ``N >= 1``
-        and the per-transition scalars are ``[N]``."""
+        """Raise ``ValueError`` unless every tensor has the same leading size(s)
+        (``[N]`` flat, ``[L, N]`` sequences) with ``N >= 1``."""
         n = len(self)
         if n < 1:
             raise ValueError("RolloutBatch is empty")
-        if self.actions.shape[0] != n:
-            raise ValueError(f"actions has leading size {self.actions.shape[0]}, obs has {n}")
-        for name in ("old_log_probs", "old_values", "advantages", "returns"):
+        lead = (n,) if self.states is None else (int(self.actions.shape[0]), n)
+        for leaf in leaves(self.obs):
+            if tuple(leaf.shape[: len(lead)]) != lead:
+                raise ValueError(f"obs has leading dims {tuple(leaf.shape)}, expected {lead}")
+        if tuple(self.actions.shape[: len(lead)]) != lead:
+            raise ValueError(
+                f"actions has leading dims {tuple(self.actions.shape)}, expected {lead}"
+            )
+        names = ["old_log_probs", "old_values", "advantages", "returns"]
+        if self.states is not None:
+            names += ["mask"]
+            if self.lengths is None or self.mask is None or self.states.shape[0] != n:
+                raise ValueError("a sequence batch needs states [N, S], lengths and mask")
+        for name in names:
             shape = tuple(getattr(self, name).shape)
-            if shape != (n,):
-                raise ValueError(f"{name} has shape {shape}, expected ({n},)")
+            if shape != lead:
+                raise ValueError(f"{name} has shape {shape}, expected {lead}")
 
 
 _MEAN_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
@@ -203,7 +231,9 @@ class PPOTrainer:
         with ``anneal_lr`` (``anneal_clip_range``) the learning rate (clip range) of
         this update is ``base * (1 - progress)``. Runs ``num_epochs`` passes of
         shuffled minibatches of ``min(minibatch_size, N)`` transitions (the last
-        minibatch of an epoch holds the remainder when ``N`` is not a multiple),
+        minibatch of an epoch holds the remainder when ``N`` is not a multiple; for a
+        sequence batch, minibatches of whole sequences holding about
+        ``minibatch_size`` real rows, unrolled with ``policy.evaluate_sequence``),
         normalising advantages per minibatch (unless it has one element), clipping the
         global gradient norm, and -- when ``target_kl > 0`` -- stopping all remaining
         minibatches and epochs after the step whose minibatch had ``approx_kl >
@@ -225,7 +255,13 @@ class PPOTrainer:
         batch.validate()
         batch = batch.to(device)
         n = len(batch)
-        mb_size = min(cfg.minibatch_size, n)
+        recurrent = batch.states is not None
+        if recurrent:
+            # Minibatches of whole sequences holding about minibatch_size real rows.
+            rows = max(int(batch.mask.sum()), 1)
+            mb_size = max(1, min(n, round(cfg.minibatch_size * n / rows)))
+        else:
+            mb_size = min(cfg.minibatch_size, n)
         per_epoch = math.ceil(n / mb_size)
 
         # Summed on the device; one host sync at the end (plus one per step for target_kl).
@@ -237,19 +273,38 @@ class PPOTrainer:
             perm = torch.randperm(n, generator=self.generator).to(device)
             for start in range(0, n, mb_size):
                 idx = perm[start : start + mb_size]
-                advantages = batch.advantages[idx]
-                if cfg.normalize_advantages and idx.numel() > 1:
+                if recurrent:
+                    lengths = batch.lengths[idx.cpu()]
+                    rows = slice(0, int(lengths.max()))  # drop padding-only rows
+                    mask = batch.mask[rows, idx]
+                    log_prob, entropy, value, _ = self.policy.evaluate_sequence(
+                        map_value(lambda t, i=idx, r=rows: t[r, i], batch.obs),
+                        batch.actions[rows, idx],
+                        batch.states[idx],
+                        lengths,
+                    )
+                    log_prob, entropy, value = log_prob[mask], entropy[mask], value[mask]
+                    old_log_prob = batch.old_log_probs[rows, idx][mask]
+                    old_value = batch.old_values[rows, idx][mask]
+                    returns = batch.returns[rows, idx][mask]
+                    advantages = batch.advantages[rows, idx][mask]
+                else:
+                    log_prob, entropy, value = self.policy.evaluate_actions(
+                        map_value(lambda t, i=idx: t[i], batch.obs), batch.actions[idx]
+                    )
+                    old_log_prob = batch.old_log_probs[idx]
+                    old_value = batch.old_values[idx]
+                    returns = batch.returns[idx]
+                    advantages = batch.advantages[idx]
+                if cfg.normalize_advantages and advantages.numel() > 1:
                     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-                log_prob, entropy, value = self.policy.evaluate_actions(
-                    batch.obs[idx], batch.actions[idx]
-                )
                 loss = ppo_loss(
                     log_prob,
-                    batch.old_log_probs[idx],
+                    old_log_prob,
                     advantages,
                     value,
-                    batch.old_values[idx],
-                    batch.returns[idx],
+                    old_value,
+                    returns,
                     entropy,
                     clip_range=clip_range,
                     clip_value_loss=cfg.clip_value_loss,
@@ -278,7 +333,15 @@ class PPOTrainer:
 
         means = (sums / max(minibatches, 1)).tolist()
         metrics = {f"losses/{key}": float(v) for key, v in zip(_MEAN_KEYS, means, strict=True)}
-        metrics["losses/explained_variance"] = explained_variance(batch.old_values, batch.returns)
+        if recurrent:
+            real = batch.mask
+            metrics["losses/explained_variance"] = explained_variance(
+                batch.old_values[real], batch.returns[real]
+            )
+        else:
+            metrics["losses/explained_variance"] = explained_variance(
+                batch.old_values, batch.returns
+            )
         metrics["losses/epochs_run"] = float(minibatches / per_epoch)
         metrics["losses/skipped_minibatches"] = float(skipped)
         metrics["charts/learning_rate"] = float(lr)

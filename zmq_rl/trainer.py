@@ -61,6 +61,10 @@ class Trainer:
         self.reward_scaler = RewardScaler(cfg.gamma) if cfg.normalize_reward else None
         self.version = 0
         self.running_return: dict[SlotKey, float] = {}
+        # Recurrent policies: the state each slot's next rollout starts from where it
+        # begins mid-fragment (computed by the learner; not checkpointed: zeros after
+        # a resume).
+        self.carry_states: dict[SlotKey, Any] = {}
 
     def next_version(self) -> int:
         """Start the next policy version (at a broadcast); return it."""
@@ -75,6 +79,7 @@ class Trainer:
         """Drop the unfinished episodes of slots that left (their rows are gone)."""
         for key in slots:
             self.running_return.pop(key, None)
+            self.carry_states.pop(key, None)
 
     def update(self, rollout: Rollout, progress: float) -> UpdateResult:
         """Account the rollout's episodes, update observation statistics, scale
@@ -87,7 +92,7 @@ class Trainer:
             rollout.rewards = self.reward_scaler.scale(
                 rollout.rewards, rollout.terminated | rollout.truncated, rollout.slots
             )
-        batch, diagnostics = rollout_to_batch(rollout, self.policy, self.targets)
+        batch, diagnostics = rollout_to_batch(rollout, self.policy, self.targets, self.carry_states)
         metrics = self.ppo.update(batch, progress)
         metrics.update(diagnostics)
         metrics["charts/policy_lag_mean"] = float(self.version - rollout.versions.mean())

@@ -233,27 +233,33 @@ def ensure_env_importable(env_id: str) -> None:
             sys.path.append(cwd)
 
 
-SUPPORTED_SPACES = "Box observations with Discrete (from 0) or 1-D Box actions"
+SUPPORTED_SPACES = (
+    "observations Box, Discrete, MultiDiscrete, MultiBinary or a Dict/Tuple of those; "
+    "actions Discrete, MultiDiscrete, MultiBinary or Box"
+)
 """What the built-in policy and the wire protocol take, for error messages."""
 
 
 def check_spaces(env_id: str, observation_space: Any, action_space: Any, factory: str = "") -> None:
     """Raise :class:`ConfigError` (naming the env and the space) for spaces zmq_rl
-    cannot train on. ``factory``: a custom policy factory is given, which may take
-    Box actions of any shape."""
+    cannot train on. ``factory``: a custom policy factory is given (it sees the same
+    spaces; the wire still limits what can travel)."""
     from gymnasium import spaces
 
+    from zmq_rl.spaces import space_from_spec, space_spec
+    from zmq_rl.wire import ProtocolError
+
     problem = ""
-    if not isinstance(observation_space, spaces.Box):
+    try:
+        space_from_spec(space_spec(observation_space))
+    except (TypeError, ProtocolError):
         problem = f"observation space {observation_space}"
-    elif isinstance(action_space, spaces.Discrete):
-        if int(action_space.start) != 0:
-            problem = f"action space {action_space} (a Discrete space must start at 0)"
-    elif isinstance(action_space, spaces.Box):
-        if len(action_space.shape) != 1 and not factory:
-            problem = f"action space {action_space} (more than 1-D needs a --factory policy)"
-    else:
-        problem = f"action space {action_space}"
+    if not problem:
+        leaf_action = isinstance(
+            action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Box)
+        )
+        if not leaf_action:
+            problem = f"action space {action_space}"
     if problem:
         raise ConfigError("env_id", env_id, f"unsupported {problem}; supported: {SUPPORTED_SPACES}")
 

@@ -103,10 +103,12 @@ def record_episodes(
         )
     import gymnasium as gym
     import numpy as np
-    import torch
 
     from zmq_rl.envs import make_env
+    from zmq_rl.networks import batch_obs, obs_tensor
+    from zmq_rl.policy import is_recurrent
     from zmq_rl.seeding import env_seeds
+    from zmq_rl.spaces import env_actions
 
     try:
         env = make_env(loaded.env_id, loaded.env_kwargs, loaded.wrappers, render_mode="rgb_array")
@@ -119,21 +121,23 @@ def record_episodes(
         name_prefix="eval",
         disable_logger=True,
     )
-    discrete = isinstance(env.action_space, gym.spaces.Discrete)
+    scalar = isinstance(env.action_space, gym.spaces.Discrete)
+    policy = loaded.policy
+    recurrent = is_recurrent(policy)
     returns = []
     try:
         for episode_seed in env_seeds(seed, episodes):
             obs, _ = env.reset(seed=episode_seed)
             total, done = 0.0, False
+            state = policy.initial_state(1) if recurrent else None
             while not done:
-                batch = torch.as_tensor(np.asarray(obs)[None], dtype=torch.float32)
-                action, _, _ = loaded.policy.act(batch, deterministic=True)
-                a = (
-                    action[0].item()
-                    if discrete
-                    else np.clip(action[0].numpy(), env.action_space.low, env.action_space.high)
-                )
-                obs, reward, terminated, truncated, _ = env.step(a)
+                batch = obs_tensor(batch_obs(env.observation_space, [obs]))
+                if recurrent:
+                    action, _, _, state = policy.act_recurrent(batch, state, deterministic=True)
+                else:
+                    action, _, _ = policy.act(batch, deterministic=True)
+                a = env_actions(env.action_space, action.numpy())[0]
+                obs, reward, terminated, truncated, _ = env.step(a.item() if scalar else a)
                 total += float(reward)
                 done = terminated or truncated
             returns.append(total)
