@@ -233,14 +233,24 @@ class LearnerConnection:
             pid=os.getpid(),
             rejoin_run_id=self.run_id,
         )
-        self._control.send(encode(hello))
+        frame = encode(hello)
+        unsent = True  # never block on send: a refused CURVE handshake leaves no pipe
         deadline = time.monotonic() + timeout
         poller = zmq.Poller()
         poller.register(self._control, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
         while True:
+            if unsent:
+                try:
+                    self._control.send(frame, zmq.NOBLOCK)
+                    unsent = False
+                except zmq.Again:
+                    pass
             remaining = deadline - time.monotonic()
-            events = dict(poller.poll(int(remaining * 1000) + 1)) if remaining > 0 else {}
+            wait_ms = (
+                int(remaining * 1000) + 1 if not unsent else min(50, int(remaining * 1000) + 1)
+            )
+            events = dict(poller.poll(wait_ms)) if remaining > 0 else {}
             if self._monitor in events:
                 event = recv_monitor_message(self._monitor)
                 where = tcp_endpoint(self.host, self.control_port)
@@ -273,7 +283,7 @@ class LearnerConnection:
                 # someone else's (this actor was declared dead meanwhile): take any.
                 log.info("actor id %d was given away: registering with any free id", hello.actor_id)
                 hello.actor_id = -1
-                self._control.send(encode(hello))
+                frame, unsent = encode(hello), True
                 continue
             if isinstance(message, Refuse) and message.code != "reregister":
                 raise LearnerRefused(message.code, message.reason)
