@@ -49,6 +49,7 @@ from .wire import (
     ProtocolVersionMismatch,
     decode_array,
     encode_array,
+    unpack_map,
 )
 
 if TYPE_CHECKING:  # gymnasium is imported where spaces are built, not by every peer
@@ -961,24 +962,7 @@ def decode(
     ``expected`` restricts the accepted types (a PULL socket only takes fragments);
     anything else is rejected with reason ``"unexpected_type"``.
     """
-    if len(frame) > max_bytes:
-        raise ProtocolError("too_large", f"message of {len(frame)} bytes exceeds {max_bytes}")
-    try:
-        body = msgpack.unpackb(
-            frame,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_bin_len=max_bytes,
-            max_str_len=1 << 20,
-            max_array_len=1 << 20,
-            max_map_len=1 << 16,
-            max_ext_len=0,
-        )
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError("not_msgpack", f"not a msgpack message: {exc}") from None
-    if not isinstance(body, dict):
-        raise ProtocolError("not_a_map", f"message is a {type(body).__name__}, not a map")
+    body = unpack_map(frame, max_bytes)
     proto = body.get("proto")
     if proto != PROTOCOL_VERSION or type(proto) is not int:
         raise ProtocolVersionMismatch(proto)

@@ -48,6 +48,7 @@ from .wire import (
     PROTOCOL_VERSION,
     ProtocolError,
     decode_array,
+    unpack_map,
 )
 
 __all__ = ["InferenceServer", "RequestError", "decode_request", "pack", "serve"]
@@ -83,23 +84,10 @@ def pack(kind: str, **fields: Any) -> bytes:
 def decode_request(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> dict[str, Any]:
     """Parse a simulator's frame: a map with ``proto`` 2 and a request ``type``; raises
     :class:`RequestError` (``bad_message``, ``version_mismatch``, ``unknown_type``)."""
-    if len(frame) > max_bytes:
-        raise RequestError("bad_message", f"message of {len(frame)} bytes exceeds {max_bytes}")
     try:
-        body = msgpack.unpackb(
-            frame,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=max_bytes,
-            max_str_len=1 << 20,
-            max_array_len=1 << 20,
-            max_map_len=1 << 16,
-            max_ext_len=0,
-        )
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise RequestError("bad_message", f"not a msgpack message: {exc}") from None
-    if not isinstance(body, dict):
-        raise RequestError("bad_message", f"message is a {type(body).__name__}, not a map")
+        body = unpack_map(frame, max_bytes)
+    except ProtocolError as exc:
+        raise RequestError("bad_message", str(exc)) from None
     proto = body.get("proto")
     if type(proto) is not int or proto != PROTOCOL_VERSION:
         raise RequestError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 import numpy as np
 
 PROTOCOL_VERSION = 2
@@ -121,3 +122,29 @@ def decode_array(value: Any, where: str) -> np.ndarray:
     if dtype == "bool" and data.translate(None, b"\x00\x01"):
         raise ProtocolError("bad_value", f"{where}: bool array holds bytes other than 0 and 1")
     return np.frombuffer(data, dtype=np_dtype).reshape(shape)
+
+
+def unpack_map(frame: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> dict:
+    """The msgpack map of one frame, read with every length bounded (no allocation
+    larger than the frame can claim); raises :class:`ProtocolError` ``too_large``,
+    ``not_msgpack`` or ``not_a_map``. Shared by every receiver of this protocol family
+    (the learner and actor, and the inference server)."""
+    if len(frame) > max_bytes:
+        raise ProtocolError("too_large", f"message of {len(frame)} bytes exceeds {max_bytes}")
+    try:
+        body = msgpack.unpackb(
+            frame,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_bin_len=max_bytes,
+            max_str_len=1 << 20,
+            max_array_len=1 << 20,
+            max_map_len=1 << 16,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError("not_msgpack", f"not a msgpack message: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("not_a_map", f"message is a {type(body).__name__}, not a map")
+    return body
