@@ -162,8 +162,10 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
         settings,
         actor_id=0,
         run_id="x" * 12,
+        token=bytes(16),
         base_version=0,
         observation_space=probe.observation_space,
+        action_space=probe.action_space,
     )
     arrays = {
         "obs": obs.numpy(),

@@ -126,8 +126,8 @@ def learner_main(
     def take(self: Any, n: int) -> list:
         pieces = original_take(self, n)
         now = time.time()
-        for fragment, _start, stop in pieces:
-            if stop == fragment.length:  # its last row is consumed now
+        for fragment, _column, _start, stop in pieces:
+            if stop == fragment.length:  # its last row (of this slot) is consumed now
                 consumed.add(now - fragment.sent_at)
         return pieces
 
