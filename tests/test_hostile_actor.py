@@ -46,7 +46,7 @@ from tests.helpers import (
     total,
     wait_until,
 )
-from zmq_rl import actor as actor_module
+from zmq_rl import agent as agent_module
 from zmq_rl.client import ActorClient, LearnerRefused
 from zmq_rl.policy import ActorCritic, build_policy, export_weights
 from zmq_rl.protocol import (
@@ -181,7 +181,7 @@ class RecordingClient(ActorClient):
 @pytest.fixture
 def recorded_clients(monkeypatch) -> list[ActorClient]:
     RecordingClient.instances = []
-    monkeypatch.setattr(actor_module, "ActorClient", RecordingClient)
+    monkeypatch.setattr(agent_module, "ActorClient", RecordingClient)  # GymActor's Agent
     return RecordingClient.instances
 
 
