@@ -44,6 +44,20 @@ def _init(layer: nn.Module, gain: float) -> nn.Module:
     return layer
 
 
+def nature_conv(channels: int) -> nn.Sequential:
+    """The convolutional torso of the Nature DQN (Mnih et al. 2015): three conv layers
+    with ReLU, flattened; shared by :func:`nature_cnn` and the structured encoder."""
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 8, stride=4),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 4, stride=2),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=1),
+        nn.ReLU(),
+        nn.Flatten(),
+    )
+
+
 class NatureCNN(nn.Module):
     """Nature-DQN trunk with a categorical policy head and a value head.
 
@@ -78,15 +92,7 @@ class NatureCNN(nn.Module):
         self.scale = float(scale)
         self.discrete = True
         self.action_dim = int(num_actions)
-        self.conv = nn.Sequential(
-            nn.Conv2d(channels, 32, 8, stride=4),
-            nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2),
-            nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
+        self.conv = nature_conv(channels)
         with torch.no_grad():
             flat = int(self.conv(torch.zeros(1, channels, height, width)).shape[1])
         self.fc = nn.Linear(flat, hidden)

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .cnn import nature_conv
 from .config import PolicyConfig
 from .normalization import merge_moments
 from .policy import _layer, _trunk
@@ -218,15 +219,7 @@ class _ImagePart(nn.Module):
             height, width, channels = shape
         else:
             channels, height, width = shape
-        self.conv = nn.Sequential(
-            nn.Conv2d(channels, 32, 8, stride=4),
-            nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2),
-            nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
+        self.conv = nature_conv(channels)
         with torch.no_grad():
             flat = int(self.conv(torch.zeros(1, channels, height, width)).shape[1])
         self.fc = nn.Linear(flat, 512)
