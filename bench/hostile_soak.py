@@ -385,7 +385,14 @@ def one_run(args: Any, work: Path, hostile: bool) -> dict[str, Any]:
             before = int(np.median([b for _, b in rss.samples[-10:]]))
             if hostile:
                 peers = Hostile(ctx, port, run_id, args)
-                fuzz_start, fuzz_end = peers.run()
+                try:
+                    fuzz_start, fuzz_end = peers.run()
+                except zmq.Again:
+                    raise SystemExit(
+                        "the learner stopped reading before the fuzz ended (its budget of "
+                        f"{args.steps} steps was spent: raise --steps):\n"
+                        + tail(run_dir / "learner.log")
+                    ) from None
                 still_running = learner.poll() is None
                 time.sleep(args.settle)
                 after = proc.memory_info().rss if learner.poll() is None else None
@@ -530,7 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     _util.add_common_flags(parser)
     args = parser.parse_args(argv)
     if args.small or args.smoke:
-        args.steps = min(args.steps, 24_000)
+        # About 15 s of training on an idle 2-core box: the fuzz (a few seconds) must
+        # end before the budget does, or the learner stops reading and the sends block.
+        args.steps = min(args.steps, 120_000)
         args.num_epochs = args.num_epochs or 4
         args.experience = min(args.experience, 1_000)
         args.control = min(args.control, 1_000)

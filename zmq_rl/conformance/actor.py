@@ -543,6 +543,7 @@ class Scenario:
                     self.steady(1)
                 if self.restart():
                     self.steady(1)
+                    self.until_truncation()
                 self.shutdown()
             self.judge_stream()
         finally:
@@ -601,6 +602,23 @@ class Scenario:
             )
             return False
         return True
+
+    def until_truncation(self, rows: int = 128) -> None:
+        """Train on until a truncated cell arrived (the truncation clause needs one),
+        each slot streamed ``rows`` more rows, or the phase timed out: an env whose time
+        limit is under ``rows`` steps always shows one, whatever the phases before took."""
+        obs, reg = self.observer, self.observer.current
+        assert reg is not None
+        target = reg.rows + rows
+        self.pump_until(
+            lambda: (
+                obs.truncated_cells > 0
+                or bool((reg.rows >= target).all())
+                or not self.actor.alive()
+            ),
+            self.options.phase_timeout,
+            train=True,
+        )
 
     def valve(self) -> bool:
         """Hold the broadcasts: the actor must step to exactly its budget and stay."""
