@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -81,8 +82,16 @@ def _actor_main(port: int, num_envs: int) -> None:
     GymActor(ActorConfig(learner=f"127.0.0.1:{port}", num_envs=num_envs)).run()
 
 
-def run_project(actors: int, envs: int, warmup: float, window: float) -> dict[str, Any]:
-    """One measurement of ``actors`` x ``envs``."""
+def run_project(
+    actors: int,
+    envs: int,
+    warmup: float,
+    window: float,
+    learner_changes: dict[str, Any] | None = None,
+    ppo_changes: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One measurement of ``actors`` x ``envs`` at the throughput configuration, with
+    ``learner_changes`` / ``ppo_changes`` overriding LearnerConfig / PPOConfig fields."""
     import psutil
 
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
@@ -103,9 +112,11 @@ def run_project(actors: int, envs: int, warmup: float, window: float) -> dict[st
         port=port,
         torch_threads=THROUGHPUT["torch_threads"],
     )
+    cfg = dataclasses.replace(cfg, **(learner_changes or {}))
     ppo = PPOConfig(
         num_epochs=THROUGHPUT["num_epochs"], minibatch_size=THROUGHPUT["minibatch_size"]
     )
+    ppo = dataclasses.replace(ppo, **(ppo_changes or {}))
     rows: list[tuple[float, int]] = []
     marks: dict[str, Any] = {}
     procs: list[Any] = []
@@ -160,6 +171,7 @@ def run_project(actors: int, envs: int, warmup: float, window: float) -> dict[st
         "steps_per_s": (s1 - s0) / span,
         "window_seconds": span,
         "updates": report.updates_completed,
+        "updates_per_s": sum(1 for r in inside[1:]) / span,
         "env_steps": report.env_steps_consumed,
         "launch_to_first_update_s": marks.get("first", t_launch) - t_launch,
         "cpu_cores_busy": (marks.get("cpu_end", 0.0) - marks.get("cpu_start", 0.0)) / span,

@@ -366,6 +366,12 @@ class LearnerConfig:
         "twice the largest legitimate fragment plus 64 KB",
     )
     torch_threads: int = _f(1, "torch intra-op threads for the update (small nets: 1 is fastest)")
+    ingest_thread: bool = _f(
+        True,
+        "receive, validate and queue fragments and serve control and heartbeats on a "
+        "thread of their own while the PPO update (and an in-loop evaluation) runs; off: "
+        "the sockets wait until the update is done",
+    )
     actor_timeout: float = _f(
         10.0, "seconds of silence after which an actor is declared dead and its slots leave"
     )

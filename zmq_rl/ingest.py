@@ -13,14 +13,16 @@ version (a callable) and what to forget when an actor leaves.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import socket
 import statistics
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 
@@ -57,6 +59,8 @@ __all__ = ["Ingest"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 DRAIN_S = 0.005
 """Longest one socket is read in one go (fairness under floods)."""
 POLL_MS = 50
@@ -84,6 +88,21 @@ CYCLE_WINDOW = 16
 CONTROL_SLACK_BYTES = 128 * 1024
 """Room in the control message limit beyond the spaces and the per-slot lists: ids,
 host and env names, a bye's stats (a legitimate one is under 2 KB)."""
+
+
+def wake_pair(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
+    """An inproc PAIR (receiving end, sending end) that wakes a thread blocked in a
+    poll; HWM 1 each (one pending wake is enough), linger 0."""
+    ends = []
+    for _ in range(2):
+        sock = ctx.socket(zmq.PAIR)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 1)
+        sock.setsockopt(zmq.RCVHWM, 1)
+        ends.append(sock)
+    ends[0].bind(f"inproc://{name}")
+    ends[1].connect(f"inproc://{name}")
+    return ends[0], ends[1]
 
 
 def largest_control_bytes(observation_space: Any, action_space: Any, max_envs: int) -> int:
@@ -148,6 +167,9 @@ class Ingest:
         self._busy = 0.0  # seconds outside pump since the last broadcast
         self._cycle_busy: deque[float] = deque(maxlen=CYCLE_WINDOW)
         self._advised: set[int] = set()  # actor ids told which max_lead_steps fits
+        # While serve_during runs its work, forget_slots calls wait here: the work (a
+        # PPO update) owns the trainer's per-slot state until it returns.
+        self._deferred_forget: list[list[SlotKey]] | None = None
         self.sockets = bind_learner_sockets(
             context or zmq.Context.instance(),
             cfg,
@@ -158,11 +180,69 @@ class Ingest:
         self.poller = zmq.Poller()
         self.poller.register(self.control, zmq.POLLIN)
         self.poller.register(self.experience, zmq.POLLIN)
+        # serve_during's thread also polls a wake socket, so the work's end stops it
+        # at once instead of after a poll timeout.
+        self._wake, self._waker = wake_pair(self.control.context, f"zmq-rl-ingest-{id(self)}")
+        self._serve_poller = zmq.Poller()
+        for sock in (self.control, self.experience, self._wake):
+            self._serve_poller.register(sock, zmq.POLLIN)
         log.info("learner %s: run id %s", tcp_endpoint(cfg.host, cfg.port), run_id)
 
     def close(self) -> None:
         """Close every socket (linger 0)."""
+        self._wake.close(linger=0)
+        self._waker.close(linger=0)
         self.sockets.close()
+
+    def serve_during(self, work: Callable[[], T]) -> T:
+        """Run ``work()`` on this thread while a thread of the ingest serves both
+        receiving sockets (fragments, hellos, heartbeats, byes, evictions), so
+        receiving never stops while PPO trains (``ingest_thread``; off: just
+        ``work()``). The caller must not touch the sockets, the queues or the
+        membership inside ``work``: the thread owns them until it is joined, which
+        happens before this returns (the handover is the join, so what the thread
+        queued is seen whole). ``forget_slots`` calls made meanwhile are applied after
+        the join, because ``work`` owns the trainer's per-slot state. The queues the
+        thread fills stay bounded: an actor that obeys its staleness valve has at most
+        ``max_lead_steps + steps_per_broadcast + fragment_length`` rows queued per
+        slot (the ``over_lead`` cap refuses more), and the version that moves the
+        valve changes only outside ``work``.
+
+        The time ``work`` takes counts as the learner's busy time (the valve's lead
+        advice), as without the thread: rows arrive, but the version does not move."""
+        if not self.cfg.ingest_thread:
+            return work()
+        stop = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                while not stop.is_set():
+                    self.pump(POLL_MS, self._serve_poller)
+                    while self._wake.poll(0):
+                        self._wake.recv()
+            except BaseException as exc:  # re-raised on the caller's thread
+                failure.append(exc)
+
+        self._deferred_forget = []
+        busy, start = self._busy, time.monotonic()
+        thread = threading.Thread(target=serve, name="zmq-rl-ingest", daemon=True)
+        thread.start()
+        try:
+            return work()
+        finally:
+            stop.set()
+            with contextlib.suppress(zmq.Again):  # a wake is already waiting
+                self._waker.send(b"", zmq.NOBLOCK)
+            thread.join()
+            deferred, self._deferred_forget = self._deferred_forget, None
+            for keys in deferred:
+                self.forget_slots(keys)
+            end = time.monotonic()
+            self._busy = busy + (end - start)
+            self._pump_end = end
+            if failure:
+                raise failure[0]
 
     def publish(self, weights: Weights, send: bool = True) -> None:
         """Make ``weights`` what welcomes carry and, with ``send``, PUBlish them."""
@@ -196,8 +276,9 @@ class Ingest:
         if missing:
             log.warning("no bye from actor(s) %s within %.1fs", missing, SHUTDOWN_GRACE_S)
 
-    def pump(self, timeout_ms: int) -> None:
-        """Handle every message that arrives within ``timeout_ms``.
+    def pump(self, timeout_ms: int, poller: zmq.Poller | None = None) -> None:
+        """Handle every message that arrives within ``timeout_ms`` (``poller``: one
+        that polls the two receiving sockets and more, :meth:`serve_during`'s).
 
         Each socket is drained for at most :data:`DRAIN_S`, so a flood on one of them
         can neither starve the other nor delay the rollout check. Silent actors are
@@ -210,7 +291,7 @@ class Ingest:
         self._after_busy = start - self._pump_end > BUSY_GAP_S
         while self._exited:
             self._declare_exited(self._exited.popleft())
-        events = dict(self.poller.poll(timeout_ms))
+        events = dict((poller or self.poller).poll(timeout_ms))
         if self.control in events:
             self._drain(
                 lambda: self.control.recv_multipart(zmq.NOBLOCK, copy=False), self._on_control
@@ -577,7 +658,10 @@ class Ingest:
 
     def _forget(self, rec: ActorRecord, reason: str) -> None:
         """Discard (and count) what a removed actor had queued; keep its report line."""
-        self.forget_slots(rec.slots())  # its unfinished episodes lost rows
+        if self._deferred_forget is not None:  # serve_during's work owns the trainer
+            self._deferred_forget.append(rec.slots())
+        else:
+            self.forget_slots(rec.slots())  # its unfinished episodes lost rows
         fragments, rows = self.queues.drop_actor(rec.actor_id)
         if rows:
             self.counters[f"discarded/steps/{reason}"] += rows

@@ -1,6 +1,7 @@
 """The learner's plumbing: sockets, membership, rollout assembly, broadcast, shutdown.
 
-One thread, one loop:
+One loop on the main thread (the sockets are served by a thread of the ingest while
+an update or an evaluation runs, :meth:`~zmq_rl.ingest.Ingest.serve_during`):
 
 1. **Fill**: poll PULL (fragments) and ROUTER (hello, heartbeat, bye) until every
    member slot holds ``num_steps`` rows. Rows beyond the quota stay queued.
@@ -200,7 +201,9 @@ class Learner:
                 metrics = self._one_update()
                 if metrics is None:
                     break
-                solved = runlog.maybe_evaluate(self.policy, metrics)
+                solved = self.ingest.serve_during(
+                    lambda m=metrics: runlog.maybe_evaluate(self.policy, m)
+                )
                 metrics.update(self.ingest.link_stats())  # round trips, valve shares
                 runlog.record(metrics, self.version, sum(1 for r in self.members if r.member))
                 if (
@@ -213,9 +216,10 @@ class Learner:
                     break
                 if self._stop_reason:
                     raise StopRequested(self._stop_reason)
-            runlog.finish_background()
+            # The actors are still connected: their heartbeats are served meanwhile.
+            self.ingest.serve_during(runlog.finish_background)
             if not runlog.evaluated_last_update():
-                runlog.evaluate(self.policy)
+                self.ingest.serve_during(lambda: runlog.evaluate(self.policy))
         except StopRequested as stop:
             stop_reason = str(stop)
             log.warning("stopping: %s", stop_reason)
@@ -258,10 +262,10 @@ class Learner:
         if self._overruns(len(self.members.member_slots())):
             return None  # members that delivered during the fill made it too big
         rollout = self.queues.take(self.members.member_slots(), cfg.num_steps)
+        for actor_id, _ in rollout.slots:  # consumed when taken: an actor may leave
+            self.members.get(actor_id).steps_consumed += rollout.num_steps  # meanwhile
         progress = min(1.0, report.env_steps_consumed / cfg.total_env_steps)
-        result = self.trainer.update(rollout, progress)
-        for actor_id, _ in rollout.slots:
-            self.members.get(actor_id).steps_consumed += rollout.num_steps
+        result = self.ingest.serve_during(lambda: self.trainer.update(rollout, progress))
         report.add_episodes(result.episode_returns)
         report.env_steps_consumed += rollout.num_steps * rollout.num_slots
         report.updates_completed += 1

@@ -1,0 +1,98 @@
+"""The learner's ingest thread (issue 12, item 2): ``Ingest.serve_during`` serves the
+sockets while the PPO update runs, over real tcp sockets on 127.0.0.1.
+
+What a plausible bug would break: a hello not welcomed while the learner trains; a
+fragment not queued until the update ends; an actor's slots forgotten while the
+update still owns the trainer's per-slot state; a failure in the work lost or the
+thread left running; the loop's accounting off (checked end to end by the real runs of
+test_learner.py and test_faults.py, which run with the thread on, the default).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from tests.helpers import STUB_POLICY, RegisteredPeer, stub_learner_config, wait_until
+from zmq_rl.config import PPOConfig
+from zmq_rl.learner import Learner
+
+TIMEOUT = 10.0
+
+
+@pytest.fixture
+def learner(ctx: zmq.Context, learner_port: int) -> Iterator[Learner]:
+    cfg = stub_learner_config(learner_port, actor_timeout=0.5)
+    with Learner(cfg, PPOConfig(num_epochs=1), STUB_POLICY, context=ctx) as built:
+        yield built
+
+
+def ingest_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "zmq-rl-ingest"]
+
+
+def test_a_hello_is_welcomed_and_a_fragment_queued_while_the_work_runs(ctx, learner):
+    port = learner.cfg.port
+    # The peer waits for its welcome inside the work: only the thread can answer it.
+    peer = learner.ingest.serve_during(lambda: RegisteredPeer(ctx, port))
+    try:
+        assert learner.members.get(peer.actor_id) is not None
+
+        def work() -> str:
+            peer.send(peer.fragment(8))
+            wait_until(lambda: learner.queues.total_rows() == 8, TIMEOUT, "rows queued")
+            return "done"
+
+        assert learner.ingest.serve_during(work) == "done"
+        assert learner.counters["received/steps"] == 8
+        assert not ingest_threads()  # joined before serve_during returned
+    finally:
+        peer.close()
+
+
+def test_an_evicted_actor_is_forgotten_after_the_work_not_during_it(ctx, learner):
+    peer = learner.ingest.serve_during(lambda: RegisteredPeer(ctx, learner.cfg.port))
+    forgotten: list[list[tuple[int, int]]] = []
+    learner.ingest.forget_slots = forgotten.append
+    try:
+
+        def work() -> None:
+            # The peer stays silent: the thread declares it dead after actor_timeout.
+            wait_until(lambda: learner.members.get(peer.actor_id) is None, TIMEOUT, "eviction")
+            assert forgotten == []  # the work still owns the trainer's slot state
+
+        learner.ingest.serve_during(work)
+        assert forgotten == [[(peer.actor_id, 0)]]
+        assert learner.counters["actors/declared_dead"] == 1
+    finally:
+        peer.close()
+
+
+def test_a_failing_work_raises_and_leaves_no_thread(learner):
+    def work() -> None:
+        raise ValueError("update failed")
+
+    with pytest.raises(ValueError, match="update failed"):
+        learner.ingest.serve_during(work)
+    assert not ingest_threads()
+    assert learner.ingest.serve_during(lambda: 7) == 7  # usable again
+
+
+def test_with_the_thread_off_the_work_runs_alone(ctx, learner_port):
+    cfg = stub_learner_config(learner_port, ingest_thread=False)
+    with Learner(cfg, PPOConfig(num_epochs=1), STUB_POLICY, context=ctx) as learner:
+        seen: list[int] = []
+        learner.ingest.serve_during(lambda: seen.append(len(ingest_threads())))
+        assert seen == [0]
+
+
+def test_the_work_time_counts_as_busy_time(learner):
+    """The valve's lead advice needs the update's duration even though rows arrive
+    meanwhile: the version does not move until the broadcast."""
+    before = learner.ingest._busy
+    done = threading.Event()
+    learner.ingest.serve_during(lambda: done.wait(0.2))
+    assert learner.ingest._busy - before >= 0.2
