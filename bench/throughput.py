@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import math
 import multiprocessing as mp
 import os
 import re
@@ -72,6 +73,57 @@ SF_FLAGS = [
     "--env=CartPole-v1",
 ]
 """The CartPole command line in sf_examples/train_gym_env.py (Sample Factory 2.1.1)."""
+
+
+LIKE_FOR_LIKE: dict[str, dict[str, Any]] = {
+    "sf": {
+        "actors": 2,
+        "envs": 20,
+        "learner": {"num_steps": 32, "fragment_length": 32},
+        "ppo": {"num_epochs": 1, "minibatch_size": 512},
+        "why": "SF's CartPole example: 2 workers (its default, one per core) x 20 envs, "
+        "rollout 32, batch_size 512, 1 epoch (its default)",
+    },
+    "sb3": {
+        "actors": 2,
+        "envs": 4,
+        "learner": {"num_steps": 32, "fragment_length": 32},
+        "ppo": {"num_epochs": 20, "minibatch_size": 256},
+        "why": "rl-baselines3-zoo's CartPole-v1 PPO: 8 envs, n_steps 32, batch_size 256, "
+        "n_epochs 20 (the project's CartPole preset)",
+    },
+}
+"""The project at each baseline's own learner settings (issue 13, item 2): the same
+rollout size, epochs and minibatch, so the same gradient steps per env step."""
+
+
+def grad_steps_per_1k(rollout_rows: int, epochs: int, minibatch: int) -> float:
+    """Gradient steps per 1,000 env steps of a PPO learner that runs ``epochs`` passes
+    of ``ceil(rows / minibatch)`` minibatches over each rollout of ``rollout_rows``."""
+    return 1000.0 * epochs * math.ceil(rollout_rows / min(minibatch, rollout_rows)) / rollout_rows
+
+
+SF_GRAD_STEPS_PER_1K = grad_steps_per_1k(512, 1, 512)
+"""SF APPO trains one epoch of one 512-transition batch per 512 env steps."""
+SB3_GRAD_STEPS_PER_1K = grad_steps_per_1k(8 * 32, 20, 256)
+"""SB3 zoo: 20 epochs of one 256-transition minibatch per 256-step rollout."""
+
+
+def project_grad_steps_per_1k(actors: int, envs: int, learner: dict, ppo: dict) -> float:
+    """Gradient steps per 1k env steps of a project run (THROUGHPUT overridden)."""
+    rows = actors * envs * learner.get("num_steps", THROUGHPUT["num_steps"])
+    epochs = ppo.get("num_epochs", THROUGHPUT["num_epochs"])
+    return grad_steps_per_1k(rows, epochs, ppo.get("minibatch_size", THROUGHPUT["minibatch_size"]))
+
+
+def run_like_for_like(name: str, warmup: float, window: float) -> dict[str, Any]:
+    """The project at ``LIKE_FOR_LIKE[name]``'s settings."""
+    spec = LIKE_FOR_LIKE[name]
+    res = run_project(spec["actors"], spec["envs"], warmup, window, spec["learner"], spec["ppo"])
+    res["grad_steps_per_1k"] = project_grad_steps_per_1k(
+        spec["actors"], spec["envs"], spec["learner"], spec["ppo"]
+    )
+    return res
 
 
 def _actor_main(port: int, num_envs: int) -> None:
@@ -343,6 +395,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{_util.fmt_rate(entry['project']['steps_per_s'])} steps/s",
             flush=True,
         )
+        for name in ("sf", "sb3"):
+            if (sf_python if name == "sf" else sb3_python) or args.smoke:
+                like = run_like_for_like(name, args.warmup, args.window)
+                entry[f"project_at_{name}_settings"] = like
+                print(
+                    f"round {r}: project at {name.upper()}'s settings "
+                    f"({like['actors']}x{like['num_envs']}, "
+                    f"{like['grad_steps_per_1k']:.1f} grad steps/1k): "
+                    f"{_util.fmt_rate(like['steps_per_s'])} steps/s",
+                    flush=True,
+                )
         if sf_python:
             entry["sf"] = run_sf(sf_python, args.sf_seconds, args.sf_frames)
             print(
@@ -360,12 +423,21 @@ def main(argv: list[str] | None = None) -> int:
             )
         rounds.append(entry)
 
-    def ratios(key: str, field: str) -> list[float]:
+    def ratios(key: str, field: str, project: str = "project") -> list[float]:
         return [
-            e["project"]["steps_per_s"] / e[key][field]
+            e[project]["steps_per_s"] / e[key][field]
             for e in rounds
-            if key in e and e[key].get(field)
+            if key in e and project in e and e[key].get(field)
         ]
+
+    def like_rate(name: str) -> float:
+        return _util.median(
+            [
+                e[f"project_at_{name}_settings"]["steps_per_s"]
+                for e in rounds
+                if f"project_at_{name}_settings" in e
+            ]
+        )
 
     sf_ratio = _util.median(ratios("sf", "steady_frames_per_s"))
     sb3_ratio = _util.median(ratios("sb3", "steps_per_s"))
@@ -380,6 +452,19 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "project_vs_sf": sf_ratio,
         "project_vs_sb3": sb3_ratio,
+        "grad_steps_per_1k": {
+            "project_best": project_grad_steps_per_1k(best["actors"], best["num_envs"], {}, {}),
+            "sf": SF_GRAD_STEPS_PER_1K,
+            "sb3": SB3_GRAD_STEPS_PER_1K,
+        },
+        "project_at_sf_settings_steps_per_s": like_rate("sf"),
+        "project_at_sb3_settings_steps_per_s": like_rate("sb3"),
+        "like_for_like_vs_sf": _util.median(
+            ratios("sf", "steady_frames_per_s", "project_at_sf_settings")
+        ),
+        "like_for_like_vs_sb3": _util.median(
+            ratios("sb3", "steps_per_s", "project_at_sb3_settings")
+        ),
         "sf_reference_not_measured_here": 7800.0,
         "sb3_reference_not_measured_here": 4300.0,
     }
@@ -402,6 +487,42 @@ def main(argv: list[str] | None = None) -> int:
         f"{_util.fmt_rate(summary['project_best_steps_per_s'])} steps/s; SF "
         f"{_util.fmt_rate(summary['sf_frames_per_s'])} frames/s; SB3 "
         f"{_util.fmt_rate(summary['sb3_steps_per_s'])} steps/s"
+    )
+    g = summary["grad_steps_per_1k"]
+    print("\nlike for like (the same learner work per env step, medians over the rounds):")
+    _util.print_table(
+        ["system", "settings", "grad steps / 1k env steps", "env steps/s"],
+        [
+            [
+                "zmq_rl",
+                f"best grid {best['actors']}x{best['num_envs']}, 1 epoch",
+                f"{g['project_best']:.2f}",
+                _util.fmt_rate(summary["project_best_steps_per_s"]),
+            ],
+            [
+                "zmq_rl",
+                "SF's",
+                f"{g['sf']:.2f}",
+                _util.fmt_rate(summary["project_at_sf_settings_steps_per_s"]),
+            ],
+            [
+                "Sample Factory",
+                "its example",
+                f"{g['sf']:.2f}",
+                _util.fmt_rate(summary["sf_frames_per_s"]),
+            ],
+            [
+                "zmq_rl",
+                "SB3 zoo's",
+                f"{g['sb3']:.2f}",
+                _util.fmt_rate(summary["project_at_sb3_settings_steps_per_s"]),
+            ],
+            ["SB3", "zoo", f"{g['sb3']:.2f}", _util.fmt_rate(summary["sb3_steps_per_s"])],
+        ],
+    )
+    print(
+        f"like for like: {summary['like_for_like_vs_sf']:.2f}x SF, "
+        f"{summary['like_for_like_vs_sb3']:.2f}x SB3"
     )
     if sf_python:
         ok = sf_ratio >= 1.5
