@@ -42,6 +42,9 @@ EXPECTED = {
     "LunarLanderContinuous-v3",
 }
 HAS_BOX2D = importlib.util.find_spec("Box2D") is not None
+PIXELS = {"MinAtarBreakout-v1"}
+"""Presets outside the learning-quality table (docs/benchmarks.md has their curve)."""
+HAS_MINATAR = importlib.util.find_spec("minatar") is not None
 
 
 def test_the_five_presets_ship() -> None:
@@ -51,7 +54,7 @@ def test_the_five_presets_ship() -> None:
         assert preset_path(name).suffix == ".toml"
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted(EXPECTED | PIXELS))
 def test_preset_parses_and_validates(name: str) -> None:
     path = preset_path(name)
     raw = tomllib.loads(path.read_text())
@@ -79,10 +82,12 @@ def test_preset_parses_and_validates(name: str) -> None:
     assert ppo.minibatch_size <= cfg.num_steps * cfg.nominal_slots()
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted(EXPECTED | PIXELS))
 def test_preset_env_exists(name: str) -> None:
     if name.startswith("LunarLander") and not HAS_BOX2D:
         pytest.skip("Box2D is not installed (pip install 'zmq_rl[box2d]')")
+    if name.startswith("MinAtar") and not HAS_MINATAR:
+        pytest.skip("MinAtar is not installed (pip install 'zmq_rl[pixels]')")
     cfg = learner_cli.resolve(["--config", f"{PRESET_PREFIX}{name}", "--run-dir", ""])[1]
     env = gym.make(cfg.env_id)
     try:
@@ -164,7 +169,7 @@ def _run_configs(argv: list[str]):
     return args.applied_preset, *learner_cli.configs_from_args(args)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted(EXPECTED | PIXELS))
 def test_env_with_a_preset_gets_it_without_config(name: str) -> None:
     """Issue 20: ``--env ENV`` alone gives ENV's tuned settings and target, on both
     commands; flags still win; ``--no-preset`` gives the plain defaults."""

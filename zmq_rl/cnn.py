@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 from zmq_rl.config import PolicyConfig
 
-__all__ = ["NatureCNN", "nature_cnn"]
+__all__ = ["NatureCNN", "minatar_cnn", "minatar_conv", "nature_cnn"]
 
 
 def _init(layer: nn.Module, gain: float) -> nn.Module:
@@ -68,6 +68,8 @@ class NatureCNN(nn.Module):
       scale: multiplier of the raw pixels (1/255 for uint8 frames).
       ortho_init: orthogonal initialisation (as :class:`~zmq_rl.config.PolicyConfig`).
       hidden: width of the linear layer after the convolutions (512).
+      conv: the convolutional torso (default :func:`nature_conv`; ``[B, C, H, W]`` in,
+        flat features out).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class NatureCNN(nn.Module):
         scale: float = 1.0 / 255.0,
         ortho_init: bool = True,
         hidden: int = 512,
+        conv: nn.Sequential | None = None,
     ) -> None:
         super().__init__()
         if len(obs_shape) == 2:
@@ -92,7 +95,7 @@ class NatureCNN(nn.Module):
         self.scale = float(scale)
         self.discrete = True
         self.action_dim = int(num_actions)
-        self.conv = nature_conv(channels)
+        self.conv = conv if conv is not None else nature_conv(channels)
         with torch.no_grad():
             flat = int(self.conv(torch.zeros(1, channels, height, width)).shape[1])
         self.fc = nn.Linear(flat, hidden)
@@ -196,4 +199,40 @@ def nature_cnn(
         channels_last=channels_last,
         scale=scale,
         ortho_init=cfg.ortho_init,
+    )
+
+
+def minatar_conv(channels: int) -> nn.Sequential:
+    """The MinAtar network's torso (Young & Tian 2019, section 4: one conv layer of 16
+    3x3 filters, stride 1, ReLU), flattened: 10x10 frames are too small for the
+    Nature torso's 8x8 stride-4 first layer."""
+    return nn.Sequential(nn.Conv2d(channels, 16, 3, stride=1), nn.ReLU(), nn.Flatten())
+
+
+def minatar_cnn(
+    observation_space: gymnasium.Space, action_space: gymnasium.Space, cfg: PolicyConfig
+) -> NatureCNN:
+    """The ``--factory zmq_rl.cnn:minatar_cnn`` entry point: MinAtar's network (Young &
+    Tian 2019: conv 16 3x3 stride 1, a 128-unit layer) with a categorical policy head
+    and a value head, for ``[C, H, W]`` frames of 0/1 cells (``zmq_rl.envs``'s
+    ``MinAtar<Game>-v1``), used as they are (no 1/255 scaling). ``action_space`` must
+    be ``Discrete``; of ``cfg`` only ``ortho_init`` applies."""
+    shape = tuple(int(d) for d in getattr(observation_space, "shape", ()) or ())
+    if not isinstance(observation_space, gymnasium.spaces.Box) or len(shape) != 3:
+        raise ValueError(  # noqa: TRY004
+            f"zmq_rl.cnn:minatar_cnn needs a Box observation space of shape (C, H, W), "
+            f"got {observation_space!r}"
+        )
+    if not isinstance(action_space, gymnasium.spaces.Discrete) or int(action_space.start) != 0:
+        raise ValueError(
+            f"zmq_rl.cnn:minatar_cnn needs a Discrete action space starting at 0, "
+            f"got {action_space!r}"
+        )
+    return NatureCNN(
+        shape,
+        int(action_space.n),
+        scale=1.0,
+        ortho_init=cfg.ortho_init,
+        hidden=128,
+        conv=minatar_conv(shape[0]),
     )

@@ -360,3 +360,48 @@ def make_masked_cartpole(**kwargs: Any) -> gym.Env:
 MASKED_CARTPOLE = "MaskedCartPole-v1"
 if MASKED_CARTPOLE not in gym.registry:
     gym.register(id=MASKED_CARTPOLE, entry_point=make_masked_cartpole)
+
+
+# --------------------------------------------------------------------------- MinAtar (pixels)
+
+MINATAR_GAMES = ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
+"""The MinAtar games (Young & Tian 2019, "MinAtar: An Atari-Inspired Testbed for
+Thorough and Reproducible Reinforcement Learning Experiments")."""
+
+
+class MinAtarUnavailable(ImportError):
+    """MinAtar is not installed (``pip install 'zmq_rl[pixels]'``)."""
+
+
+class MinAtarFrames(gym.ObservationWrapper):
+    """MinAtar's ``[10, 10, C]`` bool observation as uint8 0/1, channels first
+    (``[C, 10, 10]``): one byte per cell on the wire, the layout torch convolves."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        h, w, c = env.observation_space.shape
+        self.observation_space = gym.spaces.Box(0, 1, (c, h, w), np.uint8)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        """``[H, W, C]`` bool -> ``[C, H, W]`` uint8."""
+        return np.ascontiguousarray(np.asarray(observation, np.uint8).transpose(2, 0, 1))
+
+
+def make_minatar(game: str, max_episode_steps: int = 10_000, **kwargs: Any) -> gym.Env:
+    """MinAtar ``game`` with its minimal action set, frames as :class:`MinAtarFrames`,
+    truncated after ``max_episode_steps`` (MinAtar itself has no time limit; Seaquest
+    and Freeway end by themselves, a good Breakout player might not)."""
+    try:
+        from minatar.gym import BaseEnv
+    except ImportError as exc:
+        raise MinAtarUnavailable(
+            f"MinAtar{game}-v1 needs the minatar package: pip install 'zmq_rl[pixels]' ({exc})"
+        ) from exc
+    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in game).lstrip("_")
+    env = BaseEnv(snake, use_minimal_action_set=True, **kwargs)
+    return gym.wrappers.TimeLimit(MinAtarFrames(env), max_episode_steps)
+
+
+for _game in MINATAR_GAMES:
+    if f"MinAtar{_game}-v1" not in gym.registry:
+        gym.register(id=f"MinAtar{_game}-v1", entry_point=make_minatar, kwargs={"game": _game})
