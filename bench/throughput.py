@@ -81,8 +81,10 @@ def _actor_main(port: int, num_envs: int) -> None:
     GymActor(ActorConfig(learner=f"127.0.0.1:{port}", num_envs=num_envs)).run()
 
 
-def run_project(actors: int, envs: int, warmup: float, window: float) -> dict[str, Any]:
-    """One measurement of ``actors`` x ``envs``."""
+def run_project(
+    actors: int, envs: int, warmup: float, window: float, device: str = "auto"
+) -> dict[str, Any]:
+    """One measurement of ``actors`` x ``envs`` with the learner on ``device``."""
     import psutil
 
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
@@ -102,6 +104,7 @@ def run_project(actors: int, envs: int, warmup: float, window: float) -> dict[st
         run_dir="",
         port=port,
         torch_threads=THROUGHPUT["torch_threads"],
+        device=device,
     )
     ppo = PPOConfig(
         num_epochs=THROUGHPUT["num_epochs"], minibatch_size=THROUGHPUT["minibatch_size"]
@@ -157,6 +160,7 @@ def run_project(actors: int, envs: int, warmup: float, window: float) -> dict[st
         "actors": actors,
         "num_envs": envs,
         "slots": actors * envs,
+        "device": report.device,
         "steps_per_s": (s1 - s0) / span,
         "window_seconds": span,
         "updates": report.updates_completed,
@@ -281,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         help="wall limit of an SF run (its frames/s are taken from its reports)",
     )
     parser.add_argument("--no-baselines", action="store_true", help="skip SB3 and SF")
+    parser.add_argument(
+        "--device", default="auto", help="the learner's device: auto, cpu, cuda or cuda:N"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.actors, args.envs, args.warmup, args.window = "1", "8", 0.5, 1.5
@@ -292,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = []
     for a in (int(x) for x in args.actors.split(",")):
         for e in (int(x) for x in args.envs.split(",")):
-            res = run_project(a, e, args.warmup, args.window)
+            res = run_project(a, e, args.warmup, args.window, args.device)
             grid.append(res)
             print(
                 f"project {a} actor(s) x {e:>2} envs: {_util.fmt_rate(res['steps_per_s'])} "
@@ -324,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         entry["project"] = (
             best
             if args.smoke
-            else run_project(best["actors"], best["num_envs"], args.warmup, args.window)
+            else run_project(
+                best["actors"], best["num_envs"], args.warmup, args.window, args.device
+            )
         )
         print(
             f"round {r}: project {best['actors']}x{best['num_envs']}: "
