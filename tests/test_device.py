@@ -20,6 +20,7 @@ import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +30,20 @@ from gymnasium import spaces
 
 import zmq_rl
 from tests.conftest import STUB_ENV_ID, free_port_block
-from zmq_rl.checkpoint import atomic_torch_save, read_checkpoint, save_policy
+from zmq_rl.checkpoint import (
+    atomic_torch_save,
+    checkpoint_files,
+    load_resume_configs,
+    read_checkpoint,
+    restore_run_state,
+    run_state,
+    save_policy,
+    write_checkpoint,
+)
 from zmq_rl.cli import learner as learner_cli
 from zmq_rl.cli import main as main_cli
+from zmq_rl.cli.learner import LEARNER_SECTIONS
+from zmq_rl.cli.local import resume_configs
 from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig
 from zmq_rl.device import resolve_device, to_cpu, to_device
 from zmq_rl.policy import export_weights
@@ -300,7 +312,14 @@ def test_cpu_run_names_its_device_in_report_and_progress(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("use_vtrace", "policy_type"), [(False, "mlp"), (True, "mlp"), (False, "lstm")]
 )
-def test_ppo_update_on_cuda_equals_the_cpu_update(use_vtrace: bool, policy_type: str) -> None:
+def test_ppo_update_on_cuda_equals_the_cpu_update(
+    use_vtrace: bool, policy_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same seed, same rollout: the same metrics and weights within float32 tolerance
+    (TF32 off: it rounds matmuls to 10 bits on purpose). The weights' tolerance
+    allows for Adam's ``g / sqrt(v)`` on parameters whose gradient is near zero."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     cpu = make_trainer("cpu", use_vtrace, policy_type)
     gpu = make_trainer("cuda", use_vtrace, policy_type)
     assert gpu.device == torch.device("cuda", 0)
@@ -314,7 +333,7 @@ def test_ppo_update_on_cuda_equals_the_cpu_update(use_vtrace: bool, policy_type:
         export_weights(cpu.policy), export_weights(gpu.policy), strict=True
     ):
         assert isinstance(y, np.ndarray) and y.dtype == x.dtype  # CPU arrays out
-        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-4, err_msg=name)
 
 
 @NEEDS_CUDA
@@ -371,3 +390,28 @@ def test_cuda_learner_with_cpu_actors_trains_cartpole(tmp_path: Path) -> None:
     # The actors ran on the CPU and loaded CPU weights: the policy file is CPU tensors.
     saved = torch.load(result.policy_path, weights_only=True)
     assert all(t.device.type == "cpu" for t in saved["policy"].values())
+
+
+def test_a_gpu_runs_checkpoint_resumes_on_a_cpu_machine_with_device_cpu(tmp_path, monkeypatch):
+    """A checkpoint written by a run with ``device="cuda"`` (its config says so; its
+    tensors are CPU tensors) on a machine without CUDA: resuming as it is fails naming
+    the device, ``--device cpu`` resumes it, and the report names this machine's device."""
+    no_cuda(monkeypatch)
+    trainer = make_trainer("cpu")
+    cfg = dataclasses.replace(trainer.cfg, device="cuda", run_dir=str(tmp_path))
+    configs = (cfg, PPOConfig(), PolicyConfig())
+    report = LearnerReport(device="cuda:0", updates_completed=1)
+    state = {**trainer.state_dict(), **run_state(configs, report, {}, (0, 0))}
+    write_checkpoint(tmp_path / "checkpoints", "ckpt-00000001.pt", state)
+    with pytest.raises(ConfigError, match=r"device='cuda': CUDA is not available"):
+        load_resume_configs(tmp_path)
+    assert load_resume_configs(tmp_path, device="cpu")[0].device == "cpu"
+    # zmq-rl run --resume RUN --device cpu: the override applies from the first read.
+    run_parser = main_cli.subparser(main_cli.build_parser(), "run")
+    defaults = {a.dest: a.default for a in run_parser._actions}
+    args = main_cli.build_parser().parse_args(["run", "--resume", str(tmp_path), "--device", "cpu"])
+    resumed, _, _, overrides = resume_configs(str(tmp_path), args, defaults, LEARNER_SECTIONS)
+    assert resumed.device == "cpu" and overrides == {"device": "cpu"}
+    restored = LearnerReport(device="cpu")
+    restore_run_state(read_checkpoint(checkpoint_files(tmp_path)[-1]), restored, Counter())
+    assert restored.device == "cpu" and restored.updates_completed == 1
