@@ -214,6 +214,15 @@ def test_cpu_evaluation_uses_the_policy_itself() -> None:
     runlog.close()
 
 
+def test_the_learners_log_line_names_the_device(caplog: pytest.LogCaptureFixture) -> None:
+    report = LearnerReport(device="cuda:0", updates_completed=1, env_steps_consumed=64)
+    runlog = RunLog(LearnerConfig(), report)
+    with caplog.at_level("INFO", logger="zmq_rl.runlog"):
+        runlog.record({"charts/policy_lag_mean": 0.0}, version=1, actors=2)
+    runlog.close()
+    assert re.search(r"^update 1/\d+ .* device cuda:0$", caplog.messages[-1]), caplog.messages
+
+
 def save_and_read(tmp_path: Path, trainer: Trainer) -> dict:
     """A trainer's state through a checkpoint file and :func:`read_checkpoint`
     (``map_location="cpu"``), with the keys a learner checkpoint must hold."""
