@@ -116,10 +116,14 @@ def project_grad_steps_per_1k(actors: int, envs: int, learner: dict, ppo: dict) 
     return grad_steps_per_1k(rows, epochs, ppo.get("minibatch_size", THROUGHPUT["minibatch_size"]))
 
 
-def run_like_for_like(name: str, warmup: float, window: float) -> dict[str, Any]:
-    """The project at ``LIKE_FOR_LIKE[name]``'s settings."""
+def run_like_for_like(
+    name: str, warmup: float, window: float, device: str = "auto"
+) -> dict[str, Any]:
+    """The project at ``LIKE_FOR_LIKE[name]``'s settings, the learner on ``device``."""
     spec = LIKE_FOR_LIKE[name]
-    res = run_project(spec["actors"], spec["envs"], warmup, window, spec["learner"], spec["ppo"])
+    res = run_project(
+        spec["actors"], spec["envs"], warmup, window, spec["learner"], spec["ppo"], device
+    )
     res["grad_steps_per_1k"] = project_grad_steps_per_1k(
         spec["actors"], spec["envs"], spec["learner"], spec["ppo"]
     )
@@ -141,9 +145,11 @@ def run_project(
     window: float,
     learner_changes: dict[str, Any] | None = None,
     ppo_changes: dict[str, Any] | None = None,
+    device: str = "auto",
 ) -> dict[str, Any]:
-    """One measurement of ``actors`` x ``envs`` at the throughput configuration, with
-    ``learner_changes`` / ``ppo_changes`` overriding LearnerConfig / PPOConfig fields."""
+    """One measurement of ``actors`` x ``envs`` at the throughput configuration with the
+    learner on ``device``, ``learner_changes`` / ``ppo_changes`` overriding
+    LearnerConfig / PPOConfig fields."""
     import psutil
 
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
@@ -163,6 +169,7 @@ def run_project(
         run_dir="",
         port=port,
         torch_threads=THROUGHPUT["torch_threads"],
+        device=device,
     )
     cfg = dataclasses.replace(cfg, **(learner_changes or {}))
     ppo = PPOConfig(
@@ -220,6 +227,7 @@ def run_project(
         "actors": actors,
         "num_envs": envs,
         "slots": actors * envs,
+        "device": report.device,
         "steps_per_s": (s1 - s0) / span,
         "window_seconds": span,
         "updates": report.updates_completed,
@@ -345,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         help="wall limit of an SF run (its frames/s are taken from its reports)",
     )
     parser.add_argument("--no-baselines", action="store_true", help="skip SB3 and SF")
+    parser.add_argument(
+        "--device", default="auto", help="the learner's device: auto, cpu, cuda or cuda:N"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.actors, args.envs, args.warmup, args.window = "1", "8", 0.5, 1.5
@@ -356,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = []
     for a in (int(x) for x in args.actors.split(",")):
         for e in (int(x) for x in args.envs.split(",")):
-            res = run_project(a, e, args.warmup, args.window)
+            res = run_project(a, e, args.warmup, args.window, device=args.device)
             grid.append(res)
             print(
                 f"project {a} actor(s) x {e:>2} envs: {_util.fmt_rate(res['steps_per_s'])} "
@@ -388,7 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         entry["project"] = (
             best
             if args.smoke
-            else run_project(best["actors"], best["num_envs"], args.warmup, args.window)
+            else run_project(
+                best["actors"], best["num_envs"], args.warmup, args.window, device=args.device
+            )
         )
         print(
             f"round {r}: project {best['actors']}x{best['num_envs']}: "
@@ -397,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name in ("sf", "sb3"):
             if (sf_python if name == "sf" else sb3_python) or args.smoke:
-                like = run_like_for_like(name, args.warmup, args.window)
+                like = run_like_for_like(name, args.warmup, args.window, args.device)
                 entry[f"project_at_{name}_settings"] = like
                 print(
                     f"round {r}: project at {name.upper()}'s settings "

@@ -1,7 +1,9 @@
 """Checkpoint and policy files: their layout, atomic writes, finding the newest.
 
 A checkpoint is a ``torch.save`` of tensors, numbers and JSON strings only, so it
-loads with ``torch.load(weights_only=True)``: nothing executable is unpickled. It
+loads with ``torch.load(weights_only=True)``: nothing executable is unpickled. Its
+tensors are CPU tensors whatever device the learner ran on, and it is read with
+``map_location="cpu"``, so a checkpoint moves between GPU and CPU machines. It
 holds the trainer's :meth:`~zmq_rl.trainer.Trainer.state_dict` (policy, optimiser,
 version, episode returns in progress, RNG, reward scaler) plus the run's part
 (:func:`run_state`: configs, report, counters, rows still queued).
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from .config import LearnerConfig, PolicyConfig, PPOConfig
+from .device import to_cpu
 from .report import LearnerReport
 
 log = logging.getLogger(__name__)
@@ -54,7 +57,9 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     """Load a checkpoint safely (``weights_only``) and check its format and keys;
     :class:`CorruptCheckpoint` naming the file and the reason otherwise."""
     try:
-        state = torch.load(path, weights_only=True)
+        # map_location: a checkpoint written on a GPU loads on a CPU-only machine (the
+        # trainer copies what it loads onto its own device).
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises RuntimeError, pickle errors, EOFError, OSError
         raise CorruptCheckpoint(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
@@ -169,11 +174,12 @@ def save_learner_checkpoint(
 
 def restore_run_state(state: dict[str, Any], report: LearnerReport, counters: Counter[str]) -> None:
     """Put a checkpoint's report and counters back (the new run keeps its own run id
-    and actor lines); rows that were queued when it was written died with the old
-    learner and are counted as ``discarded/.../learner_restart``, so that received =
-    consumed + discarded still holds."""
+    and actor lines, and names the device it runs on); rows that were queued when it
+    was written died with the old learner and are counted as
+    ``discarded/.../learner_restart``, so that received = consumed + discarded still
+    holds."""
     for key, value in json.loads(state["report"]).items():
-        if key not in ("run_id", "actor_stats"):
+        if key not in ("run_id", "actor_stats", "device"):
             setattr(report, key, value)
     counters.update(json.loads(state["counters"]))
     counters["learner/resumes"] += 1
@@ -196,7 +202,7 @@ def save_policy(
     JSON, the env id, ``gym.make`` kwargs and wrappers as JSON, the version),
     atomically; ``zmq-rl eval``, ``zmq-rl export`` and ``zmq_rl.load_policy`` read it."""
     state = {
-        "policy": policy.state_dict(),
+        "policy": to_cpu(policy.state_dict()),  # loads on any device
         "policy_config": json.dumps(config_dict(policy_cfg)),
         "env_id": env_id,
         "env_kwargs": json.dumps(dict(env_kwargs or {})),

@@ -12,7 +12,9 @@ raises :class:`ConfigError`, whose message names the field and the offending val
 The learner's rules: counts are >= 1, the budget covers at least one update,
 ``gamma``, ``gae_lambda`` and ``vtrace_lambda`` lie in (0, 1], the V-trace clips are
 positive even when V-trace is off (a config must not become invalid by switching it
-on), and a lead budget is 0 (derived) or at least one broadcast cycle.
+on), a lead budget is 0 (derived) or at least one broadcast cycle, and ``device``
+names a device this machine has (``cuda`` on a machine without CUDA is an error here,
+not a crash mid-run).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json as _json
 import math
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
@@ -35,6 +38,7 @@ __all__ = [
     "PPOConfig",
     "PolicyConfig",
     "ServeConfig",
+    "check_device_name",
     "parse_env_kwargs",
 ]
 
@@ -199,6 +203,31 @@ def _non_negative(cfg: Any, *names: str) -> None:
     for name in names:
         value = getattr(cfg, name)
         _require(value >= 0.0, name, value, "must be >= 0")
+
+
+_CUDA_DEVICE = re.compile(r"cuda(?::(\d+))?")
+
+
+def check_device_name(name: Any) -> str:
+    """Why ``name`` is not a ``device`` setting (``""`` when it is one: auto, cpu,
+    cuda or cuda:N with N >= 0). Pure text: the driver is not asked."""
+    if not isinstance(name, str):
+        return "must be text: auto, cpu, cuda or cuda:N"
+    if name in ("auto", "cpu") or _CUDA_DEVICE.fullmatch(name):
+        return ""
+    return "must be auto, cpu, cuda or cuda:N with N >= 0"
+
+
+def _check_device(name: Any) -> None:
+    """``device`` is a device setting, and a CUDA one names a GPU this machine has
+    (:func:`zmq_rl.device.resolve_device`): a run cannot start on a GPU it lacks.
+    Only a CUDA setting imports torch and asks the driver."""
+    problem = check_device_name(name)
+    _require(not problem, "device", name, problem)
+    if name not in ("auto", "cpu"):
+        from .device import resolve_device
+
+        resolve_device(name)
 
 
 @dataclass(frozen=True)
@@ -372,6 +401,12 @@ class LearnerConfig:
         "thread of their own while the PPO update (and an in-loop evaluation) runs; off: "
         "the sockets wait until the update is done",
     )
+    device: str = _f(
+        "auto",
+        "where the learner's policy and PPO update run: auto (CUDA when available, else "
+        "cpu), cpu, cuda (= cuda:0) or cuda:N; actors stay on the CPU and get CPU weights",
+        metavar="auto|cpu|cuda|cuda:N",
+    )
     actor_timeout: float = _f(
         10.0, "seconds of silence after which an actor is declared dead and its slots leave"
     )
@@ -434,6 +469,7 @@ class LearnerConfig:
         )
         _non_negative_int(self, "eval_every")
         _positive_int(self, "torch_threads")
+        _check_device(self.device)
         _require(
             isinstance(self.env_id, str) and bool(self.env_id),
             "env_id",

@@ -131,7 +131,7 @@ class Learner:
             weights_bytes=len(encode(weights)),
             state_size=int(getattr(self.trainer.policy, "state_size", 0)),
         )
-        self.report = LearnerReport(run_id=self.run_id)
+        self.report = LearnerReport(run_id=self.run_id, device=str(self.trainer.device))
         self.counters: Counter[str] = Counter()
         self._stop_reason = ""
         self.runlog = RunLog(cfg, self.report, on_update, self.policy_cfg)

@@ -38,6 +38,9 @@ class LearnerReport:
     """Report lines of registrations that ended before the run did (declared dead,
     replaced by a re-registration); ``actor_stats`` holds the final ones."""
     resumed_from: str = ""
+    device: str = ""
+    """Where the learner's policy and PPO update ran (``"cpu"``, ``"cuda:0"``): the
+    ``device`` setting resolved on this machine."""
 
     def add_episodes(self, returns: list[float]) -> None:
         """Count finished episodes and keep their returns (the newest

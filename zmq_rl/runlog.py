@@ -1,12 +1,21 @@
 """The run's record: evaluations, the per-update metrics row, the progress line.
 
 :class:`RunLog` writes what the learner reports as it goes: every update's row to
-``metrics.jsonl`` and the ``on_update`` hook, the log line, and deterministic
-evaluations into the :class:`~zmq_rl.report.LearnerReport`. No sockets here.
+``metrics.jsonl`` and the ``on_update`` hook, the log line (which names the learner's
+device), and deterministic evaluations into the :class:`~zmq_rl.report.LearnerReport`.
+No sockets here.
+
+Evaluation runs on the CPU whatever the learner's device: its envs step on the
+CPU and it acts on one observation per unfinished episode, a batch of at most
+``eval_episodes`` rows, for which a GPU's launch and transfer latency costs more
+than the forward pass itself. The background evaluator gets CPU weights
+(:func:`~zmq_rl.policy.export_weights`); an in-process evaluation of a policy on
+CUDA uses a CPU copy of it (:meth:`RunLog.evaluate`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -45,6 +54,7 @@ class RunLog:
         self.start = time.monotonic()
         self._metrics = JsonlMetrics(cfg.run_dir) if cfg.run_dir else None
         self.evaluator = None
+        self._cpu_policy: Policy | None = None
         if cfg.eval_every and cfg.eval_in_background:
             seed = cfg.seed + EVAL_SEED_OFFSET
             self.evaluator = BackgroundEvaluator(
@@ -65,14 +75,32 @@ class RunLog:
         self.start = time.monotonic()
 
     def evaluate(self, policy: Policy) -> dict[str, float]:
-        """Run ``eval_episodes`` deterministic episodes now, in this process, and add
-        the result to the report."""
+        """Run ``eval_episodes`` deterministic episodes now, in this process, on the
+        CPU (a copy of ``policy`` when it is on a GPU, see the module docstring), and
+        add the result to the report."""
         cfg = self.cfg
         seed = cfg.seed + EVAL_SEED_OFFSET
         mean, std = evaluate_policy(
-            policy, cfg.env_id, cfg.eval_episodes, seed, cfg.env_kwargs_map(), cfg.wrappers
+            self._on_cpu(policy),
+            cfg.env_id,
+            cfg.eval_episodes,
+            seed,
+            cfg.env_kwargs_map(),
+            cfg.wrappers,
         )
         return self._add_result(self._snapshot_tag(), mean, std)
+
+    def _on_cpu(self, policy: Policy) -> Policy:
+        """``policy`` itself when it is on the CPU; else a CPU copy kept between
+        evaluations and loaded with its current tensors (bit-exact, as an actor's)."""
+        parameter = next(iter(policy.parameters()), None)
+        if parameter is None or parameter.device.type == "cpu":
+            return policy
+        if self._cpu_policy is None:
+            self._cpu_policy = copy.deepcopy(policy).cpu()
+        else:
+            self._cpu_policy.load_state_dict(policy.state_dict())
+        return self._cpu_policy
 
     def _snapshot_tag(self) -> tuple[int, int, float]:
         report = self.report
@@ -154,7 +182,7 @@ class RunLog:
             self.on_update(row)
         log.info(
             "update %d/%d  steps %d  %.0f steps/s  return %.1f  actors %d  lag %.2f  "
-            "loss %.3f  entropy %.3f",
+            "loss %.3f  entropy %.3f  device %s",
             report.updates_completed,
             self.cfg.num_updates(),
             report.env_steps_consumed,
@@ -164,6 +192,7 @@ class RunLog:
             metrics["charts/policy_lag_mean"],
             metrics.get("losses/policy_loss", math.nan),
             metrics.get("losses/entropy", math.nan),
+            report.device or "cpu",
         )
 
     def close(self) -> None:

@@ -7,6 +7,13 @@ equal to ``gae_lambda``, on-policy data gives GAE's targets exactly). Episode en
 only through the discounts; a truncated step is bootstrapped by adding
 ``gamma * V(final observation)`` to its reward (its discount is 0 like any episode
 end), a terminated one is not. No sockets here.
+
+Devices: the rollout is host arrays. Its tensors are copied to the policy's device
+once (:func:`zmq_rl.device.to_device`), the forward passes the targets need run
+there, their outputs (values, log-probs: ``[T, B]`` at most) come back to the host,
+where GAE / V-trace run in numpy (sequential scans over ``T``: cheap on the host,
+kernel-launch bound on a GPU), and the small target arrays go to the device. The
+batch handed to PPO is on the device, so :meth:`RolloutBatch.to` copies nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import numpy as np
 import torch
 
 from .advantages import gae, vtrace
+from .device import to_device
 from .policy import Policy, is_recurrent
 from .ppo import RolloutBatch
 from .rollout import Rollout, SlotKey
@@ -101,12 +109,25 @@ def _targets(
     return advantages, returns, diagnostics
 
 
+def policy_device(policy: Any) -> torch.device:
+    """The device of the policy's parameters (the CPU for one without parameters)."""
+    for parameter in policy.parameters():
+        return parameter.device
+    return torch.device("cpu")
+
+
+def _host(tensor: torch.Tensor) -> np.ndarray:
+    """A forward pass's output as a host array."""
+    return tensor.cpu().numpy()
+
+
 @torch.no_grad()
 def rollout_to_batch(
     rollout: Rollout,
     policy: Policy,
     settings: TargetSettings,
     carry: dict[SlotKey, np.ndarray] | None = None,
+    device: torch.device | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """Compute advantages and returns for ``rollout`` and batch it.
 
@@ -118,35 +139,44 @@ def rollout_to_batch(
     A recurrent policy (``state_size > 0``) gets a batch of sequences
     (:func:`recurrent_batch`); ``carry`` maps each slot to the state its next rollout
     starts from where that rollout begins in the middle of a fragment (updated here).
+    ``device``: where the batch goes and the forward passes run (default: the
+    policy's); every tensor of the rollout is copied there once.
     Returns the batch and a few diagnostics (``charts/...`` keys).
     """
+    device = policy_device(policy) if device is None else device
     if is_recurrent(policy):
-        return recurrent_batch(rollout, policy, settings, {} if carry is None else carry)
+        return recurrent_batch(rollout, policy, settings, {} if carry is None else carry, device)
     T, B = rollout.num_steps, rollout.num_slots
-    flat_obs = _obs(map_value(lambda a: a.reshape(T * B, *a.shape[2:]), rollout.obs))
-    flat_actions = torch.from_numpy(
-        np.ascontiguousarray(rollout.actions.reshape(T * B, *rollout.actions.shape[2:]))
+
+    def put(value: Any) -> Any:
+        return to_device(value, device)
+
+    flat_obs = put(_obs(map_value(lambda a: a.reshape(T * B, *a.shape[2:]), rollout.obs)))
+    flat_actions = put(
+        torch.from_numpy(
+            np.ascontiguousarray(rollout.actions.reshape(T * B, *rollout.actions.shape[2:]))
+        )
     )
     rewards = rollout.rewards.astype(np.float32, copy=True)  # [T, B]
     if len(rollout.final_t):
-        final_values = policy.value(_obs(rollout.final_obs)).numpy()
+        final_values = _host(policy.value(put(_obs(rollout.final_obs))))
         rewards[rollout.final_t, rollout.final_b] += settings.gamma * final_values
-    bootstrap = policy.value(_obs(rollout.bootstrap_obs)).numpy()  # [B]
+    bootstrap = _host(policy.value(put(_obs(rollout.bootstrap_obs))))  # [B]
     target_lp = values_now = None
     if settings.use_vtrace:
         target_log_probs, _, current_values = policy.evaluate_actions(flat_obs, flat_actions)
-        target_lp = target_log_probs.numpy().reshape(T, B)
-        values_now = current_values.numpy().reshape(T, B)
+        target_lp = _host(target_log_probs).reshape(T, B)
+        values_now = _host(current_values).reshape(T, B)
     advantages, returns, diagnostics = _targets(
         rollout, settings, rewards, bootstrap, target_lp, values_now
     )
     batch = RolloutBatch(
         obs=flat_obs,
         actions=flat_actions,
-        old_log_probs=_flat(rollout.log_probs, T * B),
-        old_values=_flat(rollout.values, T * B),
-        advantages=_flat(advantages, T * B),
-        returns=_flat(returns, T * B),
+        old_log_probs=put(_flat(rollout.log_probs, T * B)),
+        old_values=put(_flat(rollout.values, T * B)),
+        advantages=put(_flat(advantages, T * B)),
+        returns=put(_flat(returns, T * B)),
     )
     return batch, diagnostics
 
@@ -212,8 +242,10 @@ def recurrent_batch(
     policy: Any,
     settings: TargetSettings,
     carry: dict[SlotKey, np.ndarray],
+    device: torch.device | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
-    """Targets and a sequence batch for a recurrent policy (truncated BPTT).
+    """Targets and a sequence batch for a recurrent policy (truncated BPTT), on
+    ``device`` (default: the policy's) as :func:`rollout_to_batch`.
 
     Every sequence (:func:`sequence_layout`) starts from the state the actor sent
     with its fragment, or from zeros where an episode begins. A sequence at row 0 of
@@ -225,6 +257,11 @@ def recurrent_batch(
     One no-grad unroll with the current policy gives V(final observation) of
     truncated steps and V(bootstrap observation) from the states after the right
     rows, and, for V-trace, the target log-probs and values."""
+    device = policy_device(policy) if device is None else device
+
+    def put(value: Any) -> Any:
+        return to_device(value, device)
+
     T, B = rollout.num_steps, rollout.num_slots
     S = int(policy.state_size)
     layout = sequence_layout(rollout)
@@ -240,12 +277,12 @@ def recurrent_batch(
         if state is not None:
             states0[k] = state
     tt, bb, mask = layout.t, layout.b, layout.mask
-    obs = _obs(map_value(lambda a: a[tt, bb], rollout.obs))
-    actions = torch.from_numpy(np.ascontiguousarray(rollout.actions[tt, bb]))
-    init = torch.from_numpy(states0)
-    lengths = torch.from_numpy(layout.lengths)
+    obs = put(_obs(map_value(lambda a: a[tt, bb], rollout.obs)))
+    actions = put(torch.from_numpy(np.ascontiguousarray(rollout.actions[tt, bb])))
+    init = put(torch.from_numpy(states0))
+    lengths = torch.from_numpy(layout.lengths)  # stays on the host (packing reads it)
     log_prob, _, value, final = policy.evaluate_sequence(obs, actions, init, lengths)
-    final = final.numpy()
+    final = _host(final)
     last_t = layout.first + layout.lengths - 1
     # The state after each cell that ends a sequence (truncated steps always do).
     after = np.zeros((T, B, S), np.float32)
@@ -253,14 +290,14 @@ def recurrent_batch(
     done = rollout.terminated | rollout.truncated
     rewards = rollout.rewards.astype(np.float32, copy=True)
     if len(rollout.final_t):
-        final_state = torch.from_numpy(after[rollout.final_t, rollout.final_b])
+        final_state = put(torch.from_numpy(after[rollout.final_t, rollout.final_b]))
         _, _, final_values, _ = policy.act_recurrent(
-            _obs(rollout.final_obs), final_state, deterministic=True
+            put(_obs(rollout.final_obs)), final_state, deterministic=True
         )
-        rewards[rollout.final_t, rollout.final_b] += settings.gamma * final_values.numpy()
+        rewards[rollout.final_t, rollout.final_b] += settings.gamma * _host(final_values)
     last = after[T - 1] * ~done[T - 1][:, None]  # an episode that ended restarts at zero
     _, _, bootstrap_t, _ = policy.act_recurrent(
-        _obs(rollout.bootstrap_obs), torch.from_numpy(last), deterministic=True
+        put(_obs(rollout.bootstrap_obs)), put(torch.from_numpy(last)), deterministic=True
     )
     for b, key in enumerate(rollout.slots):
         carry[key] = last[b].copy()
@@ -268,15 +305,15 @@ def recurrent_batch(
     if settings.use_vtrace:
         target_lp = np.zeros((T, B), np.float32)
         values_now = np.zeros((T, B), np.float32)
-        target_lp[tt[mask], bb[mask]] = log_prob.numpy()[mask]
-        values_now[tt[mask], bb[mask]] = value.numpy()[mask]
+        target_lp[tt[mask], bb[mask]] = _host(log_prob)[mask]
+        values_now[tt[mask], bb[mask]] = _host(value)[mask]
     advantages, returns, diagnostics = _targets(
-        rollout, settings, rewards, bootstrap_t.numpy(), target_lp, values_now
+        rollout, settings, rewards, _host(bootstrap_t), target_lp, values_now
     )
     diagnostics["charts/sequence_length_mean"] = float(layout.lengths.mean())
 
     def cells(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array[tt, bb], np.float32))
+        return put(torch.from_numpy(np.ascontiguousarray(array[tt, bb], np.float32)))
 
     batch = RolloutBatch(
         obs=obs,
@@ -287,6 +324,6 @@ def recurrent_batch(
         returns=cells(returns),
         states=init,
         lengths=lengths,
-        mask=torch.from_numpy(mask),
+        mask=put(torch.from_numpy(mask)),
     )
     return batch, diagnostics

@@ -6,6 +6,12 @@ The learner (:mod:`zmq_rl.learner`) does the plumbing — sockets, membership,
 rollout assembly — and hands each complete rollout to :meth:`Trainer.update`; the
 split follows Sample Factory's ``learner_worker.py`` (plumbing) and ``learner.py``
 (training).
+
+The policy and the optimiser live on ``cfg.device`` (:mod:`zmq_rl.device`): the
+rollout arrives as host arrays, :func:`~zmq_rl.targets.rollout_to_batch` copies its
+tensors to the device once and runs the targets' forward passes there, PPO runs
+there, and :meth:`Trainer.weights` and :meth:`Trainer.state_dict` hand out CPU
+tensors.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import gymnasium as gym
 import torch
 
 from .config import LearnerConfig, PolicyConfig, PPOConfig
+from .device import resolve_device, to_cpu
 from .normalization import RewardScaler
 from .policy import Policy, build_policy, export_weights
 from .ppo import PPOTrainer
@@ -55,7 +62,11 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         torch.set_num_threads(cfg.torch_threads)
         self.cfg = cfg
-        self.policy: Policy = build_policy(observation_space, action_space, policy_cfg)
+        self.device: torch.device = resolve_device(cfg.device)
+        # Built on the CPU from the seeded RNG, then moved: the same initial weights
+        # on every device.
+        policy = build_policy(observation_space, action_space, policy_cfg)
+        self.policy: Policy = policy.to(self.device)
         self.ppo = PPOTrainer(self.policy, ppo_cfg, seed=cfg.seed)
         self.targets = TargetSettings.from_config(cfg)
         self.reward_scaler = RewardScaler(cfg.gamma) if cfg.normalize_reward else None
@@ -92,7 +103,9 @@ class Trainer:
             rollout.rewards = self.reward_scaler.scale(
                 rollout.rewards, rollout.terminated | rollout.truncated, rollout.slots
             )
-        batch, diagnostics = rollout_to_batch(rollout, self.policy, self.targets, self.carry_states)
+        batch, diagnostics = rollout_to_batch(
+            rollout, self.policy, self.targets, self.carry_states, device=self.device
+        )
         metrics = self.ppo.update(batch, progress)
         metrics.update(diagnostics)
         metrics["charts/policy_lag_mean"] = float(self.version - rollout.versions.mean())
@@ -115,10 +128,11 @@ class Trainer:
         return finished
 
     def state_dict(self) -> dict[str, Any]:
-        """Tensors, numbers and JSON strings only (loads with ``weights_only=True``)."""
+        """Tensors, numbers and JSON strings only (loads with ``weights_only=True``);
+        every tensor on the CPU, so the checkpoint loads on any device."""
         scaler = self.reward_scaler.state() if self.reward_scaler else None
         return {
-            "trainer": self.ppo.state_dict(),
+            "trainer": to_cpu(self.ppo.state_dict()),
             "version": self.version,
             "running_reward": json.dumps([[a, b, r] for (a, b), r in self.running_return.items()]),
             "torch_rng": torch.get_rng_state(),
@@ -126,7 +140,9 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict` output (a checkpoint)."""
+        """Continue from :meth:`state_dict` output (a checkpoint), whatever device it
+        was written on: tensors are copied onto this trainer's device (the optimiser's
+        state follows its parameters)."""
         self.ppo.load_state_dict(state["trainer"])
         self.version = int(state["version"])
         self.running_return = {

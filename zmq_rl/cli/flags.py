@@ -385,7 +385,7 @@ def add_config_flags(
                 kwargs["metavar"] = f.metadata.get("metavar", _METAVARS[kind])
             else:
                 kwargs["type"] = _PARSERS[kind]
-                kwargs["metavar"] = _METAVARS[kind]
+                kwargs["metavar"] = f.metadata.get("metavar", _METAVARS[kind])
                 choices = f.metadata.get("choices")
                 if choices:
                     kwargs["choices"] = tuple(choices)

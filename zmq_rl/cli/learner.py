@@ -135,7 +135,14 @@ def configs_from_args(args: argparse.Namespace) -> tuple[LearnerConfig, PPOConfi
     return cfg, configs["ppo"], configs["policy"]
 
 
-RESUME_OVERRIDES = ("host", "port", "total_env_steps", "starvation_timeout", "actor_timeout")
+RESUME_OVERRIDES = (
+    "host",
+    "port",
+    "total_env_steps",
+    "starvation_timeout",
+    "actor_timeout",
+    "device",
+)
 """Settings ``--resume`` takes from the command line; the rest come from the checkpoint."""
 
 

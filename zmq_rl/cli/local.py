@@ -673,9 +673,11 @@ RESUME_CHANGEABLE = (
     "checkpoint_every",
     "starvation_timeout",
     "actor_timeout",
+    "device",
 )
 """Learner settings that ``zmq-rl run --resume`` may change: the budget, where to
-listen, how many local actors, evaluation, checkpointing and timeouts. Every other
+listen, how many local actors, evaluation, checkpointing, timeouts and the device
+(a run checkpointed on a GPU continues on a CPU-only machine). Every other
 learner, PPO and policy setting comes from the checkpoint."""
 
 
@@ -703,14 +705,18 @@ def resume_configs(
             str(args.config),
             "cannot be combined with --resume (a resumed run keeps its checkpoint's settings)",
         )
+    # A device given now applies from the first read: the checkpoint's own (cuda)
+    # may not exist on this machine.
+    device = getattr(args, "learner.device", None)
+    early = {} if device is None or device == defaults.get("learner.device") else {"device": device}
     try:
-        configs = load_resume_configs(run_dir)
+        configs = load_resume_configs(run_dir, **early)
     except (OSError, ValueError) as exc:
         raise CliFailure(f"cannot resume {run_dir}: {exc}") from None
     current: dict[str, Any] = {}
     for cfg in configs:
         current.update({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, Any] = dict(early)
     for section in sections:
         for f in section.fields():
             dest = section.dest(f.name)

@@ -2,10 +2,11 @@
 
 On a terminal it is a rich progress bar::
 
-    update ━━━━━━━━━━━━ 120/390  5,210 steps/s  return 187.3  actors 2  lag 0.41  0:00:06
+    update ━━━━━━━━ 120/390  5,210 steps/s  return 187.3  actors 2  lag 0.41  device cpu  0:00:06
 
 and, once the learner measured its actors' links, ``rtt 201 ms  paused 72%`` after the
-lag (the worst round trip, the largest share of time a valve held an actor paused).
+lag (the worst round trip, the largest share of time a valve held an actor paused),
+and last the learner's device (``cpu``, ``cuda:0``) once it is known.
 
 Elsewhere (a pipe, a CI log) the same facts are printed as plain lines, at most
 every tenth of the run or every 15 seconds, plus one line per evaluation.
@@ -77,6 +78,8 @@ class TrainingProgress:
         self._waiting = waiting
         self._last_print = 0.0
         self._every = max(1, total_updates // 10)
+        self.device = ""
+        """The learner's device (``LearnerReport.device``), shown on every line once set."""
 
     def __enter__(self) -> TrainingProgress:
         if self._waiting:
@@ -106,6 +109,8 @@ class TrainingProgress:
         stats = format_row(row)
         if not evaluated and not math.isnan(self.last_eval):
             stats += f"  eval {self.last_eval:.1f}"
+        if self.device:
+            stats += f"  device {self.device}"
         if self._progress is not None:
             self._progress.update(self._task, completed=min(update, self.total), stats=stats)
             return

@@ -243,6 +243,7 @@ def train(
         except OSError as exc:
             raise CliFailure(str(exc)) from None
         outcome.steps_at_start = learner.report.env_steps_consumed
+        progress.device = learner.report.device
         if wrap_learner is not None:
             learner = wrap_learner(learner)
         stack.callback(learner.close)
@@ -334,6 +335,8 @@ def print_summary(
                 )
             )
         lines.append(("policy version", str(report.last_policy_version)))
+        if report.device:
+            lines.append(("device", report.device))
     if cfg.run_dir:
         lines.append(("run dir", cfg.run_dir))
     lines.extend((extra or {}).items())
