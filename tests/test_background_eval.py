@@ -6,12 +6,15 @@ The speed this buys is measured in ``bench/eval_overhead.py``, not here.
 
 from __future__ import annotations
 
+import json
+
 import psutil
+import pytest
 import zmq
 
 from tests.conftest import free_port_block
 from tests.helpers import STUB_POLICY, Background, gym_actor, stub_learner_config
-from zmq_rl.config import PPOConfig
+from zmq_rl.config import PolicyConfig, PPOConfig
 from zmq_rl.learner import Learner
 
 SMALL_PPO = PPOConfig(num_epochs=1, minibatch_size=8)
@@ -68,3 +71,48 @@ def test_evaluation_in_the_loop_when_background_is_off():
     assert [e["updates"] for e in report.evaluations] == [2, 4, 6]
     assert all("reported_at_update" not in e for e in report.evaluations)
     assert not evaluator_processes()
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["background", "in-loop"])
+def test_the_best_evaluated_policy_is_kept_as_policy_best(tmp_path, background):
+    """policy.pt is the final policy; policy-best.pt the one whose evaluation was best,
+    byte for byte what was evaluated: evaluating it again (same seed, deterministic)
+    gives that evaluation's mean exactly. CartPole-v1, so evaluations differ."""
+    from zmq_rl.deploy import load_policy
+    from zmq_rl.evaluation import evaluate_policy
+    from zmq_rl.runlog import EVAL_SEED_OFFSET
+
+    cfg = stub_learner_config(
+        free_port_block(),
+        env_id="CartPole-v1",
+        num_envs=4,
+        num_steps=16,
+        fragment_length=16,
+        eval_every=1,
+        eval_episodes=3,
+        eval_in_background=background,
+        total_env_steps=16 * 4 * 12,
+        run_dir=str(tmp_path / "run"),
+    )
+    ctx = zmq.Context()
+    ppo = PPOConfig(num_epochs=8, minibatch_size=32, learning_rate=0.01)  # moves fast
+    learner = Learner(cfg, ppo, PolicyConfig(hidden_sizes=(32,)), context=ctx)
+    actor = gym_actor(ctx, cfg.port, env_id="CartPole-v1", num_envs=4)
+    job = Background(learner.run)
+    job.join(120)
+    actor.join()
+    learner.close()
+    ctx.destroy(linger=0)
+    assert job.error is None, repr(job.error)
+    report = job.result
+    best = report.best_evaluation
+    means = [e["mean_return"] for e in report.evaluations]
+    assert len(set(means)) > 1, means  # the check below must pick one of several
+    assert best is not None and best["mean_return"] == max(means)
+    assert best["file"] == "policy-best.pt" and best["updates"] <= report.updates_completed
+    saved = json.loads((tmp_path / "run" / "report.json").read_text())["best_evaluation"]
+    assert saved == best
+    policy = load_policy(tmp_path / "run" / "policy-best.pt")
+    mean, _ = evaluate_policy(policy.network, "CartPole-v1", 3, cfg.seed + EVAL_SEED_OFFSET)
+    assert policy.version == best["version"]
+    assert mean == best["mean_return"]

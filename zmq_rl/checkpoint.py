@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -200,9 +201,11 @@ def save_policy(
 ) -> None:
     """Write ``policy.pt``: the policy's tensors plus what rebuilds it (its config as
     JSON, the env id, ``gym.make`` kwargs and wrappers as JSON, the version),
-    atomically; ``zmq-rl eval``, ``zmq-rl export`` and ``zmq_rl.load_policy`` read it."""
+    atomically; ``zmq-rl eval``, ``zmq-rl export`` and ``zmq_rl.load_policy`` read it.
+    ``policy`` is the module or its ``state_dict`` (a mapping of tensors)."""
+    tensors = policy if isinstance(policy, Mapping) else policy.state_dict()
     state = {
-        "policy": to_cpu(policy.state_dict()),  # loads on any device
+        "policy": to_cpu(dict(tensors)),  # loads on any device
         "policy_config": json.dumps(config_dict(policy_cfg)),
         "env_id": env_id,
         "env_kwargs": json.dumps(dict(env_kwargs or {})),

@@ -52,6 +52,10 @@ __all__ = ["Learner", "LearnerReport", "LearnerStarved", "StopRequested", "run_s
 
 log = logging.getLogger(__name__)
 
+BEST_POLICY_FILE = "policy-best.pt"
+"""The best evaluated policy of a run (``report.json``'s ``best_evaluation``), beside
+``policy.pt`` (the final one)."""
+
 HEARTBEAT_INTERVAL_S = 1.0
 """How often the learner and its actors send heartbeats (RunSettings.heartbeat_interval)."""
 
@@ -356,15 +360,29 @@ class Learner:
         self.counters["consumed/steps"] = self.report.env_steps_consumed
         self.ingest.discard_queued("run_ended")  # counted; the final checkpoint holds none
         self.report.counters = dict(self.counters)
+        best = self.runlog.best
+        if best is not None:
+            self.report.best_evaluation = {
+                **best.result,
+                "version": best.version,
+                "file": BEST_POLICY_FILE if self.cfg.run_dir else "",
+            }
         if not self.cfg.run_dir:
             return
         run_dir = Path(self.cfg.run_dir)
-        failed = []
-        for write in (
+        writes = [
             self.checkpoint,
             lambda: atomic_write_bytes(run_dir / "report.json", self.report.to_json().encode()),
             lambda: self.save_policy(run_dir / "policy.pt"),
-        ):
+        ]
+        if best is not None:
+            writes.append(
+                lambda: self.save_policy(
+                    run_dir / BEST_POLICY_FILE, best.state_dict(), best.version
+                )
+            )
+        failed = []
+        for write in writes:
             try:  # each output is tried: a failed checkpoint must not cost the policy
                 write()
             except WriteFailed as exc:
@@ -382,14 +400,20 @@ class Learner:
             self.counters["checkpoint/failed"] += 1
             log.warning("%s; training goes on and tries again at the next checkpoint", exc)
 
-    def save_policy(self, path: Path) -> None:
-        """Save the policy (tensors + the config needed to rebuild it), atomically."""
+    def save_policy(
+        self,
+        path: Path,
+        tensors: dict[str, Any] | None = None,
+        version: int | None = None,
+    ) -> None:
+        """Save the policy (tensors + the config needed to rebuild it), atomically:
+        the current one, or ``tensors`` (a ``state_dict`` of it) of ``version``."""
         save_policy(
             path,
-            self.policy,
+            self.policy if tensors is None else tensors,
             self.policy_cfg,
             self.cfg.env_id,
-            self.version,
+            self.version if version is None else version,
             env_kwargs=self.cfg.env_kwargs_map(),
             wrappers=self.cfg.wrappers,
         )

@@ -38,6 +38,9 @@ class LearnerReport:
     """Report lines of registrations that ended before the run did (declared dead,
     replaced by a re-registration); ``actor_stats`` holds the final ones."""
     resumed_from: str = ""
+    best_evaluation: dict[str, Any] | None = None
+    """The evaluation with the highest mean return (its updates, env steps, version) and
+    the file holding that policy (``policy-best.pt``); ``policy.pt`` is the final one."""
     device: str = ""
     """Where the learner's policy and PPO update ran (``"cpu"``, ``"cuda:0"``): the
     ``device`` setting resolved on this machine."""

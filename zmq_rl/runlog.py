@@ -20,7 +20,11 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import torch
 
 from .config import LearnerConfig, PolicyConfig
 from .evaluation import BackgroundEvaluator, evaluate_policy
@@ -28,7 +32,7 @@ from .metrics import JsonlMetrics
 from .policy import Policy, export_weights
 from .report import LearnerReport
 
-__all__ = ["RunLog"]
+__all__ = ["BestPolicy", "RunLog"]
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +42,31 @@ BACKGROUND_FINISH_S = 120.0
 """How long the end of a run waits for a background evaluation still running."""
 
 
+@dataclass
+class BestPolicy:
+    """The evaluated policy with the highest mean return so far: its evaluation row,
+    the policy version it was, and its tensors (CPU, as broadcast)."""
+
+    result: dict[str, Any]
+    version: int
+    weights: list[tuple[str, np.ndarray]]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The tensors as a ``state_dict`` (what :func:`~zmq_rl.checkpoint.save_policy`
+        writes)."""
+        return {name: torch.from_numpy(array) for name, array in self.weights}
+
+
 class RunLog:
-    """Records one run's progress into ``report`` (and ``run_dir/metrics.jsonl``)."""
+    """Records one run's progress into ``report`` (and ``run_dir/metrics.jsonl``).
+
+    It also keeps the best evaluated policy (:attr:`best`): with ``target_return`` the
+    run stops on an evaluation that reached it, but the policy trained on while that
+    evaluation ran in the background may be worse, so the one that was measured is
+    kept apart (the learner writes it as ``policy-best.pt``). What it holds is
+    bounded: the best snapshot, plus the weights of the snapshots submitted to the
+    background evaluator and not yet reported (at most the running one and the one
+    waiting)."""
 
     def __init__(
         self,
@@ -55,6 +82,9 @@ class RunLog:
         self._metrics = JsonlMetrics(cfg.run_dir) if cfg.run_dir else None
         self.evaluator = None
         self._cpu_policy: Policy | None = None
+        self.best: BestPolicy | None = None
+        # Snapshots in the background evaluator, by tag: (version, weights).
+        self._submitted: dict[tuple[int, int, float], tuple[int, Any]] = {}
         if cfg.eval_every and cfg.eval_in_background:
             seed = cfg.seed + EVAL_SEED_OFFSET
             self.evaluator = BackgroundEvaluator(
@@ -88,7 +118,25 @@ class RunLog:
             cfg.env_kwargs_map(),
             cfg.wrappers,
         )
-        return self._add_result(self._snapshot_tag(), mean, std)
+        result = self._add_result(self._snapshot_tag(), mean, std)
+        if self._is_best(result):
+            self.best = BestPolicy(result, self.report.last_policy_version, export_weights(policy))
+        return result
+
+    def _is_best(self, result: dict[str, Any]) -> bool:
+        mean = result["mean_return"]
+        return math.isfinite(mean) and (self.best is None or mean > self.best.result["mean_return"])
+
+    def _add_background_result(self, tag: Any, mean: float, std: float) -> dict[str, float]:
+        """A result of the background evaluator; the best one's weights are kept."""
+        tag = tuple(tag)
+        result = self._add_result(tag, mean, std)
+        version, weights = self._submitted.pop(tag, (None, None))
+        for older in [t for t in self._submitted if t <= tag]:  # replaced while waiting
+            del self._submitted[older]
+        if weights is not None and self._is_best(result):
+            self.best = BestPolicy(result, version, weights)
+        return result
 
     def _on_cpu(self, policy: Policy) -> Policy:
         """``policy`` itself when it is on the CPU; else a CPU copy kept between
@@ -135,8 +183,10 @@ class RunLog:
             finished = [self.evaluate(policy)] if due else []
         else:
             if due:
-                self.evaluator.submit(self._snapshot_tag(), export_weights(policy))
-            finished = [self._add_result(*done) for done in self.evaluator.results()]
+                tag, weights = self._snapshot_tag(), export_weights(policy)
+                self.evaluator.submit(tag, weights)
+                self._submitted[tag] = (self.report.last_policy_version, weights)
+            finished = [self._add_background_result(*done) for done in self.evaluator.results()]
         for result in finished:
             metrics["eval/mean_return"] = result["mean_return"]
             metrics["eval/env_steps"] = result["env_steps"]
@@ -152,9 +202,10 @@ class RunLog:
         deadline = time.monotonic() + timeout
         while self.evaluator.busy() and time.monotonic() < deadline:
             for done in self.evaluator.results(timeout=min(1.0, deadline - time.monotonic())):
-                self._add_result(*done)
+                self._add_background_result(*done)
         self.evaluator.close()
         self.evaluator = None
+        self._submitted.clear()
 
     def evaluated_last_update(self) -> bool:
         """Whether the newest evaluation is of the newest update."""

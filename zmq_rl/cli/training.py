@@ -334,6 +334,16 @@ def print_summary(
                     f"{cfg.eval_episodes} episodes (after {int(last['env_steps']):,} steps)",
                 )
             )
+        best = report.best_evaluation
+        if best and len(report.evaluations) > 1:
+            where = f", {best['file']}" if best.get("file") else ""
+            lines.append(
+                (
+                    "best eval",
+                    f"{best['mean_return']:.1f} ± {best['std_return']:.1f} (after "
+                    f"{int(best['env_steps']):,} steps, version {best['version']}{where})",
+                )
+            )
         lines.append(("policy version", str(report.last_policy_version)))
         if report.device:
             lines.append(("device", report.device))
