@@ -46,7 +46,7 @@ from tests.test_client_actor import (
 from zmq_rl.cli.progress import format_row
 from zmq_rl.client import LINK_SILENCE_INTERVALS, ActorClient
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.ingest import ADVICE_MIN_SAMPLES
+from zmq_rl.ingest import ADVICE_MIN_SAMPLES, ADVICE_WARNINGS
 from zmq_rl.learner import Learner
 from zmq_rl.protocol import Heartbeat, Hello, ProtocolError, Refuse, decode, encode
 from zmq_rl.valve import fitting_max_lead_steps
@@ -417,6 +417,46 @@ def test_learner_advises_a_fitting_lead_once_per_actor(ctx, learner_port, caplog
         assert stats["links/rtt_ms_max"] == pytest.approx(200.0, abs=0.5)
         assert stats["links/valve_paused_share_max"] == pytest.approx(0.8)
         assert stats["links/suggested_max_lead_steps"] == 176
+    finally:
+        learner.close()
+
+
+def test_advice_to_many_actors_warns_a_few_times_then_informs(ctx, learner_port, caplog):
+    """256 actors on one slow learner must not print 256 warnings: the first
+    ADVICE_WARNINGS actors' advice is a WARNING (the last of them says where the rest
+    goes), every further actor's is an INFO line, each actor still advised once."""
+    learner = small_learner(learner_port, ctx, max_actors=64)
+    try:
+        ingest = learner.ingest
+        ingest.started = True
+        ingest._cycle_busy.extend([0.01] * 3)
+        ingest._after_busy = False
+        caplog.set_level(logging.INFO, logger="zmq_rl.ingest")
+        count = ADVICE_WARNINGS + 3
+        recs = [
+            ingest.members.register(
+                f"peer{i}".encode(), stub_hello(pid=100 + i), version=0, started=True,
+                default_envs=1, now=0.0,
+            )[0]
+            for i in range(count)
+        ]  # fmt: skip
+        now = 1000.0
+        for _ in range(3 * ADVICE_MIN_SAMPLES):
+            now += 1.0
+            for rec in recs:
+                rec.steps_received += 160
+                beat = Heartbeat(
+                    rec.actor_id, learner.run_id, sent_at=now, echo=now - 0.25, held=0.05,
+                    paused=0.8,
+                )  # fmt: skip
+                ingest._on_heartbeat(rec, beat, now)
+        advice = [r for r in caplog.records if "would cover its round trip" in r.getMessage()]
+        levels = [r.levelno for r in advice]
+        assert levels == [logging.WARNING] * ADVICE_WARNINGS + [logging.INFO] * 3, levels
+        assert (
+            "further actors' advice is logged at INFO" in advice[ADVICE_WARNINGS - 1].getMessage()
+        )
+        assert len({r.getMessage().split(" (")[0] for r in advice}) == count  # once each
     finally:
         learner.close()
 

@@ -77,6 +77,9 @@ PAUSED_ADVICE_SHARE = 0.30
 ``max_lead_steps`` advice (logged once per actor)."""
 ADVICE_MIN_SAMPLES = 5
 """Heartbeats (with ``paused``, after training started) before the advice is given."""
+ADVICE_WARNINGS = 5
+"""Actors whose ``max_lead_steps`` advice is a WARNING; the rest is logged at INFO (256
+actors on one slow learner would otherwise print 256 near-identical warnings)."""
 PENDING_SILENCE_INTERVALS = 5.0
 """Heartbeat intervals a registration that has not joined the rollout may stay
 silent (no heartbeat, no fragment) before it is dropped; a live actor heartbeats
@@ -167,6 +170,7 @@ class Ingest:
         self._busy = 0.0  # seconds outside pump since the last broadcast
         self._cycle_busy: deque[float] = deque(maxlen=CYCLE_WINDOW)
         self._advised: set[int] = set()  # actor ids told which max_lead_steps fits
+        self._advice_warnings = 0  # advice given at WARNING (ADVICE_WARNINGS at most)
         # While serve_during runs its work, forget_slots calls wait here: the work (a
         # PPO update) owns the trainer's per-slot state until it returns.
         self._deferred_forget: list[list[SlotKey]] | None = None
@@ -563,13 +567,20 @@ class Ingest:
             f"broadcast cycle"
         )
         if suggested > current + self.settings.fragment_length:  # more than rounding
-            log.warning(
+            self._advice_warnings += 1
+            loud = self._advice_warnings <= ADVICE_WARNINGS
+            last = self._advice_warnings == ADVICE_WARNINGS
+            (log.warning if loud else log.info)(
                 "%s: --max-lead-steps %d would cover its round trip (now %d; "
                 "steps_per_broadcast + rate * (round trip + learner busy time), "
-                "see docs/multi-host.md 'Long links')",
+                "see docs/multi-host.md 'Long links')%s",
                 facts,
                 suggested,
                 current,
+                " [further actors' advice is logged at INFO; the metrics row's "
+                "links/suggested_max_lead_steps has the largest]"
+                if last
+                else "",
             )
         else:
             log.info(
