@@ -35,7 +35,7 @@ from typing import Any
 import _util  # noqa: F401  (puts the repository on sys.path)
 import psutil
 
-from tests.ports import LISTEN_PORTS_BELOW, free_port_block
+from tests.ports import free_port_block
 from tests.ray_head import RayHead
 from tests.ray_head import skip_reason as ray_skip_reason
 from tests.slurm_cluster import SlurmCluster
@@ -136,7 +136,7 @@ def common_flags(run_dir: Path, port: int, budget: int) -> list[str]:
 
 
 def bench_local(root: Path, budget: int) -> dict[str, Any]:
-    run_dir, port = root / "local", free_port_block(3, stop=LISTEN_PORTS_BELOW)
+    run_dir, port = root / "local", free_port_block(3)
     procs: list[subprocess.Popen[bytes]] = []
 
     def start() -> None:
@@ -161,7 +161,7 @@ def bench_local(root: Path, budget: int) -> dict[str, Any]:
 
 def bench_slurm(root: Path, budget: int) -> dict[str, Any]:
     cluster = SlurmCluster(root / "slurm-cluster")
-    run_dir, port = root / "slurm", free_port_block(3, stop=LISTEN_PORTS_BELOW)
+    run_dir, port = root / "slurm", free_port_block(3)
     job: list[str] = []
     try:
         cluster.start()
@@ -193,7 +193,7 @@ def bench_slurm(root: Path, budget: int) -> dict[str, Any]:
 
 def bench_ray(root: Path, budget: int) -> dict[str, Any]:
     head = RayHead(root / "ray-head.log")
-    run_dir, port = root / "ray", free_port_block(3, stop=LISTEN_PORTS_BELOW)
+    run_dir, port = root / "ray", free_port_block(3)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         address = head.start()

@@ -13,9 +13,11 @@ port, e.g. by an actor reconnecting to that very port on loopback (a TCP
 self-connect): learners that are restarted on the same ports pick theirs below it."""
 
 
-def free_port_block(size: int = 3, start: int = 20000, stop: int = 60000) -> int:
+def free_port_block(size: int = 3, start: int = 20000, stop: int = LISTEN_PORTS_BELOW) -> int:
     """The first port of ``size`` consecutive free TCP ports on 127.0.0.1 (for
-    tests and benchmarks that start learners: a learner binds port .. port + 2)."""
+    tests and benchmarks that start learners: a learner binds port .. port + 2),
+    below the ephemeral range (:data:`LISTEN_PORTS_BELOW`), where no outgoing
+    connection can take it while its server is down."""
     for _ in range(200):
         base = random.randrange(start, stop - size)
         socks = []

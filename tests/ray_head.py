@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.ports import LISTEN_PORTS_BELOW, free_port_block
+from tests.ports import free_port_block
 
 RAY = Path(sys.executable).parent / "ray"
 HEAD_TIMEOUT_S = 180.0
@@ -69,7 +69,7 @@ class RayHead:
     def _start(self) -> str:
         """Start the head and wait until ``ray status`` sees its CPUs (bounded by
         :data:`HEAD_TIMEOUT_S`); on failure the caller still has to :meth:`stop`."""
-        port = free_port_block(1, stop=LISTEN_PORTS_BELOW)
+        port = free_port_block(1)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [

@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.ports import LISTEN_PORTS_BELOW, free_port_block
+from tests.ports import free_port_block
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 READY_TIMEOUT_S = 60.0
@@ -104,7 +104,7 @@ class SlurmCluster:
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        base = free_port_block(2, stop=LISTEN_PORTS_BELOW)
+        base = free_port_block(2)
         self.conf.write_text(
             SLURM_CONF.format(
                 node=NODE,

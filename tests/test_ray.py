@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.ports import LISTEN_PORTS_BELOW, free_port_block
+from tests.ports import free_port_block
 from tests.ray_head import RayHead, skip_reason
 
 ZMQ_RL = [sys.executable, "-m", "zmq_rl.cli.main"]
@@ -79,7 +79,7 @@ def test_ray_actors_train_cartpole_and_a_killed_worker_is_restarted(ray_head, tm
                 "--run-dir",
                 str(run_dir),
                 "--port",
-                str(free_port_block(3, stop=LISTEN_PORTS_BELOW)),
+                str(free_port_block(3)),
                 "--total-env-steps",
                 str(budget),
                 "--target-return",

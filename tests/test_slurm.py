@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.ports import LISTEN_PORTS_BELOW, free_port_block
+from tests.ports import free_port_block
 from tests.slurm_cluster import SlurmCluster, skip_reason
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ needs_slurm = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reas
 
 def submit(cluster: SlurmCluster, run_dir: Path, *flags: str) -> tuple[str, int]:
     """``zmq-rl slurm`` against ``cluster``; the job id it printed and the learner's port."""
-    port = free_port_block(3, stop=LISTEN_PORTS_BELOW)
+    port = free_port_block(3)
     out = subprocess.run(
         # --starvation-timeout: actor tasks importing torch on a loaded two-core machine
         # can take more than the default 60 s to register
