@@ -20,10 +20,12 @@ from zmq_rl.learner import Learner
 SMALL_PPO = PPOConfig(num_epochs=1, minibatch_size=8)
 
 
-def run(cfg) -> tuple[Learner, object]:
+def run(cfg, ppo=SMALL_PPO, policy=STUB_POLICY, **actor) -> tuple[Learner, object]:
+    """Train ``cfg`` with one built-in actor (``actor``: its config changes); the
+    learner and its report."""
     ctx = zmq.Context()
-    learner = Learner(cfg, SMALL_PPO, STUB_POLICY, context=ctx)
-    actor = gym_actor(ctx, cfg.port)
+    learner = Learner(cfg, ppo, policy, context=ctx)
+    actor = gym_actor(ctx, cfg.port, **actor)
     job = Background(learner.run)
     job.join(120)
     actor.join()
@@ -94,17 +96,9 @@ def test_the_best_evaluated_policy_is_kept_as_policy_best(tmp_path, background):
         total_env_steps=16 * 4 * 12,
         run_dir=str(tmp_path / "run"),
     )
-    ctx = zmq.Context()
     ppo = PPOConfig(num_epochs=8, minibatch_size=32, learning_rate=0.01)  # moves fast
-    learner = Learner(cfg, ppo, PolicyConfig(hidden_sizes=(32,)), context=ctx)
-    actor = gym_actor(ctx, cfg.port, env_id="CartPole-v1", num_envs=4)
-    job = Background(learner.run)
-    job.join(120)
-    actor.join()
-    learner.close()
-    ctx.destroy(linger=0)
-    assert job.error is None, repr(job.error)
-    report = job.result
+    policy_cfg = PolicyConfig(hidden_sizes=(32,))
+    _, report = run(cfg, ppo, policy_cfg, env_id="CartPole-v1", num_envs=4)
     best = report.best_evaluation
     means = [e["mean_return"] for e in report.evaluations]
     assert len(set(means)) > 1, means  # the check below must pick one of several

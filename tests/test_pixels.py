@@ -77,7 +77,7 @@ def test_minatar_cnn_follows_the_policy_interface() -> None:
 
 def test_minatar_cnn_refuses_what_it_cannot_handle() -> None:
     box = gym.spaces.Box(0, 1, (4, 10, 10), np.uint8)
-    with pytest.raises(ValueError, match="Box observation space of shape"):
+    with pytest.raises(ValueError, match="image Box observation space of shape"):
         minatar_cnn(gym.spaces.Box(0, 1, (10,), np.float32), gym.spaces.Discrete(3), PolicyConfig())
     with pytest.raises(ValueError, match="Discrete action space"):
         minatar_cnn(box, gym.spaces.Box(-1, 1, (2,)), PolicyConfig())
