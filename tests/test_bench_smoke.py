@@ -33,6 +33,7 @@ SCRIPTS = (
     "launch",
     "eval_overhead",
     "inference_latency",
+    "ingest_ab",
 )
 TIMEOUT_S = 150.0
 
@@ -137,6 +138,13 @@ def test_throughput_smoke(smoke: SmokeRuns, sb3_available: bool) -> None:
     assert cell["steps_per_s"] > 0 and cell["updates"] > 0
     assert data["summary"]["project_best_steps_per_s"] > 0
     assert data["config"]["throughput"]["num_epochs"] == 1
+    # Like for like (issue 13): the project at SF's and SB3 zoo's learner settings, each
+    # row with its gradient steps per 1k env steps (SF 1 epoch of 512; zoo 20 of 256).
+    round0 = data["rounds"][0]
+    for name in ("sf", "sb3"):
+        assert round0[f"project_at_{name}_settings"]["steps_per_s"] > 0
+    grad = data["summary"]["grad_steps_per_1k"]
+    assert grad["sf"] == pytest.approx(1000 / 512) and grad["sb3"] == pytest.approx(20_000 / 256)
     sb3 = data["rounds"][0].get("sb3")
     if sb3_available:
         assert sb3 and sb3["ok"] and sb3["steps_per_s"] > 0, sb3
@@ -252,3 +260,13 @@ def test_pyspy_summary_parses_raw(tmp_path: Path) -> None:
     assert learner["waiting_pct"] == 100.0
     child = pyspy_summary.summarise(stacks["spawned child [pid 2]"], 5)
     assert child["self_in_project"][0] == ("run (actor.py)", 100.0)
+
+
+def test_ingest_ab_smoke(smoke: SmokeRuns) -> None:
+    data = smoke.result("ingest_ab")
+    rows = data["rows"]
+    assert [row["ingest_thread"] for row in rows] == [True, False]  # one round, on first
+    for row in rows:
+        assert row["steps_per_s"] > 0 and row["updates"] > 0, row
+        assert not [k for k in row["counters"] if k.startswith("rejected")], row["counters"]
+    assert data["median_ratio"] == pytest.approx(rows[0]["steps_per_s"] / rows[1]["steps_per_s"])
