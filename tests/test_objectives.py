@@ -286,18 +286,20 @@ def test_trainer_drops_vtrace_advantage_weight_only_for_the_new_objectives():
 # -- real processes ------------------------------------------------------------------------
 
 # CartPole-v1's preset with V-trace and weights broadcast every 4 updates (actors act
-# with a policy 4-8 updates old), 2 actor processes, a short budget. A random policy
-# scores about 22; see the docstring of the test for the measured returns.
+# with a policy 4-8 updates old), 2 actor processes, a 30k-step budget (~10-25 s).
+# Measured final 20-episode evaluations at this budget, seeds 0-4
+# (docs/learning-quality.md, "Off-policy objectives"): ppo 489.9, 500.0, 440.4,
+# 495.9, 500.0; decoupled 500.0, 500.0, 162.1, 355.8, 145.7; impact 500.0, 485.4,
+# 500.0, 474.2, 500.0. Random play scores about 22, so 100 is "clearly learned" with
+# margin below the worst seed seen (the test runs seed 0).
 RUN_STEPS = 30_000
-RUN_THRESHOLD = 150.0
+RUN_THRESHOLD = 100.0
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_short_cartpole_run_with_stale_weights_learns(objective, tmp_path: Path):
-    """Measured (seed 0, this budget): final 20-episode evaluation well above the
-    threshold for every objective (see docs/learning-quality.md, "Off-policy
-    objectives"); random play scores about 22."""
+    """A real learner and two actor processes train with each objective under lag."""
     result = zmq_rl.train(
         "CartPole-v1",
         run_dir=tmp_path / "run",
