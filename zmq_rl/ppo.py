@@ -165,8 +165,9 @@ def decoupled_ppo_loss(
     vf_coef: float,
     ent_coef: float,
 ) -> PPOLoss:
-    """Decoupled PPO (Hilton, Cobbe and Schulman 2021, "Batch size-invariance for
-    policy optimization", arXiv:2110.00641, section 3, the decoupled ``L^CLIP``).
+    """Decoupled PPO (Hilton, Cobbe and Schulman, "Batch size-invariance for policy
+    optimization", arXiv:2110.00641, 2021 / NeurIPS 2022: the decoupled clipped
+    objective, PPO-clip with the proximal policy separated from the behaviour policy).
 
     PPO's clipped ratio plays two roles: an importance weight against the behaviour
     policy ``mu`` and a trust region around it. Decoupled PPO separates them: the
