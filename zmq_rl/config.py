@@ -42,6 +42,9 @@ __all__ = [
     "parse_env_kwargs",
 ]
 
+OBJECTIVES = ("ppo", "decoupled", "impact")
+"""The policy surrogates of ``PPOConfig.objective`` (:mod:`zmq_rl.ppo`)."""
+
 DEFAULT_PORT = 5555
 """The learner's control (ROUTER) port; experience is on +1 and weights on +2."""
 
@@ -306,12 +309,36 @@ class PPOConfig:
     target_kl: float = _f(0.0, "stop the epochs of an update once approx KL exceeds this; 0 = off")
     normalize_advantages: bool = _f(True, "normalise advantages per minibatch")
     adam_eps: float = _f(1e-5, "Adam epsilon")
+    objective: str = _f(
+        "ppo",
+        "policy surrogate: ppo (clip pi/mu around the behaviour policy mu), decoupled "
+        "(Hilton et al. 2021: clip around the policy at the start of the update, "
+        "weight by min(objective_rho_bar, pi_prox/mu)) or impact (Luo et al. 2020: "
+        "clip pi/mu around rho = min(objective_rho_bar, pi_target/mu) of a target "
+        "network); see docs/design.md",
+        choices=OBJECTIVES,
+    )
+    objective_rho_bar: float = _f(
+        1.0,
+        "truncation of the behaviour importance weight of the decoupled and impact "
+        "objectives (as V-trace's rho_bar); unused by ppo",
+    )
+    impact_target_update_every: int = _f(
+        2, "impact: refresh the target network from the policy every N updates"
+    )
 
     def validate(self) -> PPOConfig:
         """Check every field; return self so calls chain."""
         _positive(self, "learning_rate", "clip_range", "adam_eps", "max_grad_norm")
-        _positive_int(self, "num_epochs", "minibatch_size")
+        _positive(self, "objective_rho_bar")
+        _positive_int(self, "num_epochs", "minibatch_size", "impact_target_update_every")
         _non_negative(self, "vf_coef", "ent_coef", "target_kl")
+        _require(
+            self.objective in OBJECTIVES,
+            "objective",
+            self.objective,
+            "must be " + ", ".join(f"'{o}'" for o in OBJECTIVES[:-1]) + f" or '{OBJECTIVES[-1]}'",
+        )
         return self
 
 

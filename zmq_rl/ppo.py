@@ -3,6 +3,11 @@
 * :func:`ppo_loss` is the pure loss: the clipped surrogate objective (eq. 7), the
   value loss (plain or clipped, as in OpenAI baselines / CleanRL) and the entropy
   bonus, combined as in eq. 9, plus the usual diagnostics.
+* :func:`decoupled_ppo_loss` (Hilton et al. 2021) and :func:`impact_loss` (Luo et al.
+  2020) are the same loss with an off-policy surrogate: the trust region is centred
+  on a recent proximal / target policy instead of the (possibly stale) behaviour
+  policy, and a truncated importance weight corrects for the behaviour policy
+  (``PPOConfig.objective``).
 * :class:`RolloutBatch` is a flat batch of transitions with their advantages and
   value targets (computed elsewhere, e.g. :mod:`zmq_rl.advantages`).
 * :class:`PPOTrainer` runs the epochs of shuffled minibatch Adam steps on one batch,
@@ -13,6 +18,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -28,7 +34,9 @@ __all__ = [
     "PPOLoss",
     "PPOTrainer",
     "RolloutBatch",
+    "decoupled_ppo_loss",
     "explained_variance",
+    "impact_loss",
     "ppo_loss",
 ]
 
@@ -93,7 +101,39 @@ def ppo_loss(
     surrogate = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range) * advantages
     policy_loss = -torch.min(surrogate, clipped).mean()
+    with torch.no_grad():
+        clip_fraction = ((ratio - 1.0).abs() > clip_range).to(ratio.dtype).mean()
+    return _combine(
+        policy_loss,
+        log_ratio,
+        clip_fraction,
+        value,
+        old_value,
+        returns,
+        entropy,
+        clip_value_loss=clip_value_loss,
+        value_clip_range=value_clip_range,
+        vf_coef=vf_coef,
+        ent_coef=ent_coef,
+    )
 
+
+def _combine(
+    policy_loss: torch.Tensor,
+    log_ratio: torch.Tensor,
+    clip_fraction: torch.Tensor,
+    value: torch.Tensor,
+    old_value: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    *,
+    clip_value_loss: bool,
+    value_clip_range: float,
+    vf_coef: float,
+    ent_coef: float,
+) -> PPOLoss:
+    """Value loss, entropy, eq. 9's total and ``approx_kl`` (k3 of ``log_ratio``, the
+    log-ratio to the trust region's centre) around a policy loss."""
     squared = (value - returns).square()
     if clip_value_loss:
         v_clipped = old_value + torch.clamp(value - old_value, -value_clip_range, value_clip_range)
@@ -103,9 +143,132 @@ def ppo_loss(
     entropy_mean = entropy.mean()
     total = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
     with torch.no_grad():
+        ratio = log_ratio.exp()
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
-        clip_fraction = ((ratio - 1.0).abs() > clip_range).to(ratio.dtype).mean()
     return PPOLoss(total, policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction)
+
+
+def decoupled_ppo_loss(
+    log_prob: torch.Tensor,
+    prox_log_prob: torch.Tensor,
+    behaviour_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    value: torch.Tensor,
+    old_value: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    *,
+    clip_range: float,
+    rho_bar: float,
+    clip_value_loss: bool,
+    value_clip_range: float,
+    vf_coef: float,
+    ent_coef: float,
+) -> PPOLoss:
+    """Decoupled PPO (Hilton, Cobbe and Schulman, "Batch size-invariance for policy
+    optimization", arXiv:2110.00641, 2021 / NeurIPS 2022: the decoupled clipped
+    objective, PPO-clip with the proximal policy separated from the behaviour policy).
+
+    PPO's clipped ratio plays two roles: an importance weight against the behaviour
+    policy ``mu`` and a trust region around it. Decoupled PPO separates them: the
+    trust region is centred on a *proximal* policy ``pi_prox`` (here: the policy at the
+    start of the update), and a separate weight ``pi_prox / mu`` corrects for the
+    behaviour policy. With ``r = pi_theta / pi_prox``::
+
+        L^CLIP_decoupled = mean(w * min(r * A, clip(r, 1 - eps, 1 + eps) * A)),
+        w = min(rho_bar, pi_prox / mu)
+
+    The weight is truncated at ``rho_bar`` as V-trace truncates its ``rho`` (Espeholt
+    et al. 2018, eq. 1), which the paper's untruncated ``w`` becomes for
+    ``rho_bar = inf``; it is a constant (no gradient). When ``pi_prox = mu`` (fresh
+    data) and ``rho_bar >= 1`` this is :func:`ppo_loss` exactly.
+    ``policy_loss = -L^CLIP_decoupled``; value loss, entropy and total as in
+    :func:`ppo_loss`; ``approx_kl`` and ``clip_fraction`` are measured against
+    ``pi_prox`` (the trust region's centre).
+    """
+    log_ratio = log_prob - prox_log_prob
+    ratio = log_ratio.exp()
+    with torch.no_grad():
+        weight = torch.clamp((prox_log_prob - behaviour_log_prob).exp(), max=rho_bar)
+    surrogate = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range) * advantages
+    policy_loss = -(weight * torch.min(surrogate, clipped)).mean()
+    with torch.no_grad():
+        clip_fraction = ((ratio - 1.0).abs() > clip_range).to(ratio.dtype).mean()
+    return _combine(
+        policy_loss,
+        log_ratio,
+        clip_fraction,
+        value,
+        old_value,
+        returns,
+        entropy,
+        clip_value_loss=clip_value_loss,
+        value_clip_range=value_clip_range,
+        vf_coef=vf_coef,
+        ent_coef=ent_coef,
+    )
+
+
+def impact_loss(
+    log_prob: torch.Tensor,
+    target_log_prob: torch.Tensor,
+    behaviour_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    value: torch.Tensor,
+    old_value: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    *,
+    clip_range: float,
+    rho_bar: float,
+    clip_value_loss: bool,
+    value_clip_range: float,
+    vf_coef: float,
+    ent_coef: float,
+) -> PPOLoss:
+    """IMPACT's target-network surrogate (Luo, Yao, Liaw, Liang and Stoica 2020,
+    "IMPACT: Importance Weighted Asynchronous Architectures with Clipped Target
+    Networks", ICLR 2020, arXiv:1912.00167, section 3.1).
+
+    The importance ratio is taken against the behaviour policy ``mu``, ``r = pi_theta /
+    mu``, but clipped around the ratio of a slowly updated *target network*
+    ``pi_target``, ``rho = min(rho_bar, pi_target / mu)`` (the target-worker ratio,
+    truncated as V-trace's ``rho``)::
+
+        L^IMPACT = mean(min(r * A, clip(r, rho * (1 - eps), rho * (1 + eps)) * A))
+
+    So the trust region sits around ``pi_target`` (for ``rho`` below ``rho_bar``,
+    ``clip(r, rho(1-eps), rho(1+eps)) = rho * clip(pi_theta / pi_target, 1-eps, 1+eps)``:
+    the decoupled objective with ``pi_prox = pi_target``), while the unclipped
+    branch keeps the untruncated ratio to ``mu``. With ``pi_target = mu`` and
+    ``rho_bar >= 1`` this is :func:`ppo_loss` exactly. ``policy_loss = -L^IMPACT``;
+    value loss, entropy and total as in :func:`ppo_loss`; ``approx_kl`` is measured
+    against ``pi_target`` and ``clip_fraction`` is the fraction of ``r`` outside
+    ``[rho (1 - eps), rho (1 + eps)]``.
+    """
+    ratio = (log_prob - behaviour_log_prob).exp()
+    with torch.no_grad():
+        rho = torch.clamp((target_log_prob - behaviour_log_prob).exp(), max=rho_bar)
+    low, high = rho * (1.0 - clip_range), rho * (1.0 + clip_range)
+    surrogate = ratio * advantages
+    clipped = torch.clamp(ratio, low, high) * advantages
+    policy_loss = -torch.min(surrogate, clipped).mean()
+    with torch.no_grad():
+        clip_fraction = ((ratio < low) | (ratio > high)).to(ratio.dtype).mean()
+    return _combine(
+        policy_loss,
+        log_prob - target_log_prob,
+        clip_fraction,
+        value,
+        old_value,
+        returns,
+        entropy,
+        clip_value_loss=clip_value_loss,
+        value_clip_range=value_clip_range,
+        vf_coef=vf_coef,
+        ent_coef=ent_coef,
+    )
 
 
 def explained_variance(prediction: torch.Tensor, target: torch.Tensor) -> float:
@@ -214,6 +377,13 @@ class PPOTrainer:
         )
         self.generator = torch.Generator()
         self.generator.manual_seed(int(seed))
+        self.updates = 0
+        # IMPACT's target network: a snapshot of the whole policy (parameters and
+        # buffers such as observation statistics), refreshed every
+        # impact_target_update_every updates.
+        self.target_policy: Policy | None = (
+            copy.deepcopy(policy) if cfg.objective == "impact" else None
+        )
 
     def _schedule(self, progress: float) -> tuple[float, float]:
         """(learning rate, clip range) for an update at ``progress`` of the budget."""
@@ -240,6 +410,15 @@ class PPOTrainer:
         target_kl`` (measured before that step, as in CleanRL; at least one step is
         always taken, so stale off-policy data cannot stall learning entirely).
 
+        The policy loss is ``cfg.objective``'s: :func:`ppo_loss` (``"ppo"``, the ratio
+        against the batch's behaviour log-probs), :func:`decoupled_ppo_loss`
+        (``"decoupled"``, the proximal policy being the policy at the start of this
+        update) or :func:`impact_loss` (``"impact"``, against :attr:`target_policy`,
+        refreshed from the policy at the start of every
+        ``impact_target_update_every``-th update). The centre's log-probs are
+        computed once per update, without grad; ``approx_kl`` (and so ``target_kl``)
+        and ``clip_fraction`` are measured against that centre.
+
         Metrics (losses averaged over the minibatches run): ``losses/policy_loss``,
         ``losses/value_loss``, ``losses/entropy``, ``losses/approx_kl``,
         ``losses/clip_fraction``, ``losses/explained_variance`` (of the behaviour
@@ -263,6 +442,9 @@ class PPOTrainer:
         else:
             mb_size = min(cfg.minibatch_size, n)
         per_epoch = math.ceil(n / mb_size)
+        # Decoupled / IMPACT: the trust region's centre (the proximal policy or the
+        # target network), evaluated once per update, without grad.
+        centre_log_probs = self._centre_log_probs(batch)
 
         # Summed on the device; one host sync at the end (plus one per step for target_kl).
         sums = torch.zeros(len(_MEAN_KEYS), dtype=torch.float64, device=device)
@@ -285,6 +467,8 @@ class PPOTrainer:
                     )
                     log_prob, entropy, value = log_prob[mask], entropy[mask], value[mask]
                     old_log_prob = batch.old_log_probs[rows, idx][mask]
+                    if centre_log_probs is not None:
+                        centre = centre_log_probs[rows, idx][mask]
                     old_value = batch.old_values[rows, idx][mask]
                     returns = batch.returns[rows, idx][mask]
                     advantages = batch.advantages[rows, idx][mask]
@@ -293,25 +477,46 @@ class PPOTrainer:
                         map_value(lambda t, i=idx: t[i], batch.obs), batch.actions[idx]
                     )
                     old_log_prob = batch.old_log_probs[idx]
+                    if centre_log_probs is not None:
+                        centre = centre_log_probs[idx]
                     old_value = batch.old_values[idx]
                     returns = batch.returns[idx]
                     advantages = batch.advantages[idx]
                 if cfg.normalize_advantages and advantages.numel() > 1:
                     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-                loss = ppo_loss(
-                    log_prob,
-                    old_log_prob,
-                    advantages,
-                    value,
-                    old_value,
-                    returns,
-                    entropy,
-                    clip_range=clip_range,
+                common = dict(
                     clip_value_loss=cfg.clip_value_loss,
                     value_clip_range=clip_range,
                     vf_coef=cfg.vf_coef,
                     ent_coef=cfg.ent_coef,
                 )
+                if cfg.objective == "ppo":
+                    loss = ppo_loss(
+                        log_prob,
+                        old_log_prob,
+                        advantages,
+                        value,
+                        old_value,
+                        returns,
+                        entropy,
+                        clip_range=clip_range,
+                        **common,
+                    )
+                else:
+                    objective = decoupled_ppo_loss if cfg.objective == "decoupled" else impact_loss
+                    loss = objective(
+                        log_prob,
+                        centre,
+                        old_log_prob,
+                        advantages,
+                        value,
+                        old_value,
+                        returns,
+                        entropy,
+                        clip_range=clip_range,
+                        rho_bar=cfg.objective_rho_bar,
+                        **common,
+                    )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.total.backward()
                 norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
@@ -331,6 +536,7 @@ class PPOTrainer:
             if stop:
                 break
 
+        self.updates += 1
         means = (sums / max(minibatches, 1)).tolist()
         metrics = {f"losses/{key}": float(v) for key, v in zip(_MEAN_KEYS, means, strict=True)}
         if recurrent:
@@ -348,17 +554,54 @@ class PPOTrainer:
         metrics["charts/clip_range"] = float(clip_range)
         return metrics
 
+    @torch.no_grad()
+    def _centre_log_probs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """Log-probs of the batch's actions under the trust region's centre: ``None``
+        for ``ppo`` (the behaviour policy's, already in the batch), the current
+        policy's for ``decoupled`` (the proximal policy is the policy at the start of
+        this update), the target network's for ``impact`` (first refreshed from the
+        policy when ``updates`` is a multiple of ``impact_target_update_every``)."""
+        objective = self.cfg.objective
+        if objective == "ppo":
+            return None
+        if objective == "impact":
+            assert self.target_policy is not None
+            if self.updates % self.cfg.impact_target_update_every == 0:
+                self.target_policy.load_state_dict(self.policy.state_dict())
+            centre = self.target_policy
+        else:
+            centre = self.policy
+        if batch.states is not None:
+            log_prob, _, _, _ = centre.evaluate_sequence(
+                batch.obs, batch.actions, batch.states, batch.lengths
+            )
+            return log_prob.detach()
+        n = len(batch)
+        chunk = max(self.cfg.minibatch_size, 4096)
+        parts = []
+        for start in range(0, n, chunk):
+            part = slice(start, start + chunk)
+            log_prob, _, _ = centre.evaluate_actions(
+                map_value(lambda t, p=part: t[p], batch.obs), batch.actions[part]
+            )
+            parts.append(log_prob.detach())
+        return torch.cat(parts)
+
     def state_dict(self) -> dict[str, Any]:
         """Policy, optimiser and shuffling-RNG state, for checkpoints.
 
         Holds only tensors and python primitives, so ``torch.save`` output loads with
         ``torch.load(weights_only=True)``.
         """
-        return {
+        state = {
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
         }
+        if self.target_policy is not None:
+            state["target_policy"] = self.target_policy.state_dict()
+            state["updates"] = self.updates
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (strict on the policy's tensor names)."""
@@ -366,3 +609,8 @@ class PPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         if "generator" in state:
             self.generator.set_state(state["generator"])
+        if self.target_policy is not None:
+            # An older checkpoint (or one from another objective) has no target
+            # network: start it from the restored policy.
+            self.target_policy.load_state_dict(state.get("target_policy", state["policy"]))
+            self.updates = int(state.get("updates", 0))

@@ -17,7 +17,7 @@ tensors.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gymnasium as gym
@@ -69,6 +69,10 @@ class Trainer:
         self.policy: Policy = policy.to(self.device)
         self.ppo = PPOTrainer(self.policy, ppo_cfg, seed=cfg.seed)
         self.targets = TargetSettings.from_config(cfg)
+        if ppo_cfg.objective != "ppo":
+            # The decoupled / IMPACT surrogates carry their own truncated weight
+            # against the behaviour policy: V-trace must not weight the advantages too.
+            self.targets = replace(self.targets, vtrace_weight_advantages=False)
         self.reward_scaler = RewardScaler(cfg.gamma) if cfg.normalize_reward else None
         self.version = 0
         self.running_return: dict[SlotKey, float] = {}
