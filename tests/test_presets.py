@@ -321,3 +321,29 @@ def test_plot_single_run_unchanged_and_bad_reference(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         plot_cli.main([str(run), "--reference", "high"])
     assert "expected VALUE or VALUE=LABEL" in capsys.readouterr().err
+
+
+def test_plot_against_wall_time(tmp_path) -> None:
+    """--x wall: the curves' x are the learner's wall seconds of each row and
+    evaluation (the pixel curve of docs/benchmarks.md is drawn both ways)."""
+    run = fake_run(tmp_path / "timed", final=10.0)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["wall_seconds"] = 2.0 * row["update"]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = json.loads((run / "report.json").read_text())
+    for k, ev in enumerate(report["evaluations"]):
+        ev["wall_seconds"] = 7.0 * (k + 1)
+    (run / "report.json").write_text(json.dumps(report))
+    curve = plot_cli.read_run(run)
+    assert curve.train_wall == [2.0 * u for u in range(1, 11)] and curve.eval_wall == [7.0, 14.0]
+    out = tmp_path / "wall.png"
+    assert (
+        main_cli.main(
+            ["plot", str(run), str(run), "--label", "x", "--x", "wall", "--out", str(out)]
+        )
+        == 0
+    )
+    assert out.read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(ValueError, match="x must be one of"):
+        plot_cli.plot_runs([run], tmp_path / "no.png", x="time")

@@ -41,6 +41,8 @@ __all__ = [
 ]
 
 CURVE_NAME = "learning_curve.png"
+X_AXES = {"steps": "env steps", "wall": "learner wall time (s)"}
+"""``--x``: what the horizontal axis is, and its label."""
 
 
 class RunCurve:
@@ -50,8 +52,10 @@ class RunCurve:
         self.run_dir = run_dir
         self.label = run_dir.name or str(run_dir)
         self.train_steps: list[float] = []
+        self.train_wall: list[float] = []
         self.train_return: list[float] = []
         self.eval_steps: list[float] = []
+        self.eval_wall: list[float] = []
         self.eval_mean: list[float] = []
         self.eval_std: list[float] = []
         self.env_id = ""
@@ -83,6 +87,7 @@ def read_run(run_dir: str | Path) -> RunCurve:
     for row in rows:
         if "env_steps" in row and "charts/mean_return" in row:
             curve.train_steps.append(float(row["env_steps"]))
+            curve.train_wall.append(float(row.get("wall_seconds", math.nan)))
             curve.train_return.append(float(row["charts/mean_return"]))
     report_path = run_dir / "report.json"
     evaluations: list[dict[str, Any]] = []
@@ -94,12 +99,14 @@ def read_run(run_dir: str | Path) -> RunCurve:
     if evaluations:
         for ev in evaluations:
             curve.eval_steps.append(float(ev["env_steps"]))
+            curve.eval_wall.append(float(ev.get("wall_seconds", math.nan)))
             curve.eval_mean.append(float(ev["mean_return"]))
             curve.eval_std.append(float(ev.get("std_return", 0.0)))
     else:
         for row in rows:
             if "eval/mean_return" in row:
                 curve.eval_steps.append(float(row["env_steps"]))
+                curve.eval_wall.append(float(row.get("wall_seconds", math.nan)))
                 curve.eval_mean.append(float(row["eval/mean_return"]))
                 curve.eval_std.append(0.0)
     config_path = run_dir / "config.toml"
@@ -175,19 +182,28 @@ def plot_runs(
     reference: float | Sequence[float | tuple[float, str]] | None = None,
     reference_label: str = "",
     title: str | None = None,
+    x: str = "steps",
 ) -> Path:
     """Draw the learning curves of ``run_dirs`` into the PNG ``out``; return its path.
 
     ``labels`` (one per run) groups runs: those sharing a label become one mean
     curve with a ``band`` (``"minmax"`` or ``"std"``) for the training return and
     the evaluations. ``reference`` draws horizontal lines: a value (labelled
-    ``reference_label``), or a list of values or ``(value, label)`` pairs.
+    ``reference_label``), or a list of values or ``(value, label)`` pairs. ``x`` is
+    the horizontal axis: ``"steps"`` (env steps) or ``"wall"`` (the learner's wall
+    seconds, ``wall_seconds`` of the metrics rows and evaluations).
     """
     from matplotlib.figure import Figure
 
     if band not in BANDS:
         raise ValueError(f"band must be one of {BANDS}, got {band!r}")
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {tuple(X_AXES)}, got {x!r}")
+    x_label = X_AXES[x]
     curves = [read_run(d) for d in run_dirs]
+    if x == "wall":
+        for c in curves:
+            c.train_steps, c.eval_steps = c.train_wall, c.eval_wall
     groups = _group(curves, labels)
     fig = Figure(figsize=(8, 4.5), dpi=120, layout="constrained")
     ax = fig.add_subplot()
@@ -258,7 +274,7 @@ def plot_runs(
         if ax.get_ylim()[0] < floor:
             ax.set_ylim(bottom=floor)
     ax.set_title(title)
-    ax.set_xlabel("env steps")
+    ax.set_xlabel(x_label)
     ax.set_ylabel("episode return")
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
@@ -349,6 +365,12 @@ def add_plot_flags(parser: argparse.ArgumentParser) -> None:
         help="the band around a group's mean: min-max over its runs, or ± one std",
     )
     parser.add_argument(
+        "--x",
+        choices=tuple(X_AXES),
+        default="steps",
+        help="horizontal axis: env steps, or the learner's wall time in seconds",
+    )
+    parser.add_argument(
         "--reference",
         metavar="VALUE[=LABEL]",
         action="append",
@@ -371,7 +393,9 @@ def plot_from_args(args: argparse.Namespace) -> int:
     if out is None:
         out = args.runs[0] / CURVE_NAME if len(args.runs) == 1 else Path(CURVE_NAME)
     labels = run_labels(args.runs, args.label, args.group)
-    print(plot_runs(args.runs, out, labels=labels, band=args.band, reference=args.reference))
+    print(
+        plot_runs(args.runs, out, labels=labels, band=args.band, reference=args.reference, x=args.x)
+    )
     return 0
 
 
