@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[env] = {side: [] for side in sides if side not in skipped[env]}
         active = list(runs[env])
         for i, seed in enumerate(seeds):
-            for side in side_order(active, i):
+            for side in side_order(active, i) if active else []:
                 if side == "zmq":
                     res = run_zmq(env, seed, target, cadence, args.cap)
                 else:
