@@ -118,6 +118,21 @@ def evaluate(model, rnn_size: int, env_id: str, episodes: int, seed: int) -> flo
     return float(returns.mean())
 
 
+TRAIN_RETURN = re.compile(r"Avg episode reward: \[\(0, '(-?[\d.]+)'\)\]")
+
+
+def train_return(log_path: str) -> float:
+    """The trainer's latest logged mean return of its (stochastic) training episodes;
+    nan before the first or when its output is not logged."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(log_path) - 20_000))
+            found = TRAIN_RETURN.findall(fh.read().decode(errors="replace"))
+    except OSError:
+        return float("nan")
+    return float(found[-1]) if found else float("nan")
+
+
 def watch(args: argparse.Namespace) -> dict:
     import torch
     from sample_factory.algo.utils.make_env import make_env_func_batched
@@ -142,10 +157,13 @@ def watch(args: argparse.Namespace) -> dict:
 
     # SIGTERM (the parent's stop) must run the finally below, which ends the trainer.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.makedirs(train_dir, exist_ok=True)
+    log_path = os.path.join(train_dir, "trainer.log")
+    log = None if args.trainer_log else open(log_path, "wb")  # noqa: SIM115 (closed below)
     trainer = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "train", "--env", args.env, "--", *argv],
-        stdout=subprocess.DEVNULL if not args.trainer_log else None,
-        stderr=subprocess.STDOUT if not args.trainer_log else None,
+        stdout=log,
+        stderr=subprocess.STDOUT if log else None,
         start_new_session=True,  # its group (SF's workers too) is ended as one below
     )
     print("START learning", flush=True)
@@ -172,9 +190,14 @@ def watch(args: argparse.Namespace) -> dict:
             model.load_state_dict(state["model"])
             mean = evaluate(model, get_rnn_size(cfg), args.env, args.episodes, args.seed + 10_000)
             eval_seconds += time.monotonic() - start
-            evaluations.append({"env_steps": steps, "mean_return": mean})
+            train = train_return(log_path)
+            evaluations.append({"env_steps": steps, "mean_return": mean, "train_return": train})
             solved = mean >= args.target
-            print(f"{'SOLVED' if solved else 'EVAL'} {mean:.1f} after {steps} steps", flush=True)
+            print(
+                f"{'SOLVED' if solved else 'EVAL'} {mean:.1f} after {steps} steps "
+                f"(training episodes {train:.1f})",
+                flush=True,
+            )
             next_at = (steps // args.eval_every_steps + 1) * args.eval_every_steps
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second stop must not cut this short
@@ -187,6 +210,8 @@ def watch(args: argparse.Namespace) -> dict:
                 trainer.wait(4)  # inside the parent's 10 s grace before its SIGKILL
         with contextlib.suppress(ProcessLookupError):  # SF's workers, whatever happened
             os.killpg(trainer.pid, signal.SIGKILL)
+        if log is not None:
+            log.close()
         if not args.train_dir:
             import shutil
 

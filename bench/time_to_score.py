@@ -170,6 +170,8 @@ def run_other(
         "exit_code": code,
         "env_steps_at_solve": steps,
         "evaluations": [[int(e[3]), float(e[1])] for e in evals],
+        # Sample Factory's lines also carry its training episodes' mean return
+        "train_returns": [float(e[-1].rstrip(")")) for e in evals if "episodes" in e],
         "eval_seconds": result.get("eval_seconds"),
         "command": " ".join([os.path.basename(python), *cmd[1:]]),
         "tail": [line for _, line in lines[-6:]] if not math.isfinite(solve_s) else [],
