@@ -10,7 +10,7 @@ A run that has not reached the target by the wall cap (``--cap``, seconds per ru
 by the env-step budget is reported *unsolved* and counts as infinitely slow in the
 median. The seeds alternate the order of the sides.
 
-The evaluation protocol is the same for all sides: ``--episodes`` (20) deterministic
+The evaluation protocol is the same for all sides: 20 deterministic
 episodes (argmax action) on that many lockstep envs with batched forwards, every
 ``cadence`` env steps of training: the project preset's ``eval_every`` x its rollout
 size (Acrobot-v1 10 x 4096 = 40960, LunarLander-v3 16 x 4096 = 65536), the same budget
