@@ -1,4 +1,4 @@
-"""Stable-Baselines3 PPO on CartPole-v1 with the rl-baselines3-zoo hyperparameters.
+"""Stable-Baselines3 PPO with the rl-baselines3-zoo hyperparameters (CartPole-v1 by default).
 
 Run by ``bench/throughput.py`` and ``bench/time_to_solve.py`` under an interpreter
 that has ``stable_baselines3`` (this one or ``.venv-bench``); standalone only
@@ -6,6 +6,10 @@ that has ``stable_baselines3`` (this one or ``.venv-bench``); standalone only
 
     n_envs 8, MlpPolicy, n_steps 32, batch_size 256, gae_lambda 0.8, gamma 0.98,
     n_epochs 20, ent_coef 0.0, learning_rate lin_0.001, clip_range lin_0.2, 1e5 steps
+
+``--env LunarLander-v3`` / ``--env Acrobot-v1`` take zoo's LunarLander-v2 / Acrobot-v1
+entries (see ``ZOO``; ``bench/time_to_score.py``), with ``--eval-every-steps`` the
+evaluation cadence; under gymnasium 0.29 LunarLander-v3 runs as LunarLander-v2.
 
 Modes (one JSON line ``RESULT {...}`` at the end on stdout):
 
@@ -31,36 +35,85 @@ import time
 T_IMPORT = time.monotonic()
 
 
-def zoo_model(seed: int, verbose: int = 0):
+ZOO: dict[str, dict] = {
+    "CartPole-v1": {
+        "n_envs": 8,
+        "n_steps": 32,
+        "batch_size": 256,
+        "gae_lambda": 0.8,
+        "gamma": 0.98,
+        "n_epochs": 20,
+        "ent_coef": 0.0,
+        "learning_rate": "lin_1e-3",
+        "clip_range": "lin_0.2",
+    },
+    # Zoo's LunarLander-v2 entry (the project's LunarLander-v3 preset maps the same).
+    "LunarLander-v3": {
+        "n_envs": 16,
+        "n_steps": 1024,
+        "batch_size": 64,
+        "gae_lambda": 0.98,
+        "gamma": 0.999,
+        "n_epochs": 4,
+        "ent_coef": 0.01,
+    },
+    # batch_size 64 and learning rate 3e-4 are SB3's defaults; normalize: VecNormalize.
+    "Acrobot-v1": {
+        "normalize": True,
+        "n_envs": 16,
+        "n_steps": 256,
+        "gae_lambda": 0.94,
+        "gamma": 0.99,
+        "n_epochs": 4,
+        "ent_coef": 0.0,
+    },
+}
+"""rl-baselines3-zoo ``hyperparams/ppo.yml`` entries (``lin_X``: linear from X to 0)."""
+
+
+def gym_id(env: str) -> str:
+    """``env`` if this gymnasium registers it, else the newest registered version of
+    its name (LunarLander-v3 is LunarLander-v2 in gymnasium 0.29)."""
+    import gymnasium as gym
+
+    if env in gym.registry:
+        return env
+    name = env.rsplit("-v", 1)[0]
+    versions = sorted(
+        int(k.rsplit("-v", 1)[1]) for k in gym.registry if k.rsplit("-v", 1)[0] == name
+    )
+    return f"{name}-v{versions[-1]}" if versions else env
+
+
+def _schedule(value):
+    if isinstance(value, str) and value.startswith("lin_"):
+        start = float(value[4:])
+        return lambda progress_remaining: progress_remaining * start
+    return value
+
+
+def zoo_model(seed: int, verbose: int = 0, env_id: str = "CartPole-v1"):
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
 
-    def lin(start: float):
-        return lambda progress_remaining: progress_remaining * start
-
-    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-    return PPO(
-        "MlpPolicy",
-        env,
-        n_steps=32,
-        batch_size=256,
-        gae_lambda=0.8,
-        gamma=0.98,
-        n_epochs=20,
-        ent_coef=0.0,
-        learning_rate=lin(1e-3),
-        clip_range=lin(0.2),
-        seed=seed,
-        verbose=verbose,
-        device="cpu",
-    )
+    params = dict(ZOO[env_id])
+    n_envs = params.pop("n_envs")
+    normalize = params.pop("normalize", False)
+    env = make_vec_env(gym_id(env_id), n_envs=n_envs, seed=seed)
+    if normalize:
+        env = VecNormalize(env)
+    for key in ("learning_rate", "clip_range"):
+        if key in params:
+            params[key] = _schedule(params[key])
+    return PPO("MlpPolicy", env, seed=seed, verbose=verbose, device="cpu", **params)
 
 
-def throughput(steps: int, seed: int) -> dict:
+def throughput(steps: int, seed: int, env_id: str = "CartPole-v1") -> dict:
     import torch
 
     t0 = time.monotonic()
-    model = zoo_model(seed)
+    model = zoo_model(seed, env_id=env_id)
     t1 = time.monotonic()
     model.learn(total_timesteps=steps)
     t2 = time.monotonic()
@@ -75,14 +128,24 @@ def throughput(steps: int, seed: int) -> dict:
     }
 
 
-def solve(seed: int, target: float, budget: int, episodes: int) -> dict:
+def solve(
+    seed: int,
+    target: float,
+    budget: int,
+    episodes: int,
+    env_id: str = "CartPole-v1",
+    eval_every_steps: int = 1280,
+) -> dict:
     import numpy as np
     import torch
     from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
 
-    model = zoo_model(seed)
-    eval_env = make_vec_env("CartPole-v1", n_envs=episodes, seed=seed + 10_000)
+    model = zoo_model(seed, env_id=env_id)
+    eval_env = make_vec_env(gym_id(env_id), n_envs=episodes, seed=seed + 10_000)
+    if ZOO[env_id].get("normalize"):  # EvalCallback syncs the training statistics in
+        eval_env = VecNormalize(eval_env, training=False, norm_reward=False)
     evaluations: list[dict] = []
     eval_seconds = [0.0]
 
@@ -117,7 +180,7 @@ def solve(seed: int, target: float, budget: int, episodes: int) -> dict:
         callback_on_new_best=None,
         callback_after_eval=Stop(reward_threshold=target, verbose=0),
         n_eval_episodes=episodes,
-        eval_freq=1280 // 8,
+        eval_freq=max(1, eval_every_steps // model.n_envs),
         deterministic=True,
         verbose=0,
     )
@@ -145,6 +208,10 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=475.0)
     parser.add_argument("--budget", type=int, default=100_000)
     parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--env", default="CartPole-v1", choices=sorted(ZOO))
+    parser.add_argument(
+        "--eval-every-steps", type=int, default=1280, help="solve: evaluation cadence (env steps)"
+    )
     parser.add_argument(
         "--torch-threads",
         type=int,
@@ -159,9 +226,11 @@ def main() -> int:
 
         torch.set_num_threads(args.torch_threads)
     if args.mode == "throughput":
-        result = throughput(args.steps, args.seed)
+        result = throughput(args.steps, args.seed, args.env)
     else:
-        result = solve(args.seed, args.target, args.budget, args.episodes)
+        result = solve(
+            args.seed, args.target, args.budget, args.episodes, args.env, args.eval_every_steps
+        )
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

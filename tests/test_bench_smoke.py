@@ -27,6 +27,7 @@ SCRIPTS = (
     "transport",
     "throughput",
     "time_to_solve",
+    "time_to_score",
     "fan_in",
     "broadcast",
     "actor_loop",
@@ -181,6 +182,51 @@ def test_time_to_solve_smoke(smoke: SmokeRuns, sb3_available: bool) -> None:
         assert sb3["learn_start_s"] and sb3["learn_start_s"] > 0, sb3
     else:
         assert data["sb3"] == []
+
+
+def test_time_to_score_smoke(smoke: SmokeRuns) -> None:
+    """Acrobot-v1 to -400, one seed, the project side only (SB3 and SF are not run by
+    --smoke, installed or not, and are reported as not measured only when asked for)."""
+    data = smoke.result("time_to_score")
+    assert data["config"]["envs"] == {"Acrobot-v1": {"target": -400.0, "cadence_env_steps": 8192}}
+    assert data["config"]["sides"] == ["zmq"]
+    (run,) = data["runs"]["Acrobot-v1"]["zmq"]
+    assert run["start_s"] and run["start_s"] > 0, run  # it trained
+    if run["solved"]:
+        assert 0 < run["solve_s"] <= data["config"]["cap_s"], run
+        assert run["env_steps_at_solve"] > 0 and run["evaluations"], run
+        assert run["unsolved"] is None
+    else:  # a loaded machine may hit the cap; anything else (a crash) fails here
+        assert run["unsolved"] == "cap", run
+        assert run["solve_s"] is None, run  # infinitely slow: null in strict JSON
+    summary = data["summary"]["Acrobot-v1"]["zmq"]
+    assert summary["runs"] == 1 and summary["solved"] == int(run["solved"])
+
+
+def test_time_to_score_order_and_ratio() -> None:
+    """Seeds rotate the sides' order; unsolved runs make a bound or no ratio; an unknown
+    side or env is refused."""
+    import time_to_score
+
+    assert time_to_score.side_order(["zmq", "sb3"], 0) == ["zmq", "sb3"]
+    assert time_to_score.side_order(["zmq", "sb3"], 1) == ["sb3", "zmq"]
+    three = [time_to_score.side_order(["zmq", "sb3", "sf"], i)[0] for i in range(3)]
+    assert sorted(three) == ["sb3", "sf", "zmq"]  # each side goes first once in 3 seeds
+
+    def run(solve_s: float | None, unsolved: str | None = None) -> dict[str, Any]:
+        return {"solved": solve_s is not None, "solve_s": solve_s, "unsolved": unsolved}
+
+    plain = time_to_score.compare([run(10.0)], [run(40.0)], cap=100.0)
+    assert plain == {"ratio": 0.25, "bound": False, "why": ""}
+    capped = time_to_score.compare([run(10.0)], [run(None, "cap")], cap=100.0)
+    assert capped["ratio"] == 0.1 and capped["bound"]  # theirs counted as the cap
+    early = time_to_score.compare([run(10.0)], [run(None, "ended after 9s")], cap=100.0)
+    assert early["ratio"] is None  # a crash is not a slow run
+    assert time_to_score.compare([run(None, "cap")], [run(5.0)], cap=100.0)["ratio"] is None
+    with pytest.raises(SystemExit):
+        time_to_score.main(["--sides", "zmq,rllib", "--out", "/dev/null"])
+    with pytest.raises(SystemExit):
+        time_to_score.main(["--envs", "Pong-v5", "--out", "/dev/null"])
 
 
 def test_fan_in_smoke(smoke: SmokeRuns) -> None:
