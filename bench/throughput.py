@@ -443,6 +443,10 @@ def main(argv: list[str] | None = None) -> int:
             if key in e and project in e and e[key].get(field)
         ]
 
+    def like_grad(name: str) -> float:
+        spec = LIKE_FOR_LIKE[name]
+        return project_grad_steps_per_1k(spec["actors"], spec["envs"], spec["learner"], spec["ppo"])
+
     def like_rate(name: str) -> float:
         return _util.median(
             [
@@ -467,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
         "project_vs_sb3": sb3_ratio,
         "grad_steps_per_1k": {
             "project_best": project_grad_steps_per_1k(best["actors"], best["num_envs"], {}, {}),
+            "project_at_sf_settings": like_grad("sf"),
             "sf": SF_GRAD_STEPS_PER_1K,
+            "project_at_sb3_settings": like_grad("sb3"),
             "sb3": SB3_GRAD_STEPS_PER_1K,
         },
         "project_at_sf_settings_steps_per_s": like_rate("sf"),
@@ -515,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 "zmq_rl",
                 "SF's",
-                f"{g['sf']:.2f}",
+                f"{g['project_at_sf_settings']:.2f}",
                 _util.fmt_rate(summary["project_at_sf_settings_steps_per_s"]),
             ],
             [
@@ -527,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 "zmq_rl",
                 "SB3 zoo's",
-                f"{g['sb3']:.2f}",
+                f"{g['project_at_sb3_settings']:.2f}",
                 _util.fmt_rate(summary["project_at_sb3_settings_steps_per_s"]),
             ],
             ["SB3", "zoo", f"{g['sb3']:.2f}", _util.fmt_rate(summary["sb3_steps_per_s"])],
