@@ -239,6 +239,9 @@ def main() -> int:
     parser.add_argument("--train-dir", default="", help="kept if given (default: a temp dir)")
     parser.add_argument("--trainer-log", action="store_true", help="trainer output to stdout")
     args, rest = parser.parse_known_args()
+    from sb3_ppo import gym_id  # (bench/ is on the path: this script's folder)
+
+    args.env = gym_id(args.env)  # LunarLander-v3 is LunarLander-v2 in gymnasium 0.29
     if args.mode == "train":
         return train([a for a in rest if a != "--"], args.env)
     print("RESULT " + json.dumps(watch(args)), flush=True)
