@@ -287,12 +287,19 @@ class HandshakeWatch:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread and the monitors (before the watched sockets close)."""
+        """Stop the thread and the monitors (before the watched sockets close).
+
+        Order matters: a watched socket's ``disable_monitor`` sends a last
+        ``MONITOR_STOPPED`` event to its monitor PAIR, and a PAIR whose peer is gone
+        blocks on send, so the monitors are closed only after monitoring stopped (a
+        clean-clone CI run hung here once when the thread had closed them first)."""
         self._stop.set()
         self._thread.join(timeout=2.0)
         for sock in self._sockets:
             with contextlib.suppress(zmq.ZMQError):
                 sock.disable_monitor()
+        for monitor in self._monitors:
+            monitor.close(linger=0)
 
     def _run(self) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -306,9 +313,6 @@ class HandshakeWatch:
                     self._on_event(monitor, recv_monitor_message(monitor))
         except zmq.ZMQError:  # the context is terminating
             pass
-        finally:
-            for monitor in self._monitors:
-                monitor.close(linger=0)
 
     def _on_event(self, monitor: zmq.Socket, event: dict[str, Any]) -> None:
         kind, value = event["event"], int(event["value"])
