@@ -186,7 +186,8 @@ def big_box_hello() -> bytes:
     return encode(hello)
 
 
-def storm_hello(i: int) -> bytes:
+def _hello(num_envs: int, host: str, pid: int = 0) -> bytes:
+    """A CartPole hello with empty space specs (the learner checks them after the limits)."""
     from zmq_rl.protocol import Hello, encode
 
     return encode(
@@ -195,26 +196,19 @@ def storm_hello(i: int) -> bytes:
             env_id="CartPole-v1",
             observation_space={},
             action_space={},
-            num_envs=1,
-            host="storm",
-            pid=10_000 + i,
+            num_envs=num_envs,
+            host=host,
+            pid=pid,
         )
     )
+
+
+def storm_hello(i: int) -> bytes:
+    return _hello(1, "storm", 10_000 + i)
 
 
 def greedy_hello() -> bytes:
-    from zmq_rl.protocol import Hello, encode
-
-    return encode(
-        Hello(
-            actor_id=-1,
-            env_id="CartPole-v1",
-            observation_space={},
-            action_space={},
-            num_envs=4096,
-            host="greedy",
-        )
-    )
+    return _hello(4096, "greedy")
 
 
 def forged_fragment(run_id: str, r: np.random.Generator) -> bytes:

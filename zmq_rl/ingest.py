@@ -185,17 +185,20 @@ class Ingest:
         self.poller.register(self.control, zmq.POLLIN)
         self.poller.register(self.experience, zmq.POLLIN)
         # serve_during's thread also polls a wake socket, so the work's end stops it
-        # at once instead of after a poll timeout.
-        self._wake, self._waker = wake_pair(self.control.context, f"zmq-rl-ingest-{id(self)}")
+        # at once instead of after a poll timeout (made only when the thread is on).
+        self._wake = self._waker = None
         self._serve_poller = zmq.Poller()
-        for sock in (self.control, self.experience, self._wake):
-            self._serve_poller.register(sock, zmq.POLLIN)
+        if cfg.ingest_thread:
+            self._wake, self._waker = wake_pair(self.control.context, f"zmq-rl-ingest-{id(self)}")
+            for sock in (self.control, self.experience, self._wake):
+                self._serve_poller.register(sock, zmq.POLLIN)
         log.info("learner %s: run id %s", tcp_endpoint(cfg.host, cfg.port), run_id)
 
     def close(self) -> None:
         """Close every socket (linger 0)."""
-        self._wake.close(linger=0)
-        self._waker.close(linger=0)
+        for sock in (self._wake, self._waker):
+            if sock is not None:
+                sock.close(linger=0)
         self.sockets.close()
 
     def serve_during(self, work: Callable[[], T]) -> T:

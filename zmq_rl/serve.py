@@ -102,6 +102,20 @@ def decode_request(frame: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> 
     return body
 
 
+def _observations(body: dict[str, Any], name: str, n: int, space: Any, context: str = "") -> Value:
+    """``body[name]``: ``n`` observations of ``space``; RequestError ``bad_field`` naming
+    ``infer.<name>`` (and ``context``) when it cannot be decoded or does not fit."""
+    field = f"infer.{name}"
+    try:
+        value = decode_value(body.get(name), field, (n,))
+    except ProtocolError as exc:
+        raise RequestError("bad_field", str(exc)) from None
+    problem = value_problem(space, value, field, 1)
+    if problem:
+        raise RequestError("bad_field", problem + context)
+    return value
+
+
 def _field_array(body: dict[str, Any], name: str, dtypes: tuple[str, ...], shape: tuple) -> Any:
     try:
         array = decode_array(body.get(name), f"infer.{name}")
@@ -344,13 +358,7 @@ class InferenceServer:
             return
         space = session.client.settings.observation_space
         n = session.num_envs
-        try:
-            obs = decode_value(body.get("obs"), "infer.obs", (n,))
-        except ProtocolError as exc:
-            raise RequestError("bad_field", str(exc)) from None
-        problem = value_problem(space, obs, "infer.obs", 1)
-        if problem:
-            raise RequestError("bad_field", f"{problem} (observation space {space})")
+        obs = _observations(body, "obs", n, space, f" (observation space {space})")
         if session.pending is not None:
             self._record(session, body, obs, space)
         elif "reward" in body:
@@ -386,13 +394,7 @@ class InferenceServer:
                     f"infer.final_obs_index: {index.tolist()}, expected the slots truncated "
                     f"and not terminated {needs.tolist()}",
                 )
-            try:
-                finals = decode_value(body.get("final_obs"), "infer.final_obs", (k,))
-            except ProtocolError as exc:
-                raise RequestError("bad_field", str(exc)) from None
-            problem = value_problem(space, finals, "infer.final_obs", 1)
-            if problem:
-                raise RequestError("bad_field", problem)
+            finals = _observations(body, "final_obs", k, space)
             final_obs = {
                 int(s): map_value(lambda a, i=i: a[i], finals) for i, s in enumerate(index)
             }
