@@ -157,6 +157,18 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.002)
 
 
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.1) -> Any:
+    """Poll ``predicate`` until it returns something truthy and return that (bounded:
+    TimeoutError naming ``what`` after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"no {what} within {timeout:g}s")
+
+
 def raw_socket(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)

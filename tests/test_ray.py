@@ -16,23 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import wait_for
 from tests.ports import free_port_block
 from tests.ray_head import RayHead, skip_reason
 
 ZMQ_RL = [sys.executable, "-m", "zmq_rl.cli.main"]
 RUN_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 20.0
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.1):
-    """Poll ``predicate`` until it returns something truthy (bounded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError(f"no {what} within {timeout:g}s")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import wait_for
 from tests.ports import free_port_block
 from tests.slurm_cluster import SlurmCluster, skip_reason
 
@@ -54,17 +55,6 @@ def submit(cluster: SlurmCluster, run_dir: Path, *flags: str) -> tuple[str, int]
     assert match, out.stdout
     assert (run_dir / "slurm" / "job_id").read_text().strip() == match.group(1)
     return match.group(1), port
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.1):
-    """Poll ``predicate`` until it returns something truthy (bounded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError(f"no {what} within {timeout:g}s")
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:
