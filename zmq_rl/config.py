@@ -429,6 +429,15 @@ class LearnerConfig:
         "the default: the sockets wait until the update is done; on a 2-core machine the "
         "thread cost 14%% of throughput, see docs/benchmarks.md section 17)",
     )
+    num_learners: int = _f(
+        1,
+        "learner ranks that train one policy with data-parallel gradient all-reduce "
+        "(torch.distributed, gloo): rank 0 owns control and weights, rank r > 0 binds "
+        "its own experience port (PORT + 2 + r) and actors are spread over the ranks; "
+        "torch.distributed meets at PORT + 2 + N unless torchrun's RANK/WORLD_SIZE/"
+        "MASTER_ADDR/MASTER_PORT are set (docs/multi-host.md)",
+        metavar="N",
+    )
     device: str = _f(
         "auto",
         "where the learner's policy and PPO update run: auto (CUDA when available, else "
@@ -496,7 +505,7 @@ class LearnerConfig:
             "or the learner's fill loop deadlocks",
         )
         _non_negative_int(self, "eval_every")
-        _positive_int(self, "torch_threads")
+        _positive_int(self, "torch_threads", "num_learners")
         _check_device(self.device)
         _require(
             isinstance(self.env_id, str) and bool(self.env_id),
@@ -580,9 +589,16 @@ class LearnerConfig:
         one broadcast cycle of lead for overlap plus one cycle in flight."""
         return self.max_lead_steps or 2 * self.steps_per_broadcast()
 
-    def experience_port(self) -> int:
-        """The PULL port for experience fragments."""
-        return self.port + 1
+    def experience_port(self, rank: int = 0) -> int:
+        """The PULL port for experience fragments of learner rank ``rank``: ``port + 1``
+        for rank 0, ``port + 2 + rank`` for the others (``num_learners``)."""
+        return self.port + 1 if rank == 0 else self.port + 2 + rank
+
+    def rendezvous_port(self) -> int:
+        """Where the ranks of ``num_learners > 1`` meet (torch.distributed's TCP
+        store) when torchrun did not launch them: ``port + 2 + num_learners``, the
+        first port after the ranks' experience ports."""
+        return self.port + 2 + self.num_learners
 
     def weights_port(self) -> int:
         """The PUB port for weights."""

@@ -88,6 +88,12 @@ CYCLE_WINDOW = 16
 """Broadcast cycles over which the learner's busy time per cycle is the median."""
 
 
+HOLD_MAX_BYTES = 64 * 1024 * 1024
+"""Learner ranks > 0: fragments of actors that rank 0 registered after the last plan
+are held (decoded, not yet checked) until the next plan names them, up to this many
+bytes (what new actors send in one update, bounded by their staleness valves); beyond
+it they are rejected as ``unknown_actor``."""
+
 CONTROL_SLACK_BYTES = 128 * 1024
 """Room in the control message limit beyond the spaces and the per-slot lists: ids,
 host and env names, a bye's stats (a legitimate one is under 2 KB)."""
@@ -139,8 +145,19 @@ class Ingest:
         version: Callable[[], int],
         forget_slots: Callable[[list[SlotKey]], None],
         context: zmq.Context | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         self.cfg = cfg
+        # Data-parallel learner ranks (num_learners): rank 0 serves control and
+        # registers every actor; rank r > 0 only receives its actors' fragments.
+        self.rank, self.world_size = rank, world_size
+        self.remote_delivered: set[int] = set()  # rank 0: other ranks' actors that delivered
+        # Rank > 0: fragments of actors not planned yet, (fragment, CURVE key, bytes);
+        # bounded by HOLD_MAX_BYTES.
+        self._held: deque[tuple[Fragment, str, int, bool]] = deque()
+        self._held_bytes = 0
+        self._reported_dead = 0  # rank > 0: dead_actors already in a rank report
         self.settings = settings
         self.spaces = (settings.observation_space, settings.action_space)
         self.run_id = run_id
@@ -179,18 +196,24 @@ class Ingest:
             cfg,
             self.max_message_bytes,
             control_max_bytes=self.control_max_bytes,
+            rank=rank,
         )
         self.control, self.experience = self.sockets.control, self.sockets.experience
+        receiving = [s for s in (self.control, self.experience) if s is not None]
         self.poller = zmq.Poller()
-        self.poller.register(self.control, zmq.POLLIN)
-        self.poller.register(self.experience, zmq.POLLIN)
+        for sock in receiving:
+            self.poller.register(sock, zmq.POLLIN)
         # serve_during's thread also polls a wake socket, so the work's end stops it
-        # at once instead of after a poll timeout (made only when the thread is on).
+        # at once instead of after a poll timeout (made only when the thread is on;
+        # always on rank 0 of several learner ranks, which waits in collectives).
+        self.serve_thread = cfg.ingest_thread or (world_size > 1 and rank == 0)
         self._wake = self._waker = None
         self._serve_poller = zmq.Poller()
-        if cfg.ingest_thread:
-            self._wake, self._waker = wake_pair(self.control.context, f"zmq-rl-ingest-{id(self)}")
-            for sock in (self.control, self.experience, self._wake):
+        if self.serve_thread:
+            self._wake, self._waker = wake_pair(
+                self.experience.context, f"zmq-rl-ingest-{id(self)}"
+            )
+            for sock in (*receiving, self._wake):
                 self._serve_poller.register(sock, zmq.POLLIN)
         log.info("learner %s: run id %s", tcp_endpoint(cfg.host, cfg.port), run_id)
 
@@ -217,7 +240,7 @@ class Ingest:
 
         The time ``work`` takes counts as the learner's busy time (the valve's lead
         advice), as without the thread: rows arrive, but the version does not move."""
-        if not self.cfg.ingest_thread:
+        if not self.serve_thread:
             return work()
         stop = threading.Event()
         failure: list[BaseException] = []
@@ -276,7 +299,10 @@ class Ingest:
             self._send_control(rec.routing_id, message)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while time.monotonic() < deadline:
-            if all(rec.said_bye and rec.caught_up() for rec in self.members):
+            # Another rank's actor is caught up there (rank 0 gets only its bye).
+            if all(
+                rec.said_bye and (rec.rank != self.rank or rec.caught_up()) for rec in self.members
+            ):
                 break
             self.pump(POLL_MS)
         missing = [rec.actor_id for rec in self.members if not rec.said_bye]
@@ -345,10 +371,20 @@ class Ingest:
     def _on_experience(self, frame: zmq.Frame) -> None:
         try:
             fragment = decode(frame.buffer, (Fragment,), self.max_message_bytes)
-            assert isinstance(fragment, Fragment)
+        except ProtocolError as exc:
+            self._reject("experience", exc.reason, str(exc))
+            return
+        assert isinstance(fragment, Fragment)
+        self._admit(fragment, self._sender_key(frame), len(frame.buffer), held_before=False)
+
+    def _admit(self, fragment: Fragment, key: str, size: int, held_before: bool | None) -> None:
+        """Check a decoded fragment (:meth:`Membership.admit`) and queue it. On a
+        learner rank > 0, one of an actor not planned yet is held (``held_before``
+        says whether it was held through a plan already; None: never hold)."""
+        try:
             rec, gap = self.members.admit(
                 fragment,
-                self._sender_key(frame),
+                key,
                 run_id=self.run_id,
                 version=self.version(),
                 spaces=self.spaces,
@@ -357,9 +393,21 @@ class Ingest:
                 now=time.monotonic(),
                 state_size=self.settings.state_size,
             )
-        except (ProtocolError, FragmentRejected) as exc:
+        except FragmentRejected as exc:
+            if (
+                held_before is not None
+                and exc.reason == "unknown_actor"
+                and self.rank > 0
+                and self._held_bytes + size <= HOLD_MAX_BYTES
+            ):
+                self._held.append((fragment, key, size, held_before))
+                self._held_bytes += size
+                return
             self._reject("experience", exc.reason, str(exc))
             return
+        self._queue(rec, fragment, gap)
+
+    def _queue(self, rec: ActorRecord, fragment: Fragment, gap: int) -> None:
         if gap:
             self.counters["experience/seq_gaps"] += gap
         steps = fragment.length * fragment.num_slots
@@ -434,6 +482,7 @@ class Ingest:
             now=time.monotonic(),
         )
         rec.key = key  # with CURVE, only this key may send this actor's fragments
+        rec.rank = self._assign_rank(rec) if self.world_size > 1 else 0
         for old in replaced:
             self._forget(old, "re-registered")
         self.counters["registered"] += 1
@@ -454,7 +503,7 @@ class Ingest:
             run_id=self.run_id,
             token=rec.token,
             base_version=rec.base_version,
-            experience_port=cfg.experience_port(),
+            experience_port=cfg.experience_port(rec.rank),
             weights_port=cfg.weights_port(),
             settings=dataclasses.replace(self.settings, num_envs=rec.num_envs),
             weights=self.current_weights,
@@ -469,6 +518,8 @@ class Ingest:
             return False
 
     def _maybe_heartbeat(self) -> None:
+        if self.control is None:  # a learner rank > 0: rank 0 heartbeats
+            return
         now = time.monotonic()
         if now - self._last_heartbeat < self.settings.heartbeat_interval:
             return
@@ -495,8 +546,30 @@ class Ingest:
     # ------------------------------------------------------------------ joining
 
     def delivered(self, rec: ActorRecord) -> bool:
-        """Whether every slot of ``rec`` has rows queued (it may join the rollout)."""
+        """Whether every slot of ``rec`` has rows queued (it may join the rollout);
+        for another rank's actor, whether that rank said so in its last report."""
+        if rec.rank != self.rank:
+            return rec.actor_id in self.remote_delivered
         return all(self.queues.rows(key) > 0 for key in rec.slots())
+
+    def local_member_slots(self) -> list[SlotKey]:
+        """The member slots whose rows this learner rank receives."""
+        return [
+            key
+            for rec in self.members
+            if rec.member and rec.rank == self.rank
+            for key in rec.slots()
+        ]
+
+    def _assign_rank(self, new: ActorRecord) -> int:
+        """The learner rank with the fewest live slots (the lowest on a tie): where a
+        new registration's experience goes, so slots stay spread over the ranks as
+        actors join and die."""
+        slots = [0] * self.world_size
+        for rec in self.members:
+            if rec is not new and not rec.said_bye:
+                slots[rec.rank] += rec.num_envs
+        return min(range(self.world_size), key=lambda r: (slots[r], r))
 
     def can_admit(self) -> bool:
         """Whether a registration waiting to join may join now (see :meth:`admit_pending`)."""
@@ -627,7 +700,7 @@ class Ingest:
             return
         now, timeout = time.monotonic(), self.cfg.actor_timeout
         silence = min(timeout, PENDING_SILENCE_INTERVALS * self.settings.heartbeat_interval)
-        dropped = self.members.drop_silent_pending(now, silence)
+        dropped = self.members.drop_silent_pending(now, silence) if self.rank == 0 else []
         if dropped:
             self.counters["actors/dropped_silent"] += len(dropped)
             ids = [rec.actor_id for rec in dropped]
@@ -638,8 +711,10 @@ class Ingest:
             )
             for rec in dropped:
                 self._forget(rec, "dropped_silent")
-        short = self.queues.short_slots(self.members.member_slots(), self.cfg.num_steps)
-        for rec, why in self.members.evict_silent(now, timeout, {a for a, _ in short}):
+        short = self.queues.short_slots(self.local_member_slots(), self.cfg.num_steps)
+        short_ids = {a for a, _ in short}
+        # A rank > 0 hears no heartbeats: only "no fragment while waited on" applies.
+        for rec, why in self.members.evict_silent(now, timeout, short_ids, self.rank == 0):
             log.warning(
                 "actor %d (%s pid %d) %s > actor_timeout=%gs: declared dead",
                 *(rec.actor_id, rec.host, rec.pid, why, timeout),
@@ -669,6 +744,88 @@ class Ingest:
                 )
                 self.counters["actors/declared_dead"] += 1
                 self._forget(self.members.remove(rec.actor_id), "actor_dead")
+
+    # ------------------------------------------------------------------ learner ranks
+
+    def plan_actors(self) -> list[list[Any]]:
+        """Rank 0: every registration, as the plan tells the other ranks (see
+        :meth:`apply_plan`)."""
+        return [
+            [r.actor_id, r.token, r.num_envs, r.base_version, r.member, r.said_bye,
+             r.bye_last_seq, r.key, r.host, r.pid, r.rank]
+            for r in self.members
+        ]  # fmt: skip
+
+    def apply_plan(self, actors: list[list[Any]]) -> None:
+        """Rank > 0: make this rank's registrations rank 0's (:meth:`plan_actors`):
+        forget those rank 0 no longer has (their queued rows are counted as
+        discarded), add the new ones, take membership and base versions; then check
+        the fragments held for actors that were not planned yet. A fragment held
+        through a whole plan without its actor appearing is rejected (``unknown_actor``)."""
+        now = time.monotonic()
+        planned = {a[0]: a for a in actors if a[10] == self.rank}
+        for rec in self.members:
+            entry = planned.get(rec.actor_id)
+            if entry is None or entry[1] != rec.token:
+                self._forget(self.members.remove(rec.actor_id), "actor_left_rank")
+        for actor_id, entry in planned.items():
+            token, num_envs, base_version, member, said_bye, last_seq, key, host, pid = entry[1:10]
+            rec = self.members.get(actor_id)
+            if rec is None:
+                rec = ActorRecord(
+                    actor_id=actor_id, routing_id=b"", num_envs=num_envs, host=host,
+                    pid=pid, base_version=base_version, member=member, last_seen=now,
+                    last_fragment=now, registered_at=now, token=token, key=key,
+                    rank=self.rank,
+                )  # fmt: skip
+                self.members.actors[actor_id] = rec
+            rec.base_version, rec.member = base_version, member
+            rec.said_bye, rec.bye_last_seq = said_bye, last_seq
+        held, self._held, self._held_bytes = list(self._held), deque(), 0
+        for fragment, key, size, retried in held:
+            self._admit(fragment, key, size, held_before=None if retried else True)
+
+    def rank_report(self) -> dict[str, Any]:
+        """Rank > 0: what rank 0 needs of this rank's actors after a fill: per actor
+        [steps received, fragments received, steps consumed, delivered every slot],
+        and the actors this rank declared dead since the last report."""
+        dead, self._reported_dead = (
+            self.report.dead_actors[self._reported_dead :],
+            len(self.report.dead_actors),
+        )
+        return {
+            "actors": {
+                r.actor_id: [
+                    r.steps_received,
+                    r.fragments_received,
+                    r.steps_consumed,
+                    self.delivered(r),
+                ]
+                for r in self.members
+            },  # fmt: skip
+            "dead": dead,
+        }
+
+    def apply_rank_report(self, report: dict[str, Any]) -> None:
+        """Rank 0: take another rank's :meth:`rank_report`: its actors' counts, which
+        waiting ones delivered, and its declared deaths (removed here, so the next plan
+        and the heartbeats agree)."""
+        for actor_id, (received, fragments, consumed, delivered) in report["actors"].items():
+            rec = self.members.get(actor_id)
+            if rec is None:
+                continue
+            rec.steps_received, rec.fragments_received = received, fragments
+            rec.steps_consumed = consumed
+            (self.remote_delivered.add if delivered else self.remote_delivered.discard)(actor_id)
+        for line in report["dead"]:
+            rec = self.members.get(line["actor_id"])
+            if rec is None:
+                continue
+            log.warning("actor %d (%s pid %d) declared dead by its learner rank %d",
+                        rec.actor_id, rec.host, rec.pid, rec.rank)  # fmt: skip
+            self.report.dead_actors.append(line)
+            self.counters["actors/declared_dead"] += 1
+            self._forget(self.members.remove(rec.actor_id), "actor_dead")
 
     def _forget(self, rec: ActorRecord, reason: str) -> None:
         """Discard (and count) what a removed actor had queued; keep its report line."""

@@ -114,6 +114,7 @@ class ActorRecord:
     next_seq: int = 0  # the seq its next fragment must carry
     last_fragment: float = 0.0
     key: str = ""  # the CURVE public key it registered with (empty without CURVE)
+    rank: int = 0  # the learner rank its experience goes to (num_learners > 1)
     fragments_received: int = 0
     steps_received: int = 0
     steps_consumed: int = 0
@@ -261,21 +262,26 @@ class Membership:
         return [self.remove(r.actor_id) for r in dropped]
 
     def silent(
-        self, now: float, timeout: float, short_since: dict[int, float] | None = None
+        self,
+        now: float,
+        timeout: float,
+        short_since: dict[int, float] | None = None,
+        heard: bool = True,
     ) -> list[ActorRecord]:
         """Actors that have not said bye and were last heard more than ``timeout`` ago,
         and members whose slots the rollout has waited on (``short_since``: actor id
         -> when it first fell short) for ``timeout`` without a fragment from them:
         heartbeats alone do not hold a rollout. (A member paused by its valve while
         the learner waited on someone else becomes short only when that rollout is
-        taken, and resumes at once.)"""
+        taken, and resumes at once.) ``heard=False``: only the second rule (a learner
+        rank that receives no heartbeats)."""
         short_since = short_since or {}
         return [
             r
             for r in self.actors.values()
             if not r.said_bye
             and (
-                now - r.last_seen > timeout
+                (heard and now - r.last_seen > timeout)
                 or (
                     r.member
                     and r.actor_id in short_since
@@ -285,7 +291,7 @@ class Membership:
         ]
 
     def evict_silent(
-        self, now: float, timeout: float, short: set[int]
+        self, now: float, timeout: float, short: set[int], heard: bool = True
     ) -> list[tuple[ActorRecord, str]]:
         """Remove and return every actor that is dead by :meth:`silent`, each with why.
 
@@ -296,10 +302,10 @@ class Membership:
         """
         self._short_since = {a: self._short_since.get(a, now) for a in short}
         dead = []
-        for rec in self.silent(now, timeout, self._short_since):
-            heard = now - rec.last_seen
-            if heard > timeout:
-                why = f"silent for {heard:.1f}s"
+        for rec in self.silent(now, timeout, self._short_since, heard):
+            quiet = now - rec.last_seen
+            if heard and quiet > timeout:
+                why = f"silent for {quiet:.1f}s"
             else:  # heartbeats alone do not hold a rollout
                 waited = now - max(self._short_since[rec.actor_id], rec.last_fragment)
                 why = f"no fragment for {waited:.1f}s while the rollout waited on it"

@@ -56,7 +56,14 @@ class RewardScaler:
         self, rewards: np.ndarray, dones: np.ndarray, slots: Sequence[Hashable]
     ) -> np.ndarray:
         """Update the statistics with ``rewards [T, B]`` and return them scaled."""
+        self.observe(rewards, dones, slots)
+        return self.apply(rewards)
+
+    def observe(self, rewards: np.ndarray, dones: np.ndarray, slots: Sequence[Hashable]) -> None:
+        """Fold the discounted returns of ``rewards [T, B]`` into the statistics."""
         T, B = rewards.shape
+        if T * B == 0:
+            return
         discounted = np.empty((T, B), np.float64)
         for b, key in enumerate(slots):
             running = self.returns.get(key, 0.0)
@@ -69,6 +76,9 @@ class RewardScaler:
         self.mean, self.var, self.count = merge_moments(
             self.mean, self.var, self.count, discounted.mean(), discounted.var(), discounted.size
         )
+
+    def apply(self, rewards: np.ndarray) -> np.ndarray:
+        """``rewards`` divided by the return's running std, clipped, as float32."""
         std = np.sqrt(self.var + self.eps)
         return np.clip(rewards / std, -self.clip, self.clip).astype(np.float32)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -360,6 +361,20 @@ class RolloutBatch:
 _MEAN_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
 
+class GradientSync(Protocol):
+    """What :class:`PPOTrainer` needs of data-parallel ranks
+    (:class:`zmq_rl.distributed.DataParallel`)."""
+
+    def sum_counts(self, counts: list[int]) -> list[int]:
+        """Element-wise sums of ``counts`` over every rank."""
+
+    def average_gradients(
+        self, parameters: Iterable[nn.Parameter], weight: int, approx_kl: float
+    ) -> float | None:
+        """Replace each parameter's gradient by the ``weight``-weighted mean over the
+        ranks; return the weighted mean ``approx_kl`` (None: every weight was 0)."""
+
+
 class PPOTrainer:
     """Runs PPO updates of a :class:`~zmq_rl.policy.Policy` with Adam.
 
@@ -378,6 +393,9 @@ class PPOTrainer:
         self.generator = torch.Generator()
         self.generator.manual_seed(int(seed))
         self.updates = 0
+        self.sync: GradientSync | None = None
+        """Data-parallel learners (:mod:`zmq_rl.distributed`): every minibatch's
+        gradient is the row-weighted mean over all ranks before the step."""
         # IMPACT's target network: a snapshot of the whole policy (parameters and
         # buffers such as observation statistics), refreshed every
         # impact_target_update_every updates.
@@ -394,7 +412,7 @@ class PPOTrainer:
         clip = self.cfg.clip_range * (frac if self.cfg.anneal_clip_range else 1.0)
         return lr, clip
 
-    def update(self, batch: RolloutBatch, progress: float = 0.0) -> dict[str, float]:
+    def update(self, batch: RolloutBatch | None, progress: float = 0.0) -> dict[str, float]:
         """One PPO update on ``batch``; returns CleanRL-style metrics as python floats.
 
         ``progress`` in [0, 1] is the fraction of the training budget already spent;
@@ -419,6 +437,14 @@ class PPOTrainer:
         computed once per update, without grad; ``approx_kl`` (and so ``target_kl``)
         and ``clip_fraction`` are measured against that centre.
 
+        With :attr:`sync` (data-parallel learner ranks) the minibatch count is what
+        one learner would use for the union of every rank's batch, each rank splits
+        its own batch into that many parts, and each step applies the row-weighted
+        mean of every rank's gradient (and ``target_kl`` tests the row-weighted mean
+        ``approx_kl``), so every rank takes identical steps; ``batch`` is ``None`` on a
+        rank that has no rows this update (it still takes the steps). Advantages are
+        normalised per rank's part.
+
         Metrics (losses averaged over the minibatches run): ``losses/policy_loss``,
         ``losses/value_loss``, ``losses/entropy``, ``losses/approx_kl``,
         ``losses/clip_fraction``, ``losses/explained_variance`` (of the behaviour
@@ -431,30 +457,53 @@ class PPOTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         device = next(self.policy.parameters()).device
-        batch.validate()
-        batch = batch.to(device)
-        n = len(batch)
-        recurrent = batch.states is not None
-        if recurrent:
-            # Minibatches of whole sequences holding about minibatch_size real rows.
-            rows = max(int(batch.mask.sum()), 1)
-            mb_size = max(1, min(n, round(cfg.minibatch_size * n / rows)))
+        if batch is None and self.sync is None:
+            raise ValueError("RolloutBatch is empty")
+        if batch is not None:
+            batch.validate()
+            batch = batch.to(device)
+        n = len(batch) if batch is not None else 0
+        recurrent = batch is not None and batch.states is not None
+        real_rows = int(batch.mask.sum()) if recurrent else n
+        if self.sync is not None:  # the union of every rank's batch decides
+            n_all, rows_all, recurrent_any = self.sync.sum_counts([n, real_rows, int(recurrent)])
         else:
-            mb_size = min(cfg.minibatch_size, n)
-        per_epoch = math.ceil(n / mb_size)
+            n_all, rows_all, recurrent_any = n, real_rows, int(recurrent)
+        if recurrent_any:
+            # Minibatches of whole sequences holding about minibatch_size real rows.
+            mb_size = max(1, min(n_all, round(cfg.minibatch_size * n_all / max(rows_all, 1))))
+        else:
+            mb_size = min(cfg.minibatch_size, n_all)
+        per_epoch = math.ceil(n_all / mb_size)
         # Decoupled / IMPACT: the trust region's centre (the proximal policy or the
         # target network), evaluated once per update, without grad.
-        centre_log_probs = self._centre_log_probs(batch)
+        centre_log_probs = self._centre_log_probs(batch) if batch is not None else None
 
         # Summed on the device; one host sync at the end (plus one per step for target_kl).
         sums = torch.zeros(len(_MEAN_KEYS), dtype=torch.float64, device=device)
-        minibatches = skipped = 0
+        minibatches = skipped = steps = 0
         stop = False
         self.policy.train()
         for _epoch in range(cfg.num_epochs):
             perm = torch.randperm(n, generator=self.generator).to(device)
-            for start in range(0, n, mb_size):
-                idx = perm[start : start + mb_size]
+            if self.sync is None:
+                parts = [perm[start : start + mb_size] for start in range(0, n, mb_size)]
+            else:  # the same number of parts on every rank (some may be empty)
+                parts = list(torch.tensor_split(perm, per_epoch))
+            for idx in parts:
+                if batch is None or idx.numel() == 0:
+                    # No rows of this rank in this step: it contributes a zero
+                    # gradient of weight 0 and takes the ranks' common step.
+                    self.optimizer.zero_grad(set_to_none=True)
+                    steps += 1
+                    global_kl = self.sync.average_gradients(self.policy.parameters(), 0, 0.0)
+                    if global_kl is None:
+                        continue
+                    self._clipped_step()
+                    if cfg.target_kl > 0.0 and global_kl > cfg.target_kl:
+                        stop = True
+                        break
+                    continue
                 if recurrent:
                     lengths = batch.lengths[idx.cpu()]
                     rows = slice(0, int(lengths.max()))  # drop padding-only rows
@@ -519,18 +568,24 @@ class PPOTrainer:
                     )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.total.backward()
-                norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                if not torch.isfinite(norm):
+                approx_kl = float(loss.approx_kl) if cfg.target_kl > 0.0 else 0.0
+                steps += 1
+                if self.sync is not None:
+                    weight = int(mask.sum()) if recurrent else int(idx.numel())
+                    global_kl = self.sync.average_gradients(
+                        self.policy.parameters(), weight, approx_kl
+                    )
+                    assert global_kl is not None  # this rank's weight is positive
+                    approx_kl = global_kl
+                if not self._clipped_step():
                     # A poisoned minibatch (huge or non-finite inputs from a bad peer)
                     # must not turn the weights into NaN: skip it and count it.
-                    self.optimizer.zero_grad(set_to_none=True)
                     skipped += 1
                     continue
-                self.optimizer.step()
 
                 sums += torch.stack([getattr(loss, key).detach() for key in _MEAN_KEYS]).double()
                 minibatches += 1
-                if cfg.target_kl > 0.0 and float(loss.approx_kl) > cfg.target_kl:
+                if cfg.target_kl > 0.0 and approx_kl > cfg.target_kl:
                     stop = True
                     break
             if stop:
@@ -539,7 +594,9 @@ class PPOTrainer:
         self.updates += 1
         means = (sums / max(minibatches, 1)).tolist()
         metrics = {f"losses/{key}": float(v) for key, v in zip(_MEAN_KEYS, means, strict=True)}
-        if recurrent:
+        if batch is None:
+            metrics["losses/explained_variance"] = float("nan")
+        elif recurrent:
             real = batch.mask
             metrics["losses/explained_variance"] = explained_variance(
                 batch.old_values[real], batch.returns[real]
@@ -548,11 +605,23 @@ class PPOTrainer:
             metrics["losses/explained_variance"] = explained_variance(
                 batch.old_values, batch.returns
             )
+        if self.sync is not None:
+            minibatches = steps - skipped  # every rank took these steps
         metrics["losses/epochs_run"] = float(minibatches / per_epoch)
         metrics["losses/skipped_minibatches"] = float(skipped)
         metrics["charts/learning_rate"] = float(lr)
         metrics["charts/clip_range"] = float(clip_range)
         return metrics
+
+    def _clipped_step(self) -> bool:
+        """Clip the global gradient norm and step; False (no step, gradients
+        cleared) when the norm is not finite."""
+        norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
+        if not torch.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return False
+        self.optimizer.step()
+        return True
 
     @torch.no_grad()
     def _centre_log_probs(self, batch: RolloutBatch) -> torch.Tensor | None:

@@ -21,10 +21,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from .config import LearnerConfig, PolicyConfig, PPOConfig
 from .device import resolve_device, to_cpu
+from .distributed import Collective, DataParallel
 from .normalization import RewardScaler
 from .policy import Policy, build_policy, export_weights
 from .ppo import PPOTrainer
@@ -80,6 +82,7 @@ class Trainer:
         # begins mid-fragment (computed by the learner; not checkpointed: zeros after
         # a resume).
         self.carry_states: dict[SlotKey, Any] = {}
+        self.collective: Collective | None = None  # data-parallel ranks (attach)
 
     def next_version(self) -> int:
         """Start the next policy version (at a broadcast); return it."""
@@ -96,17 +99,75 @@ class Trainer:
             self.running_return.pop(key, None)
             self.carry_states.pop(key, None)
 
-    def update(self, rollout: Rollout, progress: float) -> UpdateResult:
+    def attach(self, collective: Collective) -> None:
+        """Train as one of several data-parallel learner ranks (:mod:`zmq_rl.distributed`):
+        gradients are averaged over the ranks at every minibatch, and the observation
+        and reward statistics are rank 0's (its actors sample the same distribution),
+        so every rank holds the identical policy after every update."""
+        self.collective = collective
+        self.ppo.sync = DataParallel(collective)
+
+    def share_state(self) -> None:
+        """Make every rank's training state rank 0's (at the start of a run, after a
+        resume): parameters, buffers, the optimiser's moments, the update count, the
+        IMPACT target network and the reward statistics."""
+        collective = self.collective
+        assert collective is not None
+        collective.share_tensors(self.policy.state_dict().values())
+        if self.ppo.target_policy is not None:
+            collective.share_tensors(self.ppo.target_policy.state_dict().values())
+        optimizer = self.ppo.optimizer
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        have = torch.tensor([int(p in optimizer.state) for p in params], dtype=torch.int64)
+        collective.share_tensors([have])
+        for p, known in zip(params, have.tolist(), strict=True):
+            if not known:
+                continue
+            if p not in optimizer.state:  # as Adam makes it at its first step
+                optimizer.state[p] = {
+                    "step": torch.zeros((), dtype=torch.float32),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                }
+            collective.share_tensors(
+                optimizer.state[p][k] for k in ("step", "exp_avg", "exp_avg_sq")
+            )
+        counts = torch.tensor([self.ppo.updates, self.version], dtype=torch.int64)
+        collective.share_tensors([counts])
+        self.ppo.updates, self.version = (int(v) for v in counts.tolist())
+        self._share_reward_stats()
+
+    def _share_reward_stats(self) -> None:
+        if self.reward_scaler is None or self.collective is None:
+            return
+        scaler = self.reward_scaler
+        stats = torch.tensor(
+            [float(scaler.mean), float(scaler.var), scaler.count], dtype=torch.float64
+        )
+        self.collective.share_tensors([stats])
+        scaler.mean, scaler.var = np.asarray(float(stats[0])), np.asarray(float(stats[1]))
+        scaler.count = float(stats[2])
+
+    def update(self, rollout: Rollout | None, progress: float) -> UpdateResult:
         """Account the rollout's episodes, update observation statistics, scale
         rewards, compute targets and run one PPO update; ``progress`` in [0, 1] drives
-        the learning-rate and clip schedules."""
-        returns = self._account(rollout)
-        if hasattr(self.policy, "update_obs_stats"):
+        the learning-rate and clip schedules. ``rollout`` is None only on a
+        data-parallel rank that has no rows this update (it still takes the ranks'
+        common steps)."""
+        returns = self._account(rollout) if rollout is not None else []
+        if rollout is not None and hasattr(self.policy, "update_obs_stats"):
             self.policy.update_obs_stats(rollout.obs)
+        if self.collective is not None:
+            self.collective.share_tensors(self.policy.buffers())
         if self.reward_scaler is not None:
-            rollout.rewards = self.reward_scaler.scale(
-                rollout.rewards, rollout.terminated | rollout.truncated, rollout.slots
-            )
+            if rollout is not None:
+                done = rollout.terminated | rollout.truncated
+                self.reward_scaler.observe(rollout.rewards, done, rollout.slots)
+            self._share_reward_stats()
+            if rollout is not None:
+                rollout.rewards = self.reward_scaler.apply(rollout.rewards)
+        if rollout is None:
+            return UpdateResult(self.ppo.update(None, progress), returns)
         batch, diagnostics = rollout_to_batch(
             rollout, self.policy, self.targets, self.carry_states, device=self.device
         )

@@ -395,26 +395,35 @@ def readable(sock: zmq.Socket) -> bool:
 class LearnerSockets:
     """The learner's three bound sockets (and the CURVE authenticator, when on)."""
 
-    control: zmq.Socket  # ROUTER at port
-    experience: zmq.Socket  # PULL at port + 1
-    weights: zmq.Socket  # PUB at port + 2
+    control: zmq.Socket | None  # ROUTER at port (None on learner ranks > 0)
+    experience: zmq.Socket  # PULL at port + 1 (rank r > 0: port + 2 + r)
+    weights: zmq.Socket | None  # PUB at port + 2 (None on learner ranks > 0)
     auth: Any = None
     handshakes: HandshakeWatch | None = None  # with CURVE: failed handshakes logged
+
+    def all(self) -> tuple[zmq.Socket | None, ...]:
+        """(control, experience, weights)."""
+        return (self.control, self.experience, self.weights)
 
     def close(self) -> None:
         """Close every socket (linger 0) and stop the authenticator."""
         if self.handshakes is not None:
             self.handshakes.stop()
             self.handshakes = None
-        for sock in (self.control, self.experience, self.weights):
-            sock.close(linger=0)
+        for sock in self.all():
+            if sock is not None:
+                sock.close(linger=0)
         if self.auth is not None:
             self.auth.stop()
             self.auth = None
 
 
 def bind_learner_sockets(
-    ctx: zmq.Context, cfg: Any, max_message_bytes: int, control_max_bytes: int | None = None
+    ctx: zmq.Context,
+    cfg: Any,
+    max_message_bytes: int,
+    control_max_bytes: int | None = None,
+    rank: int = 0,
 ) -> LearnerSockets:
     """Create and bind ROUTER, PULL and PUB for a :class:`~zmq_rl.config.LearnerConfig`,
     with CURVE when it names a secret key. OSError naming the ports when one is taken.
@@ -424,49 +433,59 @@ def bind_learner_sockets(
     receive HWMs are chosen so that what a stalled learner buffers per peer stays
     near :data:`EXPERIENCE_BUFFER_BYTES` and :data:`CONTROL_BUFFER_BYTES` (PUSH
     senders block, nothing is dropped; a control peer past its HWM waits in TCP).
+    A learner rank > 0 (``num_learners``) binds only its PULL, at
+    ``cfg.experience_port(rank)``.
     """
     control_max = control_max_bytes or max_message_bytes
     control_hwm = max(CONTROL_MIN_HWM, min(CONTROL_HWM, CONTROL_BUFFER_BYTES // control_max))
     receive = SocketOptions(rcvhwm=control_hwm, max_message_bytes=control_max)
     rcvhwm = max(4, min(EXPERIENCE_HWM, EXPERIENCE_BUFFER_BYTES // max_message_bytes))
     pull = SocketOptions(rcvhwm=rcvhwm, max_message_bytes=max_message_bytes)
+    leader = rank == 0
     sockets = LearnerSockets(
-        control=make_socket(ctx, zmq.ROUTER, receive),
+        control=make_socket(ctx, zmq.ROUTER, receive) if leader else None,
         experience=make_socket(ctx, zmq.PULL, pull),
-        weights=make_socket(ctx, zmq.PUB, SocketOptions(sndhwm=WEIGHTS_HWM)),
+        weights=make_socket(ctx, zmq.PUB, SocketOptions(sndhwm=WEIGHTS_HWM)) if leader else None,
     )
+    named = {
+        name: sock
+        for name, sock in zip(("control", "experience", "weights"), sockets.all(), strict=True)
+        if sock is not None
+    }
     try:
         if cfg.curve_secret_key:
             public, secret = load_secret_certificate(cfg.curve_secret_key, "curve_secret_key")
             keys = CurveServerKeys(public, secret, cfg.curve_authorized_keys)
             sockets.auth = start_authenticator(ctx, keys)
-            for sock in (sockets.control, sockets.experience, sockets.weights):
+            for sock in named.values():
                 apply_curve_server(sock, keys)
-            sockets.handshakes = HandshakeWatch(
-                {
-                    "control": sockets.control,
-                    "experience": sockets.experience,
-                    "weights": sockets.weights,
-                }
-            )
+            sockets.handshakes = HandshakeWatch(named)
             sockets.auth.watch = sockets.handshakes
             log.info("CURVE on: accepting actors whose keys are in %s", cfg.curve_authorized_keys)
-        sockets.control.bind(tcp_endpoint(cfg.host, cfg.port))
-        sockets.experience.bind(tcp_endpoint(cfg.host, cfg.experience_port()))
-        sockets.weights.bind(tcp_endpoint(cfg.host, cfg.weights_port()))
+        if leader:
+            sockets.control.bind(tcp_endpoint(cfg.host, cfg.port))
+        sockets.experience.bind(tcp_endpoint(cfg.host, cfg.experience_port(rank)))
+        if leader:
+            sockets.weights.bind(tcp_endpoint(cfg.host, cfg.weights_port()))
     except zmq.ZMQError as exc:
         sockets.close()
+        ports = (
+            f"ports {cfg.port}-{cfg.port + 2}" if leader else f"port {cfg.experience_port(rank)}"
+        )
         raise OSError(
-            f"cannot bind {cfg.host} ports {cfg.port}-{cfg.port + 2}: {exc} "
+            f"cannot bind {cfg.host} {ports}: {exc} "
             "(choose another --port or stop the other learner)"
         ) from exc
     except BaseException:
         sockets.close()
         raise
-    log.info(
-        "learner listening on %s (control), %d (experience), %d (weights)",
-        tcp_endpoint(cfg.host, cfg.port),
-        cfg.experience_port(),
-        cfg.weights_port(),
-    )
+    if leader:
+        log.info(
+            "learner listening on %s (control), %d (experience), %d (weights)",
+            tcp_endpoint(cfg.host, cfg.port),
+            cfg.experience_port(),
+            cfg.weights_port(),
+        )
+    else:
+        log.info("learner rank %d: experience on %d", rank, cfg.experience_port(rank))
     return sockets
