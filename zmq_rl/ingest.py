@@ -487,12 +487,13 @@ class Ingest:
             self._forget(old, "re-registered")
         self.counters["registered"] += 1
         log.info(
-            "actor %d registered from %s pid %d with %d env(s); base version %d",
+            "actor %d registered from %s pid %d with %d env(s); base version %d%s",
             rec.actor_id,
             hello.host,
             hello.pid,
             rec.num_envs,
             rec.base_version,
+            f"; its experience goes to learner rank {rec.rank}" if self.world_size > 1 else "",
         )
         self._send_control(routing_id, self._welcome(rec))
 

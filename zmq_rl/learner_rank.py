@@ -12,6 +12,7 @@ weights, evaluation, checkpoints and the report.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections import Counter
 from typing import Any
@@ -36,7 +37,12 @@ def run_learner_rank(
     policy_cfg: PolicyConfig,
     log_level: int = logging.INFO,
 ) -> int:
-    """Run learner rank ``spec.rank`` until rank 0 ends the run; return 0."""
+    """Run learner rank ``spec.rank`` until rank 0 ends the run; return 0.
+
+    SIGINT is ignored: a Ctrl-C reaches the whole process group, and rank 0 ends the
+    run for every rank (the stop plan); a rank that left early would fail the others'
+    collectives instead."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=log_level,

@@ -151,6 +151,7 @@ class ActorRecord:
             "host": self.host,
             "pid": self.pid,
             "num_envs": self.num_envs,
+            "learner_rank": self.rank,
             "said_bye": self.said_bye,
             "fragments_received": self.fragments_received,
             "steps_received": self.steps_received,

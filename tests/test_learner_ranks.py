@@ -1,0 +1,173 @@
+"""Data-parallel learner ranks in real processes (``--num-learners 2``, gloo on CPU):
+``zmq-rl run`` trains CartPole to 475 with two ranks, an actor killed with ``kill -9``
+is survived (its rank trains on without rows until the replacement is sent to it),
+and ``--resume`` continues a two-rank run.
+
+Parameter equality is checked by the run itself after every update (each rank's
+digest in the report collective; a difference stops the run with an error), and
+exactly in tests/test_data_parallel.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+
+from tests.conftest import free_port_block
+from tests.test_faults import (
+    START_S,
+    ZMQ_RL,
+    Procs,
+    assert_bye_accounting,
+    check_accounting,
+    checkpoints,
+    metrics_rows,
+    read_report,
+    wait_until,
+    wait_update,
+)
+from tests.test_supervisor import actor_children, run_argv
+
+RUN_S = 240
+RANK_OF = re.compile(r"actor (\d+) registered from \S+ pid (\d+) .*learner rank (\d+)")
+
+
+def ports() -> int:
+    """A block for control, experience, weights, rank 1's experience, the rendezvous."""
+    return free_port_block(5)
+
+
+def ranks_of(text: str) -> dict[int, int]:
+    """actor pid -> learner rank, from the learner's registration lines."""
+    return {int(m.group(2)): int(m.group(3)) for m in RANK_OF.finditer(text)}
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_two_learner_ranks_train_cartpole_to_475(tmp_path):
+    run_dir = tmp_path / "run"
+    procs = Procs(tmp_path)
+    try:
+        run = procs.start(
+            "zmq-rl-run",
+            [
+                *ZMQ_RL,
+                "run",
+                "--env",
+                "CartPole-v1",
+                "--actors",
+                "2",
+                "--num-learners",
+                "2",
+                "--port",
+                str(ports()),
+                "--run-dir",
+                str(run_dir),
+                "--no-plot",
+                "--log-level",
+                "info",
+            ],
+        )
+        assert run.wait(RUN_S) == 0, procs.logs()
+        text = run.text()
+    finally:
+        procs.close()
+    report = read_report(run_dir)
+    best = report["best_evaluation"]
+    assert best["mean_return"] >= 475, best
+    rows = metrics_rows(run_dir)
+    assert rows and all(r["learner/ranks"] == 2 for r in rows)
+    # One actor per rank, each of which said bye with everything it sent received.
+    stats = report["actor_stats"].values()
+    assert sorted(s["learner_rank"] for s in stats) == [0, 1], stats
+    for s in stats:
+        assert_bye_accounting(s)
+    check_accounting(report)
+    assert sorted(ranks_of(text).values()) == [0, 1], text[-3000:]
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_kill_9_of_the_only_actor_of_rank_1_is_survived(tmp_path):
+    run_dir = tmp_path / "run"
+    procs = Procs(tmp_path)
+    port = ports()
+    try:
+        run = procs.start(
+            "zmq-rl-run",
+            run_argv(
+                port,
+                run_dir,
+                actors=2,
+                budget_updates=300,
+                eval_every=0,
+                actor_timeout=3,
+                num_learners=2,
+            )
+            + ["--no-plot"],
+        )
+        wait_update(run_dir, 20, START_S, procs, [run])
+        ranks = ranks_of(run.text())
+        children = actor_children(run.pid)
+        (victim,) = [c for c in children.values() if ranks.get(c.pid) == 1]
+        victim.kill()
+        assert run.wait(RUN_S) == 0, procs.logs()
+        text = run.text()
+    finally:
+        procs.close()
+    report = read_report(run_dir)
+    assert report["stop_reason"] == "budget spent"
+    assert victim.pid in [d["pid"] for d in report["dead_actors"]]
+    (restart,) = report["supervisor"]["restarts"]
+    assert restart["pid"] == victim.pid and restart["new_pid"]
+    # The rank that lost its actor gets the replacement (the fewest live slots).
+    assert ranks_of(text)[restart["new_pid"]] == 1, text[-3000:]
+    replacement = [s for s in report["actor_stats"].values() if s["pid"] == restart["new_pid"]]
+    assert replacement and replacement[0]["steps_consumed"] > 0, report["actor_stats"]
+    assert replacement[0]["learner_rank"] == 1
+    check_accounting(report)
+    rows = metrics_rows(run_dir)
+    assert all(r["learner/ranks"] == 2 for r in rows)
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_resume_of_a_two_rank_run_finishes_the_budget(tmp_path):
+    run_dir = tmp_path / "run"
+    procs = Procs(tmp_path)
+    port = ports()
+    try:
+        first = procs.start(
+            "first",
+            run_argv(
+                port,
+                run_dir,
+                actors=2,
+                budget_updates=150,
+                eval_every=0,
+                checkpoint_every=5,
+                num_learners=2,
+            )
+            + ["--no-plot"],
+        )
+        wait_update(run_dir, 20, START_S, procs, [first])
+        wait_until(lambda: checkpoints(run_dir), 10, "a checkpoint", procs)
+        os.killpg(first.pid, signal.SIGINT)
+        assert first.wait(60) == 130, procs.logs()
+        interrupted = read_report(run_dir)
+        rows_before = len(metrics_rows(run_dir))
+        second = procs.start(
+            "second",
+            [*ZMQ_RL, "run", "--resume", str(run_dir), "--port", str(port)]
+            + ["--total-env-steps", str(16 * 2 * 200), "--log-level", "info"],
+        )
+        assert second.wait(RUN_S) == 0, procs.logs()
+    finally:
+        procs.close()
+    assert interrupted["stop_reason"] == "interrupted (SIGINT)"
+    report = read_report(run_dir)
+    assert report["stop_reason"] == "budget spent"
+    assert report["counters"]["learner/resumes"] == 1
+    rows = metrics_rows(run_dir)
+    assert rows[rows_before]["update"] == interrupted["updates_completed"] + 1
+    assert all(r["learner/ranks"] == 2 for r in rows[rows_before:])
+    check_accounting(report)
