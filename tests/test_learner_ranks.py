@@ -13,6 +13,7 @@ import os
 import re
 import signal
 
+import psutil
 import pytest
 
 from tests.conftest import free_port_block
@@ -171,3 +172,33 @@ def test_resume_of_a_two_rank_run_finishes_the_budget(tmp_path):
     assert rows[rows_before]["update"] == interrupted["updates_completed"] + 1
     assert all(r["learner/ranks"] == 2 for r in rows[rows_before:])
     check_accounting(report)
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_a_lost_learner_rank_stops_the_run_with_its_name_and_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    procs = Procs(tmp_path)
+    try:
+        run = procs.start(
+            "zmq-rl-run",
+            run_argv(
+                ports(), run_dir, actors=2, budget_updates=100_000, eval_every=0, num_learners=2
+            )
+            + ["--no-plot"],
+        )
+        wait_update(run_dir, 10, START_S, procs, [run])
+        (rank1,) = [
+            c
+            for c in psutil.Process(run.pid).children()
+            if any("spawn_main" in part for part in c.cmdline())
+        ]
+        rank1.kill()
+        assert run.wait(60) == 1, procs.logs()
+        text = run.text()
+    finally:
+        procs.close()
+    assert f"a learner rank was lost: zmq-rl-learner-rank-1 (pid {rank1.pid})" in text, text
+    report = read_report(run_dir)
+    assert report["stop_reason"].startswith("a learner rank was lost")
+    assert all(s["said_bye"] for s in report["actor_stats"].values())  # shut down cleanly
+    assert checkpoints(run_dir)  # rank 0's final checkpoint: --resume continues from it

@@ -42,6 +42,7 @@ from torch import nn
 __all__ = [
     "Collective",
     "DataParallel",
+    "LearnerRankLost",
     "RankSpec",
     "parameter_digest",
     "rank_spec",
@@ -52,6 +53,21 @@ log = logging.getLogger(__name__)
 RANK_TIMEOUT_S = 1800.0
 """How long a collective waits for a rank (gloo's default): rank 0 may evaluate or
 checkpoint between two updates while the others wait in the plan."""
+
+
+class LearnerRankLost(RuntimeError):
+    """Another learner rank failed or exited mid-run: its collective broke. Rank 0
+    ends the run (actors shut down, checkpoint and report written) and says so; the
+    run continues with ``--resume``."""
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a broken collective (a peer rank gone), not a bug here."""
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("gloo" in text or "Connection" in text)
 
 
 @dataclass(frozen=True)

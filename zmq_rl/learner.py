@@ -39,7 +39,14 @@ from .checkpoint import (
     save_policy,
 )
 from .config import LearnerConfig, PolicyConfig, PPOConfig
-from .distributed import Collective, RankSpec, parameter_digest, rank_spec
+from .distributed import (
+    Collective,
+    LearnerRankLost,
+    RankSpec,
+    is_collective_failure,
+    parameter_digest,
+    rank_spec,
+)
 from .envs import make_env
 from .ingest import POLL_MS, Ingest
 from .policy import Policy
@@ -49,7 +56,14 @@ from .rollout import SlotQueues
 from .runlog import RunLog
 from .trainer import Trainer
 
-__all__ = ["Learner", "LearnerReport", "LearnerStarved", "StopRequested", "run_settings"]
+__all__ = [
+    "Learner",
+    "LearnerRankLost",
+    "LearnerReport",
+    "LearnerStarved",
+    "StopRequested",
+    "run_settings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +222,7 @@ class Learner:
         cfg, runlog = self.cfg, self.runlog
         runlog.restart_clock()
         stop_reason = "budget spent"
+        lost: LearnerRankLost | None = None
         try:
             if self.ranks is not None:
                 self.ranks.start()
@@ -238,6 +253,9 @@ class Learner:
         except StopRequested as stop:
             stop_reason = str(stop)
             log.warning("stopping: %s", stop_reason)
+        except LearnerRankLost as exc:
+            lost, stop_reason = exc, str(exc)
+            log.error("stopping: %s", stop_reason)
         if self.ranks is not None:
             stop_reason = self.ranks.stop(stop_reason)
         self.report.stop_reason = stop_reason
@@ -246,6 +264,8 @@ class Learner:
             self.ranks.collect()
         self.report.wall_seconds = runlog.elapsed()
         self._finish()
+        if lost is not None:
+            raise lost
         return self.report
 
     def request_stop(self, reason: str) -> None:
@@ -496,6 +516,7 @@ class _Ranks:
         self.collective: Collective | None = None
         self.procs: list[Any] = []
         self.digest = 0
+        self.broken = False  # a collective failed: no rank is left to talk to
         self.stop_sent = ""
         self.budget_spent = False
         self.idle_since: float | None = None
@@ -534,9 +555,27 @@ class _Ranks:
         log.info("%d learner ranks train one policy", spec.world_size)
 
     def _call(self, work: Callable[[Collective], Any]) -> Any:
+        """``work(collective)`` while the ingest serves the sockets; a broken
+        collective becomes :class:`LearnerRankLost` naming the rank when it can."""
         assert self.collective is not None
         collective = self.collective
-        return self.learner.ingest.serve_during(lambda: work(collective))
+        try:
+            return self.learner.ingest.serve_during(lambda: work(collective))
+        except RuntimeError as exc:
+            dead = [p for p in self.procs if not p.is_alive()]
+            if not dead and not is_collective_failure(exc):
+                raise
+            self.broken = True
+            for proc in dead:
+                proc.join(timeout=1)
+            who = (
+                ", ".join(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}" for p in dead)
+                or str(exc).splitlines()[0][:300]
+            )
+            raise LearnerRankLost(
+                f"a learner rank was lost: {who}; the run stops here (resume it with "
+                "--resume RUN_DIR)"
+            ) from exc
 
     def _plan(self, stop: str) -> dict[str, Any]:
         learner = self.learner
@@ -652,7 +691,7 @@ class _Ranks:
     def stop(self, reason: str) -> str:
         """Tell the other ranks that the run ends (unless the last plan did); return
         the run's stop reason."""
-        if not self.stop_sent and self.collective is not None:
+        if not self.stop_sent and self.collective is not None and not self.broken:
             plan = self._plan(reason)
             self._call(lambda c: c.broadcast(plan))
             self.stop_sent = reason
@@ -662,7 +701,8 @@ class _Ranks:
         """After the actors' byes: the final plan (who said bye with which last seq),
         then every rank's totals (per-actor counts, counters, the last episodes)."""
         learner = self.learner
-        if self.collective is None:
+        if self.collective is None or self.broken:
+            self.close()
             return
         final = {"actors": learner.ingest.plan_actors(), "version": learner.version}
         self._call(lambda c: c.broadcast(final))

@@ -185,7 +185,7 @@ def train(
     already (``resume_command`` is the way the message names to continue it) or
     cannot be created is a :class:`ConfigError`.
     """
-    from zmq_rl.learner import Learner, LearnerStarved
+    from zmq_rl.learner import Learner, LearnerRankLost, LearnerStarved
     from zmq_rl.metrics import MetricsWriter, WandbUnavailable, tensorboard_available
 
     if preset:
@@ -252,7 +252,7 @@ def train(
         try:
             with progress, _graceful_stop(learner, outcome):
                 outcome.report = learner.run()
-        except (LearnerStarved, OSError) as exc:  # OSError: a run file could not be written
+        except (LearnerStarved, LearnerRankLost, OSError) as exc:  # OSError: a run file
             raise CliFailure(str(exc)) from None
         except KeyboardInterrupt:
             outcome.interrupted = True
