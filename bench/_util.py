@@ -193,14 +193,16 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
 
 class RssSampler:
-    """Samples a process's RSS from a thread: ``samples`` holds (time.monotonic(), bytes)."""
+    """Samples a process's RSS from a thread: ``samples`` holds (time.monotonic(), bytes);
+    with ``children``, the sum over the process and its children (learner ranks)."""
 
-    def __init__(self, pid: int, interval: float = 1.0) -> None:
+    def __init__(self, pid: int, interval: float = 1.0, children: bool = False) -> None:
         import threading
 
         import psutil
 
         self.proc = psutil.Process(pid)
+        self.children = children
         self.interval = interval
         self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
@@ -209,7 +211,9 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append((time.monotonic(), self.proc.memory_info().rss))
+                procs = [self.proc, *(self.proc.children() if self.children else [])]
+                rss = sum(p.memory_info().rss for p in procs)
+                self.samples.append((time.monotonic(), rss))
             except Exception:  # noqa: BLE001 - the process may be gone
                 return
             self._stop.wait(self.interval)

@@ -106,7 +106,7 @@ class LogHistogram:
 
 
 def learner_main(
-    port: int, actors: int, envs: int, seconds: float, warmup: float, out: Any
+    port: int, actors: int, envs: int, seconds: float, warmup: float, out: Any, ranks: int = 1
 ) -> None:
     logging.basicConfig(level=logging.WARNING)
     import numpy as np
@@ -147,6 +147,7 @@ def learner_main(
         run_dir="",
         port=port,
         starvation_timeout=120.0,
+        num_learners=ranks,
     )
     ppo = PPOConfig(num_epochs=LEARNER["num_epochs"], minibatch_size=LEARNER["minibatch_size"])
     rows = np.full((200_000, 3), np.nan)  # (t, env steps, fragments received); pre-touched
@@ -267,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds excluded at the start")
     parser.add_argument("--rss-interval", type=float, default=2.0)
+    parser.add_argument(
+        "--num-learners",
+        type=int,
+        default=1,
+        help="data-parallel learner ranks (RSS is then the sum over the ranks; latencies "
+        "are rank 0's fragments)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.actors, args.minutes, args.warmup, args.rss_interval = 8, 0.2, 3.0, 0.5
@@ -278,11 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     import zmq_rl.client  # noqa: F401
 
     seconds = args.minutes * 60.0
-    port = _util.free_port_block(3)
+    port = _util.free_port_block(3 + args.num_learners)
     spawn, fork = mp.get_context("spawn"), mp.get_context("fork")
     learner_out = spawn.Queue()
     learner = spawn.Process(
-        target=learner_main, args=(port, args.actors, args.envs, seconds, args.warmup, learner_out)
+        target=learner_main,
+        args=(port, args.actors, args.envs, seconds, args.warmup, learner_out, args.num_learners),
     )
     learner.start()
     ready = learner_out.get(timeout=120)
@@ -294,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in actors:
         p.start()
     actor_rss = []
-    with _util.RssSampler(ready["pid"], args.rss_interval) as rss:
+    with _util.RssSampler(ready["pid"], args.rss_interval, children=True) as rss:
         time.sleep(min(5.0, seconds / 2))
         for p in actors:
             with contextlib.suppress(psutil.Error):
@@ -418,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             "config": {
                 "actors": args.actors,
                 "num_envs": args.envs,
+                "num_learners": args.num_learners,
                 "minutes": args.minutes,
                 "warmup_s": args.warmup,
                 "learner": LEARNER,

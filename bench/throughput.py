@@ -155,7 +155,8 @@ def run_project(
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
     from zmq_rl.learner import Learner
 
-    port = _util.free_port_block(3)
+    # A learner binds port .. port + 2; with N learner ranks, up to port + 2 + N.
+    port = _util.free_port_block(3 + (learner_changes or {}).get("num_learners", 1))
     cfg = LearnerConfig(
         num_actors=actors,
         num_envs=envs,

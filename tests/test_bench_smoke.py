@@ -35,6 +35,7 @@ SCRIPTS = (
     "eval_overhead",
     "inference_latency",
     "ingest_ab",
+    "learner_ranks",
 )
 TIMEOUT_S = 150.0
 
@@ -316,3 +317,13 @@ def test_ingest_ab_smoke(smoke: SmokeRuns) -> None:
         assert row["steps_per_s"] > 0 and row["updates"] > 0, row
         assert not [k for k in row["counters"] if k.startswith("rejected")], row["counters"]
     assert data["median_ratio"] == pytest.approx(rows[0]["steps_per_s"] / rows[1]["steps_per_s"])
+
+
+def test_learner_ranks_smoke(smoke: SmokeRuns) -> None:
+    data = smoke.result("learner_ranks")
+    rows = data["rows"]
+    assert [row["num_learners"] for row in rows] == [1, 2]  # one round, one rank first
+    for row in rows:
+        assert row["steps_per_s"] > 0 and row["updates"] > 0, row
+        assert not [k for k in row["counters"] if k.startswith("rejected")], row["counters"]
+    assert data["median_ratio"] == pytest.approx(rows[1]["steps_per_s"] / rows[0]["steps_per_s"])

@@ -150,9 +150,13 @@ class Collective:
         ]
 
     def share_tensors(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Overwrite each tensor, in place, with rank 0's."""
+        """Overwrite each tensor, in place, with rank 0's (a CUDA tensor through a
+        host copy: the ranks talk over gloo)."""
         for tensor in tensors:
-            dist.broadcast(tensor.data, 0)
+            host = tensor.data.cpu() if tensor.is_cuda else tensor.data
+            dist.broadcast(host, 0)
+            if host is not tensor.data:
+                tensor.data.copy_(host)
 
 
 class DataParallel:
@@ -183,9 +187,12 @@ class DataParallel:
             else torch.zeros(p.numel(), device=device, dtype=p.dtype)
             for p in params
         ]
-        parts.append(torch.tensor([float(weight), weight * approx_kl], device=device))
-        flat = torch.cat(parts)
+        parts.append(
+            torch.tensor([float(weight), weight * approx_kl], device=device, dtype=parts[0].dtype)
+        )
+        flat = torch.cat(parts).cpu()  # gloo: one host copy per minibatch on CUDA
         dist.all_reduce(flat)
+        flat = flat.to(device)
         total = float(flat[-2])
         if total == 0:
             for p in params:

@@ -17,7 +17,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from .config import LearnerConfig, PolicyConfig, PPOConfig
+import torch
+
+from .config import LearnerConfig, PolicyConfig, PPOConfig, replace
 from .distributed import Collective, RankSpec, parameter_digest
 from .envs import make_env
 from .ingest import POLL_MS, SHUTDOWN_GRACE_S, Ingest
@@ -48,6 +50,9 @@ def run_learner_rank(
             level=log_level,
             format=f"%(asctime)s %(levelname)s learner rank {spec.rank}: %(message)s",
         )
+    if cfg.device in ("auto", "cuda") and torch.cuda.is_available():
+        # One GPU per rank where there are several (rank 0 keeps its own setting).
+        cfg = replace(cfg, device=f"cuda:{spec.rank % torch.cuda.device_count()}")
     probe = make_env(cfg.env_id, cfg.env_kwargs_map(), cfg.wrappers)
     spaces = (probe.observation_space, probe.action_space)
     probe.close()

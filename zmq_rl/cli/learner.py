@@ -14,7 +14,7 @@ from typing import Any
 
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 
-from .common import EXIT_INTERRUPTED, CliFailure, guard, setup_logging
+from .common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure, guard, setup_logging
 from .flags import (
     CliParser,
     HelpFormatter,
@@ -197,6 +197,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             args, cfg, ppo, policy = resolve(argv, parser)
             resume = None
         setup_logging(args.log_level)
+        from zmq_rl.distributed import rank_spec
+
+        try:
+            spec = rank_spec(cfg.num_learners, cfg.host, cfg.rendezvous_port())
+        except ValueError as exc:
+            raise CliFailure(str(exc), EXIT_CONFIG) from None
+        if spec is not None and not spec.leader:  # torchrun started this rank
+            from zmq_rl.learner_rank import run_learner_rank
+
+            return run_learner_rank(spec, cfg, ppo, policy)
         console = make_console()
         result, outcome, _ = _train_configs(  # zmq_rl.run_learner's engine
             cfg,
