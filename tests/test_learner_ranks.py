@@ -12,18 +12,22 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 
 import psutil
 import pytest
 
 from tests.conftest import free_port_block
 from tests.test_faults import (
+    LEARNER,
     START_S,
     ZMQ_RL,
     Procs,
+    actor_argv,
     assert_bye_accounting,
     check_accounting,
     checkpoints,
+    learner_argv,
     metrics_rows,
     read_report,
     wait_until,
@@ -202,3 +206,33 @@ def test_a_lost_learner_rank_stops_the_run_with_its_name_and_a_checkpoint(tmp_pa
     assert report["stop_reason"].startswith("a learner rank was lost")
     assert all(s["said_bye"] for s in report["actor_stats"].values())  # shut down cleanly
     assert checkpoints(run_dir)  # rank 0's final checkpoint: --resume continues from it
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_torchrun_starts_the_ranks_of_zmq_learner(tmp_path):
+    """``torchrun --nproc-per-node 2 -m zmq_rl.cli.learner ... --num-learners 2``:
+    each process takes its rank from RANK; actors connect to rank 0 as always."""
+    run_dir = tmp_path / "run"
+    procs = Procs(tmp_path)
+    port = ports()
+    argv = learner_argv(port, run_dir, actors=2, budget_updates=60, eval_every=0)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    try:
+        learner = procs.start(
+            "torchrun",
+            [*torchrun, "--nproc-per-node", "2", "-m", "zmq_rl.cli.learner", *argv[len(LEARNER) :]]
+            + ["--num-learners", "2"],
+        )
+        actors = [procs.start(f"actor-{i}", actor_argv(f"127.0.0.1:{port}")) for i in range(2)]
+        assert learner.wait(RUN_S) == 0, procs.logs()
+        for actor in actors:
+            assert actor.wait(30) == 0, procs.logs()
+    finally:
+        procs.close()
+    report = read_report(run_dir)
+    assert report["stop_reason"] == "budget spent"
+    assert sorted(s["learner_rank"] for s in report["actor_stats"].values()) == [0, 1]
+    for stats in report["actor_stats"].values():
+        assert_bye_accounting(stats)
+    check_accounting(report)
+    assert all(r["learner/ranks"] == 2 for r in metrics_rows(run_dir))

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .config import LearnerConfig, PolicyConfig, PPOConfig, replace
-from .distributed import Collective, RankSpec, parameter_digest
+from .distributed import Collective, RankSpec, is_collective_failure, parameter_digest
 from .envs import make_env
 from .ingest import POLL_MS, SHUTDOWN_GRACE_S, Ingest
 from .learner import run_settings
@@ -39,7 +39,8 @@ def run_learner_rank(
     policy_cfg: PolicyConfig,
     log_level: int = logging.INFO,
 ) -> int:
-    """Run learner rank ``spec.rank`` until rank 0 ends the run; return 0.
+    """Run learner rank ``spec.rank`` until rank 0 ends the run; return 0 (1 when
+    rank 0 went away mid-run).
 
     SIGINT is ignored: a Ctrl-C reaches the whole process group, and rank 0 ends the
     run for every rank (the stop plan); a rank that left early would fail the others'
@@ -77,6 +78,11 @@ def run_learner_rank(
             _Rounds(cfg, trainer, collective, ingest).run()
         finally:
             ingest.close()
+    except RuntimeError as exc:
+        if not is_collective_failure(exc):
+            raise
+        log.error("rank 0 is gone (it ended on an error or was killed): %s", str(exc)[:300])
+        return 1
     finally:
         collective.close()
     return 0
