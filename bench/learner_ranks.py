@@ -38,7 +38,10 @@ def one(ranks: int, args: argparse.Namespace) -> dict[str, Any]:
         "broadcast_every": 1,
     }
     ppo = {"num_epochs": args.epochs, "minibatch_size": args.minibatch}
-    result = run_project(args.actors, args.envs, args.warmup, args.window, changes, ppo)
+    policy = {"hidden_sizes": (args.hidden, args.hidden)}
+    result = run_project(
+        args.actors, args.envs, args.warmup, args.window, changes, ppo, policy_changes=policy
+    )
     result["num_learners"] = ranks
     print(
         f"ranks={ranks}  {result['steps_per_s']:9,.0f} steps/s  "
@@ -55,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-steps", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--minibatch", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--window", type=float, default=30.0)
@@ -77,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             "num_steps": args.num_steps,
             "num_epochs": args.epochs,
             "minibatch_size": args.minibatch,
+            "hidden_sizes": [args.hidden, args.hidden],
         },
         "ratios_2_over_1": ratios,
         "median_ratio": statistics.median(ratios),

@@ -146,10 +146,11 @@ def run_project(
     learner_changes: dict[str, Any] | None = None,
     ppo_changes: dict[str, Any] | None = None,
     device: str = "auto",
+    policy_changes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One measurement of ``actors`` x ``envs`` at the throughput configuration with the
-    learner on ``device``, ``learner_changes`` / ``ppo_changes`` overriding
-    LearnerConfig / PPOConfig fields."""
+    learner on ``device``, ``learner_changes`` / ``ppo_changes`` / ``policy_changes``
+    overriding LearnerConfig / PPOConfig / PolicyConfig fields."""
     import psutil
 
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
@@ -205,7 +206,8 @@ def run_project(
                 marks["system_cpu_percent"] = psutil.cpu_percent(None)
             learner.request_stop("benchmark window done")
 
-    learner = Learner(cfg, ppo, PolicyConfig(), on_update=on_update)
+    policy = dataclasses.replace(PolicyConfig(), **(policy_changes or {}))
+    learner = Learner(cfg, ppo, policy, on_update=on_update)
     ctx = mp.get_context("spawn")
     procs.extend(ctx.Process(target=_actor_main, args=(port, envs)) for _ in range(actors))
     t_launch = time.monotonic()

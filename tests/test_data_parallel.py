@@ -165,3 +165,13 @@ def test_rank_spec_from_torchrun_environment(monkeypatch):
     with pytest.raises(ValueError, match="WORLD_SIZE=2"):
         rank_spec(3, "127.0.0.1", 7004)
     assert os.environ["RANK"] == "1"
+
+
+def test_learner_help_lists_num_learners_and_how_ranks_meet(capsys):
+    from zmq_rl.cli import learner as learner_cli
+
+    with pytest.raises(SystemExit):
+        learner_cli.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--num-learners N" in text and "--device" in text
+    assert "PORT + 2 + r" in text and "torchrun" in text

@@ -133,6 +133,9 @@ def test_kill_9_of_the_only_actor_of_rank_1_is_survived(tmp_path):
     check_accounting(report)
     rows = metrics_rows(run_dir)
     assert all(r["learner/ranks"] == 2 for r in rows)
+    # Between the death and the replacement's first rows, rank 1 had no actor: the
+    # updates went on with its weight 0 (it did not hold the run up).
+    assert any(r["learner/ranks_without_rows"] == 1 for r in rows)
 
 
 @pytest.mark.timeout(RUN_S + 60)

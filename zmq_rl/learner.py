@@ -647,6 +647,7 @@ class _Ranks:
             learner._broadcast()
         report.final_stats = result.metrics
         result.metrics["learner/ranks"] = float(len(reports))
+        result.metrics["learner/ranks_without_rows"] = float(sum(not r["rows"] for r in reports))
         return True, result.metrics
 
     def _fill(self) -> list[Any]:
