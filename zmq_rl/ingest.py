@@ -50,7 +50,7 @@ from .protocol import (
     encode,
 )
 from .report import LearnerReport
-from .rollout import SlotKey, SlotQueues
+from .rollout import Rollout, SlotKey, SlotQueues
 from .spaces import space_spec
 from .transport import bind_learner_sockets, tcp_endpoint
 from .valve import fitting_max_lead_steps
@@ -552,6 +552,15 @@ class Ingest:
         if rec.rank != self.rank:
             return rec.actor_id in self.remote_delivered
         return all(self.queues.rows(key) > 0 for key in rec.slots())
+
+    def take_rollout(self, slots: list[SlotKey], num_steps: int) -> Rollout:
+        """Take ``num_steps`` rows of every slot in ``slots`` (all ready) as one rollout
+        and count them consumed for their actors (when taken: an actor may leave while
+        the update runs)."""
+        rollout = self.queues.take(slots, num_steps)
+        for actor_id, _ in rollout.slots:
+            self.members.get(actor_id).steps_consumed += rollout.num_steps
+        return rollout
 
     def local_member_slots(self) -> list[SlotKey]:
         """The member slots whose rows this learner rank receives."""

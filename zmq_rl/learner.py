@@ -23,7 +23,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import zmq
@@ -39,14 +39,7 @@ from .checkpoint import (
     save_policy,
 )
 from .config import LearnerConfig, PolicyConfig, PPOConfig
-from .distributed import (
-    Collective,
-    LearnerRankLost,
-    RankSpec,
-    is_collective_failure,
-    parameter_digest,
-    rank_spec,
-)
+from .distributed import LearnerRankLost, RankSpec, rank_spec
 from .envs import make_env
 from .ingest import POLL_MS, Ingest
 from .policy import Policy
@@ -55,6 +48,9 @@ from .report import LearnerReport
 from .rollout import SlotQueues
 from .runlog import RunLog
 from .trainer import Trainer
+
+if TYPE_CHECKING:
+    from .learner_ranks import LeaderRanks
 
 __all__ = [
     "Learner",
@@ -157,7 +153,11 @@ class Learner:
         # Data-parallel learner ranks (num_learners > 1): this is rank 0; the others
         # are started (or joined, under torchrun) when the run starts.
         self.spec: RankSpec | None = rank_spec(cfg.num_learners, cfg.host, cfg.rendezvous_port())
-        self.ranks = _Ranks(self) if self.spec is not None else None
+        self.ranks: LeaderRanks | None = None
+        if self.spec is not None:
+            from .learner_ranks import LeaderRanks  # it imports this module
+
+            self.ranks = LeaderRanks(self)
         self.ingest = Ingest(
             cfg,
             self.settings,
@@ -300,9 +300,7 @@ class Learner:
         self._fill()
         if self._overruns(len(self.members.member_slots())):
             return None  # members that delivered during the fill made it too big
-        rollout = self.queues.take(self.members.member_slots(), cfg.num_steps)
-        for actor_id, _ in rollout.slots:  # consumed when taken: an actor may leave
-            self.members.get(actor_id).steps_consumed += rollout.num_steps  # meanwhile
+        rollout = self.ingest.take_rollout(self.members.member_slots(), cfg.num_steps)
         progress = min(1.0, report.env_steps_consumed / cfg.total_env_steps)
         result = self.ingest.serve_during(lambda: self.trainer.update(rollout, progress))
         report.add_episodes(result.episode_returns)
@@ -501,230 +499,3 @@ class Learner:
             learner.report.env_steps_consumed,
         )
         return learner
-
-
-class _Ranks:
-    """Rank 0's side of data-parallel learner ranks (:mod:`zmq_rl.distributed`):
-    starts the other ranks, and runs each update's plan, report and gradient
-    collectives in the same order as :func:`zmq_rl.learner_rank.run_learner_rank`.
-    Every collective runs inside :meth:`Ingest.serve_during`, so control, heartbeats
-    and rank 0's fragments are served while the ranks wait for each other."""
-
-    def __init__(self, learner: Learner) -> None:
-        self.learner = learner
-        self.spec = learner.spec
-        self.collective: Collective | None = None
-        self.procs: list[Any] = []
-        self.digest = 0
-        self.broken = False  # a collective failed: no rank is left to talk to
-        self.stop_sent = ""
-        self.budget_spent = False
-        self.idle_since: float | None = None
-
-    def start(self) -> None:
-        """Start ranks 1..N-1 (unless torchrun did), join the process group, and make
-        every rank's training state this one's."""
-        import multiprocessing
-
-        from .learner_rank import run_learner_rank
-
-        learner, spec = self.learner, self.spec
-        assert spec is not None
-        if spec.init_method != "env://":
-            ctx = multiprocessing.get_context("spawn")
-            for rank in range(1, spec.world_size):
-                proc = ctx.Process(
-                    target=run_learner_rank,
-                    args=(
-                        RankSpec(rank, spec.world_size, spec.init_method),
-                        learner.cfg,
-                        learner.ppo_cfg,
-                        learner.policy_cfg,
-                        logging.getLogger().getEffectiveLevel(),
-                    ),
-                    name=f"zmq-rl-learner-rank-{rank}",
-                    daemon=True,
-                )
-                proc.start()
-                self.procs.append(proc)
-        self.collective = learner.ingest.serve_during(lambda: Collective(spec))
-        self._call(lambda c: c.broadcast({"run_id": learner.run_id}))
-        learner.trainer.attach(self.collective)
-        self._call(lambda c: learner.trainer.share_state())
-        self.digest = parameter_digest(learner.policy)
-        log.info("%d learner ranks train one policy", spec.world_size)
-
-    def _call(self, work: Callable[[Collective], Any]) -> Any:
-        """``work(collective)`` while the ingest serves the sockets; a broken
-        collective becomes :class:`LearnerRankLost` naming the rank when it can."""
-        assert self.collective is not None
-        collective = self.collective
-        try:
-            return self.learner.ingest.serve_during(lambda: work(collective))
-        except RuntimeError as exc:
-            dead = [p for p in self.procs if not p.is_alive()]
-            if not dead and not is_collective_failure(exc):
-                raise
-            self.broken = True
-            for proc in dead:
-                proc.join(timeout=1)
-            who = (
-                ", ".join(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}" for p in dead)
-                or str(exc).splitlines()[0][:300]
-            )
-            raise LearnerRankLost(
-                f"a learner rank was lost: {who}; the run stops here (resume it with "
-                "--resume RUN_DIR)"
-            ) from exc
-
-    def _plan(self, stop: str) -> dict[str, Any]:
-        learner = self.learner
-        return {
-            "stop": stop,
-            "version": learner.version,
-            "updates": learner.report.updates_completed,
-            "consumed": learner.report.env_steps_consumed,
-            "actors": learner.ingest.plan_actors(),
-        }
-
-    def update(self) -> dict[str, float] | None:
-        """One update of every rank (None: the ranks were told to stop)."""
-        while True:
-            done, metrics = self._round()
-            if done:
-                return metrics
-
-    def _round(self) -> tuple[bool, dict[str, float] | None]:
-        """Plan, fill, report and (when every rank may) update; (False, None) when
-        the round ended without an update (no rows anywhere, a stop or the budget
-        coming: the next plan says so)."""
-        learner = self.learner
-        cfg, report, ingest = learner.cfg, learner.report, learner.ingest
-        stop = learner._stop_reason or ("budget spent" if self.budget_spent else "")
-        if not stop and learner._budget_spent():
-            stop = "budget spent"
-        plan = self._plan(stop)
-        self._call(lambda c: c.broadcast(plan))
-        if stop:
-            self.stop_sent = stop
-            if learner._stop_reason:
-                raise StopRequested(stop)
-            return True, None
-        slots = self._fill()
-        mine = {"rows": cfg.num_steps * len(slots), "stop": bool(learner._stop_reason)}
-        mine["digest"] = self.digest
-        reports = self._call(lambda c: c.all_gather(mine))
-        for rank, other in enumerate(reports[1:], start=1):
-            if other["digest"] != self.digest:
-                raise RuntimeError(
-                    f"learner rank {rank} holds other parameters than rank 0 after update "
-                    f"{report.updates_completed} (digest {other['digest']:#x} != "
-                    f"{self.digest:#x}): the ranks diverged"
-                )
-            ingest.apply_rank_report(other)
-            report.add_episodes(other["returns"])
-        rows = sum(r["rows"] for r in reports)
-        if any(r["stop"] for r in reports):
-            return False, None
-        if rows == 0:
-            self._idle()
-            return False, None
-        self.idle_since = None
-        if report.updates_completed > 0 and report.env_steps_consumed + rows > cfg.total_env_steps:
-            self.budget_spent = True
-            return False, None
-        rollout = learner.queues.take(slots, cfg.num_steps) if slots else None
-        if rollout is not None:
-            for actor_id, _ in rollout.slots:
-                learner.members.get(actor_id).steps_consumed += rollout.num_steps
-        progress = min(1.0, report.env_steps_consumed / cfg.total_env_steps)
-        result = self._call(lambda c: learner.trainer.update(rollout, progress))
-        self.digest = parameter_digest(learner.policy)
-        report.add_episodes(result.episode_returns)
-        report.env_steps_consumed += rows
-        report.updates_completed += 1
-        if report.updates_completed % cfg.broadcast_every == 0:
-            learner._broadcast()
-        report.final_stats = result.metrics
-        result.metrics["learner/ranks"] = float(len(reports))
-        result.metrics["learner/ranks_without_rows"] = float(sum(not r["rows"] for r in reports))
-        return True, result.metrics
-
-    def _fill(self) -> list[Any]:
-        """Receive until rank 0's own member slots hold ``num_steps`` rows, or a stop
-        is requested; return those slots (none when the stop came first)."""
-        learner = self.learner
-        cfg = learner.cfg
-        deadline = time.monotonic() + cfg.starvation_timeout
-        learner.pump(0)
-        while True:
-            slots = learner.ingest.local_member_slots()
-            if not slots or learner.queues.ready(slots, cfg.num_steps):
-                return slots
-            if learner._stop_reason:
-                return []
-            if time.monotonic() > deadline:
-                short = learner.queues.short_slots(slots, cfg.num_steps)
-                waiting = learner.members.describe_waiting(short, learner.report.dead_actors)
-                raise LearnerStarved(
-                    f"learner starved: no rollout completed within "
-                    f"starvation_timeout={cfg.starvation_timeout}s; waiting on {waiting}"
-                )
-            learner.pump(POLL_MS)
-
-    def _idle(self) -> None:
-        """No rank had a member slot: let waiting actors join (a fresh version), or
-        wait a poll; LearnerStarved after ``starvation_timeout`` of this."""
-        learner = self.learner
-        now = time.monotonic()
-        self.idle_since = self.idle_since or now
-        if learner.ingest.can_admit():
-            learner._broadcast()
-        elif now - self.idle_since > learner.cfg.starvation_timeout:
-            waiting = learner.members.describe_waiting([], learner.report.dead_actors)
-            raise LearnerStarved(
-                f"learner starved: no rank had an actor for starvation_timeout="
-                f"{learner.cfg.starvation_timeout}s; {waiting}"
-            )
-        else:
-            learner.pump(POLL_MS)
-
-    def stop(self, reason: str) -> str:
-        """Tell the other ranks that the run ends (unless the last plan did); return
-        the run's stop reason."""
-        if not self.stop_sent and self.collective is not None and not self.broken:
-            plan = self._plan(reason)
-            self._call(lambda c: c.broadcast(plan))
-            self.stop_sent = reason
-        return self.stop_sent or reason
-
-    def collect(self) -> None:
-        """After the actors' byes: the final plan (who said bye with which last seq),
-        then every rank's totals (per-actor counts, counters, the last episodes)."""
-        learner = self.learner
-        if self.collective is None or self.broken:
-            self.close()
-            return
-        final = {"actors": learner.ingest.plan_actors(), "version": learner.version}
-        self._call(lambda c: c.broadcast(final))
-        reports = self._call(lambda c: c.all_gather({"rows": 0}))
-        for other in reports[1:]:
-            learner.ingest.apply_rank_report(other)
-            learner.report.add_episodes(other["returns"])
-            for key, value in other["counters"].items():
-                learner.counters[key] += value
-        self.close()
-
-    def close(self) -> None:
-        """Leave the process group; wait (bounded) for the ranks this learner
-        started, then kill any left."""
-        if self.collective is not None:
-            self.collective.close()
-            self.collective = None
-        for proc in self.procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                log.warning("learner rank process %d did not exit; killing it", proc.pid)
-                proc.kill()
-                proc.join(timeout=5)
-        self.procs = []

@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             raise CliFailure(str(exc), EXIT_CONFIG) from None
         if spec is not None and not spec.leader:  # torchrun started this rank
-            from zmq_rl.learner_rank import run_learner_rank
+            from zmq_rl.learner_ranks import run_learner_rank
 
             return run_learner_rank(spec, cfg, ppo, policy)
         console = make_console()
