@@ -39,9 +39,10 @@ RUN_S = 240
 RANK_OF = re.compile(r"actor (\d+) registered from \S+ pid (\d+) .*learner rank (\d+)")
 
 
-def ports() -> int:
-    """A block for control, experience, weights, rank 1's experience, the rendezvous."""
-    return free_port_block(5)
+def ports(ranks: int = 2) -> int:
+    """A block for control, experience, weights, the other ranks' experience ports and
+    the rendezvous."""
+    return free_port_block(3 + ranks)
 
 
 def ranks_of(text: str) -> dict[int, int]:
@@ -139,10 +140,12 @@ def test_kill_9_of_the_only_actor_of_rank_1_is_survived(tmp_path):
 
 
 @pytest.mark.timeout(RUN_S + 60)
-def test_resume_of_a_two_rank_run_finishes_the_budget(tmp_path):
+def test_resume_of_a_two_rank_run_with_three_ranks_finishes_the_budget(tmp_path):
+    """A checkpoint is rank 0's whole state: the run continues with another number of
+    ranks (here 3 for 2 actors, so one rank trains without rows)."""
     run_dir = tmp_path / "run"
     procs = Procs(tmp_path)
-    port = ports()
+    port = ports(3)
     try:
         first = procs.start(
             "first",
@@ -166,7 +169,8 @@ def test_resume_of_a_two_rank_run_finishes_the_budget(tmp_path):
         second = procs.start(
             "second",
             [*ZMQ_RL, "run", "--resume", str(run_dir), "--port", str(port)]
-            + ["--total-env-steps", str(16 * 2 * 200), "--log-level", "info"],
+            + ["--total-env-steps", str(16 * 2 * 200), "--num-learners", "3"]
+            + ["--log-level", "info"],
         )
         assert second.wait(RUN_S) == 0, procs.logs()
     finally:
@@ -177,7 +181,9 @@ def test_resume_of_a_two_rank_run_finishes_the_budget(tmp_path):
     assert report["counters"]["learner/resumes"] == 1
     rows = metrics_rows(run_dir)
     assert rows[rows_before]["update"] == interrupted["updates_completed"] + 1
-    assert all(r["learner/ranks"] == 2 for r in rows[rows_before:])
+    assert all(r["learner/ranks"] == 2 for r in rows[:rows_before])
+    assert all(r["learner/ranks"] == 3 for r in rows[rows_before:])
+    assert all(r["learner/ranks_without_rows"] >= 1 for r in rows[rows_before:])
     check_accounting(report)
 
 

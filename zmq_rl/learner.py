@@ -350,13 +350,18 @@ class Learner:
                 self._broadcast()
             self._check_stop()
             if time.monotonic() > deadline:
-                short = self.queues.short_slots(slots, cfg.num_steps)
-                waiting = self.members.describe_waiting(short, self.report.dead_actors)
-                raise LearnerStarved(
-                    f"learner starved: no rollout completed within "
-                    f"starvation_timeout={cfg.starvation_timeout}s; waiting on {waiting}"
-                )
+                raise self.starved(slots)
             self.pump(POLL_MS)
+
+    def starved(self, slots: list[Any]) -> LearnerStarved:
+        """The error of a fill of ``slots`` that made no progress for
+        ``starvation_timeout``: it names the actors it waited on."""
+        short = self.queues.short_slots(slots, self.cfg.num_steps)
+        waiting = self.members.describe_waiting(short, self.report.dead_actors)
+        return LearnerStarved(
+            f"learner starved: no rollout completed within "
+            f"starvation_timeout={self.cfg.starvation_timeout}s; waiting on {waiting}"
+        )
 
     # ------------------------------------------------------------------ weights
 

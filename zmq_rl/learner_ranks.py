@@ -211,12 +211,7 @@ class LeaderRanks:
             if learner._stop_reason:
                 return []
             if time.monotonic() > deadline:
-                short = learner.queues.short_slots(slots, cfg.num_steps)
-                waiting = learner.members.describe_waiting(short, learner.report.dead_actors)
-                raise LearnerStarved(
-                    f"learner starved: no rollout completed within "
-                    f"starvation_timeout={cfg.starvation_timeout}s; waiting on {waiting}"
-                )
+                raise learner.starved(slots)
             learner.pump(POLL_MS)
 
     def _idle(self) -> None:

@@ -142,6 +142,7 @@ RESUME_OVERRIDES = (
     "starvation_timeout",
     "actor_timeout",
     "device",
+    "num_learners",
 )
 """Settings ``--resume`` takes from the command line; the rest come from the checkpoint."""
 

@@ -674,11 +674,13 @@ RESUME_CHANGEABLE = (
     "starvation_timeout",
     "actor_timeout",
     "device",
+    "num_learners",
 )
 """Learner settings that ``zmq-rl run --resume`` may change: the budget, where to
-listen, how many local actors, evaluation, checkpointing, timeouts and the device
-(a run checkpointed on a GPU continues on a CPU-only machine). Every other
-learner, PPO and policy setting comes from the checkpoint."""
+listen, how many local actors, evaluation, checkpointing, timeouts, the device
+(a run checkpointed on a GPU continues on a CPU-only machine) and the number of
+learner ranks (a checkpoint is rank 0's whole state, whatever N wrote it). Every
+other learner, PPO and policy setting comes from the checkpoint."""
 
 
 def resume_configs(
