@@ -42,6 +42,23 @@ def result_path(name: str, args: Any) -> Path:
     return RESULTS / (f"{name}.smoke.json" if args.smoke else f"{name}.json")
 
 
+def ab_rounds(
+    rounds: int, order: tuple[Any, Any], measure: Any, over: tuple[Any, Any], what: str
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """An A/B in one run: each round measures the two variants in ``order`` (flipped
+    every other round), ``measure(variant)`` returning a row with ``steps_per_s``.
+    Returns the rows in measurement order and, per round, the steps/s ratio
+    ``over[0] / over[1]`` (printed as ``what``)."""
+    rows: list[dict[str, Any]] = []
+    ratios: list[float] = []
+    for r in range(rounds):
+        pair = {v: measure(v) for v in (order if r % 2 == 0 else order[::-1])}
+        rows.extend(pair.values())
+        ratios.append(pair[over[0]]["steps_per_s"] / max(pair[over[1]]["steps_per_s"], 1e-9))
+        print(f"round {r}: {what} steps/s ratio {ratios[-1]:.3f}", flush=True)
+    return rows, ratios
+
+
 def write_result(name: str, args: Any, data: dict[str, Any]) -> Path:
     """Write ``data`` plus the machine description and the command line."""
     path = result_path(name, args)

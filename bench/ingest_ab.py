@@ -56,13 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.warmup, args.window, args.epochs = 1, 1.0, 2.0, 2
-    rows, ratios = [], []
-    for r in range(args.rounds):
-        order = (True, False) if r % 2 == 0 else (False, True)
-        pair = {on: one(on, args) for on in order}
-        rows.extend(pair.values())
-        ratios.append(pair[True]["steps_per_s"] / max(pair[False]["steps_per_s"], 1e-9))
-        print(f"round {r}: on/off steps/s ratio {ratios[-1]:.3f}", flush=True)
+    on_off = (True, False)
+    rows, ratios = _util.ab_rounds(args.rounds, on_off, lambda on: one(on, args), on_off, "on/off")
     summary = {
         "setting": {
             "actors": args.actors,

@@ -67,13 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.rounds, args.warmup, args.window, args.epochs = 1, 2.0, 4.0, 2
         args.actors, args.num_steps = 2, 64
-    rows, ratios = [], []
-    for r in range(args.rounds):
-        order = (1, 2) if r % 2 == 0 else (2, 1)
-        pair = {ranks: one(ranks, args) for ranks in order}
-        rows.extend(pair.values())
-        ratios.append(pair[2]["steps_per_s"] / max(pair[1]["steps_per_s"], 1e-9))
-        print(f"round {r}: 2-rank / 1-rank steps/s ratio {ratios[-1]:.3f}", flush=True)
+    rows, ratios = _util.ab_rounds(
+        args.rounds, (1, 2), lambda n: one(n, args), (2, 1), "2-rank / 1-rank"
+    )
     summary = {
         "setting": {
             "actors": args.actors,

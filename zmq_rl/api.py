@@ -282,8 +282,8 @@ def train(
     Raises :class:`ConfigError` (a bad setting, an env that cannot be built:
     :class:`~zmq_rl.envs.EnvBuildError`) before anything starts, and
     :class:`~zmq_rl.cli.common.CliFailure` for run-time failures (port in use,
-    starved learner, an actor that cannot start). Ctrl-C stops the run cleanly
-    (the result's ``interrupted`` is set).
+    starved learner, a lost learner rank, an actor that cannot start). Ctrl-C stops
+    the run cleanly (the result's ``interrupted`` is set).
     """
     _Hooks(callbacks)  # a wrong callback fails before anything starts
     cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)

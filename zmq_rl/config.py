@@ -435,7 +435,7 @@ class LearnerConfig:
         "(torch.distributed, gloo): rank 0 owns control and weights, rank r > 0 binds "
         "its own experience port (PORT + 2 + r) and actors are spread over the ranks; "
         "torch.distributed meets at PORT + 2 + N unless torchrun's RANK/WORLD_SIZE/"
-        "MASTER_ADDR/MASTER_PORT are set (docs/multi-host.md)",
+        "MASTER_ADDR/MASTER_PORT are set (docs/api.md, Learner ranks)",
         metavar="N",
     )
     device: str = _f(
