@@ -94,6 +94,14 @@ are held (decoded, not yet checked) until the next plan names them, up to this m
 bytes (what new actors send in one update, bounded by their staleness valves); beyond
 it they are rejected as ``unknown_actor``."""
 
+PLAN_FIELDS = (
+    "actor_id", "token", "num_envs", "base_version", "member", "said_bye",
+    "bye_last_seq", "key", "host", "pid", "rank",
+)  # fmt: skip
+"""What the plan of learner ranks carries of each registration (:meth:`Ingest.plan_actors`)."""
+PLAN_UPDATED = ("base_version", "member", "said_bye", "bye_last_seq")
+"""The fields a rank > 0 takes from every plan for a registration it already has."""
+
 CONTROL_SLACK_BYTES = 128 * 1024
 """Room in the control message limit beyond the spaces and the per-slot lists: ids,
 host and env names, a bye's stats (a legitimate one is under 2 KB)."""
@@ -758,13 +766,9 @@ class Ingest:
     # ------------------------------------------------------------------ learner ranks
 
     def plan_actors(self) -> list[list[Any]]:
-        """Rank 0: every registration, as the plan tells the other ranks (see
-        :meth:`apply_plan`)."""
-        return [
-            [r.actor_id, r.token, r.num_envs, r.base_version, r.member, r.said_bye,
-             r.bye_last_seq, r.key, r.host, r.pid, r.rank]
-            for r in self.members
-        ]  # fmt: skip
+        """Rank 0: every registration as the plan tells the other ranks: the
+        :data:`PLAN_FIELDS` of each record (see :meth:`apply_plan`)."""
+        return [[getattr(rec, name) for name in PLAN_FIELDS] for rec in self.members]
 
     def apply_plan(self, actors: list[list[Any]]) -> None:
         """Rank > 0: make this rank's registrations rank 0's (:meth:`plan_actors`):
@@ -773,24 +777,21 @@ class Ingest:
         the fragments held for actors that were not planned yet. A fragment held
         through a whole plan without its actor appearing is rejected (``unknown_actor``)."""
         now = time.monotonic()
-        planned = {a[0]: a for a in actors if a[10] == self.rank}
+        entries = (dict(zip(PLAN_FIELDS, values, strict=True)) for values in actors)
+        planned = {e["actor_id"]: e for e in entries if e["rank"] == self.rank}
         for rec in self.members:
             entry = planned.get(rec.actor_id)
-            if entry is None or entry[1] != rec.token:
+            if entry is None or entry["token"] != rec.token:
                 self._forget(self.members.remove(rec.actor_id), "actor_left_rank")
         for actor_id, entry in planned.items():
-            token, num_envs, base_version, member, said_bye, last_seq, key, host, pid = entry[1:10]
             rec = self.members.get(actor_id)
             if rec is None:
                 rec = ActorRecord(
-                    actor_id=actor_id, routing_id=b"", num_envs=num_envs, host=host,
-                    pid=pid, base_version=base_version, member=member, last_seen=now,
-                    last_fragment=now, registered_at=now, token=token, key=key,
-                    rank=self.rank,
-                )  # fmt: skip
+                    **entry, routing_id=b"", last_seen=now, last_fragment=now, registered_at=now
+                )
                 self.members.actors[actor_id] = rec
-            rec.base_version, rec.member = base_version, member
-            rec.said_bye, rec.bye_last_seq = said_bye, last_seq
+            for name in PLAN_UPDATED:
+                setattr(rec, name, entry[name])
         held, self._held, self._held_bytes = list(self._held), deque(), 0
         for fragment, key, size, retried in held:
             self._admit(fragment, key, size, held_before=None if retried else True)
@@ -799,10 +800,8 @@ class Ingest:
         """Rank > 0: what rank 0 needs of this rank's actors after a fill: per actor
         [steps received, fragments received, steps consumed, delivered every slot],
         and the actors this rank declared dead since the last report."""
-        dead, self._reported_dead = (
-            self.report.dead_actors[self._reported_dead :],
-            len(self.report.dead_actors),
-        )
+        dead = self.report.dead_actors[self._reported_dead :]
+        self._reported_dead = len(self.report.dead_actors)
         return {
             "actors": {
                 r.actor_id: [
