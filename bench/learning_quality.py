@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -359,6 +360,105 @@ def overlay(envs: list[str]) -> int:
     return 0
 
 
+LAG_ENVS = ("LunarLander-v3", "LunarLanderContinuous-v3")
+LAG_VARIANT = re.compile(r"^(gae|vtrace)-bc(\d+)(-lag-.+)?$")
+
+
+def lag_label(result: dict[str, Any]) -> str:
+    """What corrects the lag in a row: ``GAE (no correction)``, ``GAE on current
+    values`` (``--recompute-values``) or ``V-trace + OBJ`` (the ``--objective`` among
+    the row's extra flags; ``ppo`` when none), and the rollout length where the row
+    sets one (``--num-steps``)."""
+    extra = list(result.get("extra", []))
+    if not result["use_vtrace"]:
+        label = "GAE on current values" if "--recompute-values" in extra else "GAE (no correction)"
+    else:
+        objective = extra[extra.index("--objective") + 1] if "--objective" in extra else "ppo"
+        label = f"V-trace + {objective}"
+    if "--num-steps" in extra:
+        label += f", {extra[extra.index('--num-steps') + 1]}-step rollouts"
+    return label
+
+
+def lag_rows(env: str) -> list[dict[str, Any]]:
+    """The stored rows of ``env`` that belong to the lag table: the plain variants
+    (``gae-bcN``, ``vtrace-bcN``) and those tagged ``lag-*``, ordered by broadcast
+    interval, then GAE before V-trace, then by name."""
+    rows = []
+    for path in RESULTS.glob(f"quality-{env}-*.json"):
+        result = json.loads(path.read_text())
+        match = LAG_VARIANT.match(result["variant"])
+        if match and result.get("total_env_steps") == TARGETS[env].steps:
+            rows.append(result)
+    rows.sort(key=lambda r: (r["broadcast_every"], r["use_vtrace"], lag_label(r), r["variant"]))
+    return rows
+
+
+def lag_table(envs: list[str], plot: bool) -> int:
+    """Print issue 14's lag table for ``envs`` (final return mean ± std, worst seed,
+    seeds below the target, distance to GAE at broadcast every update) and, with
+    ``plot``, draw ``docs/img/lag-<env>-bc<N>.png`` for N in 4 and 8: GAE without
+    lag against every row at N whose runs are stored, via ``zmq-rl plot``."""
+    from zmq_rl.cli.plot import plot_runs
+
+    for env in envs:
+        target = TARGETS[env]
+        rows = lag_rows(env)
+        base = next((r for r in rows if r["variant"] == "gae-bc1"), None)
+        if base is None:
+            print(f"{env}: no gae-bc1 row to compare with")
+            continue
+        base_mean = base["summary"]["mean"]
+        print(f"\n{env}, {target.steps:,} steps; vs no lag: against gae-bc1 ({base_mean:.1f})\n")
+        print(
+            "| broadcast every | correction | final, mean ± std | worst seed "
+            f"| seeds < {target.threshold:g} | vs no lag | per-seed finals | variant |"
+        )
+        print("|---|---|---|---:|---:|---:|---|---|")
+        for r in rows:
+            finals = [s["final_mean"] for s in r["seeds"] if not s.get("failed")]
+            if not finals:
+                continue
+            s = r["summary"]
+            below = sum(v < target.threshold for v in finals)
+            gap = (s["mean"] - base_mean) / abs(base_mean)
+            print(
+                f"| {r['broadcast_every']} | {lag_label(r)} | {s['mean']:.1f} ± {s['std']:.1f} "
+                f"(n={len(finals)}) | {min(finals):.1f} | {below} | {gap:+.1%} | "
+                + ", ".join(f"{v:.1f}" for v in finals)
+                + f" | `{r['variant']}` |"
+            )
+        print()
+        for r in rows:
+            print(f"- `{r['variant']}`: `{r['public_command']}`")
+        if not plot:
+            continue
+        for every in (4, 8):
+            dirs: list[Path] = []
+            labels: list[str] = []
+            for r in rows:
+                if r["broadcast_every"] not in (1, every):
+                    continue
+                label = f"bc{r['broadcast_every']} {lag_label(r)}"
+                for seed in r["seeds"]:
+                    if (ROOT / seed["run_dir"] / "metrics.jsonl").is_file():
+                        dirs.append(ROOT / seed["run_dir"])
+                        labels.append(label)
+            if not any(label.startswith(f"bc{every}") for label in labels):
+                continue
+            out = IMAGES / f"lag-{env}-bc{every}.png"
+            title = f"{env}: broadcast every {every} vs every update (mean over seeds)"
+            references = [(target.threshold, f"target {target.threshold:g}")]
+            plot_runs(dirs, out, labels=labels, reference=references, title=title)
+            flags = " ".join(f"--label {shlex.quote(label)}" for label in labels)
+            rel_dirs = " ".join(str(d.relative_to(ROOT)) for d in dirs)
+            print(
+                f"\n{out.relative_to(ROOT)}: zmq-rl plot {rel_dirs} {flags} "
+                f"--reference '{target.threshold:g}=target' --out {out.name}"
+            )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", help="a shipped preset name, e.g. LunarLander-v3")
@@ -398,12 +498,20 @@ def main(argv: list[str] | None = None) -> int:
         help="draw docs/img/quality-<env>.png, the variants of --env (default: every env) "
         "overlaid with the target and the zoo's score; run nothing",
     )
+    parser.add_argument(
+        "--lag-table",
+        action="store_true",
+        help="print the lag table (issue 14) of --env (default: both LunarLanders) and, "
+        "unless --no-plot, draw docs/img/lag-<env>-bc<N>.png; run nothing",
+    )
     parser.add_argument("extra", nargs="*", help="after --: more zmq-rl run flags")
     args = parser.parse_args(argv)
     if args.table:
         return print_table()
     if args.overlay:
         return overlay([args.env] if args.env else list(TARGETS))
+    if args.lag_table:
+        return lag_table([args.env] if args.env else list(LAG_ENVS), args.plot)
     if not args.env:
         parser.error("--env is required (or --table)")
     target = TARGETS.get(args.env)

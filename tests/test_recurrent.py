@@ -4,6 +4,8 @@ rollouts that begin mid-fragment)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -198,6 +200,36 @@ def test_learner_recomputes_the_actors_log_probs_and_values_exactly(kind):
         )
     assert seen_kinds == {0, 1, 2}, "carried, fragment and episode-start states all used"
     assert truncations > 0
+
+
+def test_recompute_values_ignores_the_behaviour_values_of_sequences():
+    """With ``recompute_values`` a recurrent batch's GAE targets come from the
+    learner's unroll: spoiling the values the actors sent changes nothing (and
+    changes the targets without it)."""
+    policy = make_policy("gru", seed=2)
+    fragments = collect(policy, MASKED, 2, 16, cuts=[7])
+    queues = SlotQueues()
+    for f in fragments:
+        queues.push(f)
+    rollout = queues.take([(0, 0), (0, 1)], 16)
+    spoiled = dataclasses.replace(rollout, values=rollout.values + 5.0)
+    settings = TargetSettings(gamma=0.99, gae_lambda=0.95)
+    fresh = dataclasses.replace(settings, recompute_values=True)
+    exact, _ = recurrent_batch(rollout, policy, fresh, {})
+    recomputed, _ = recurrent_batch(spoiled, policy, fresh, {})
+    plain, _ = recurrent_batch(spoiled, policy, settings, {})
+    mask = exact.mask.numpy()
+    np.testing.assert_allclose(
+        recomputed.advantages.numpy()[mask], exact.advantages.numpy()[mask], atol=1e-5
+    )
+    np.testing.assert_allclose(
+        recomputed.returns.numpy()[mask], exact.returns.numpy()[mask], atol=1e-4
+    )
+    assert np.abs(plain.advantages.numpy()[mask] - exact.advantages.numpy()[mask]).max() > 0.1
+    # old_values stay what the actors sent.
+    np.testing.assert_allclose(
+        recomputed.old_values.numpy()[mask], exact.old_values.numpy()[mask] + 5.0, atol=1e-5
+    )
 
 
 def test_layout_cuts_at_fragment_and_episode_starts():

@@ -261,3 +261,27 @@ def test_vtrace_with_another_behaviour_policy_corrects_with_clipped_ratios():
     assert np.abs(batch.advantages.numpy() - flat(on_policy)).max() > 1e-3
     # PPO's trust region is around the behaviour policy: old_log_probs are the actor's.
     np.testing.assert_array_equal(batch.old_log_probs.numpy(), flat(rollout.log_probs))
+
+
+def test_recompute_values_runs_gae_on_the_current_critic():
+    """``recompute_values``: GAE's baseline is the learner's current critic, not the
+    behaviour values the actors sent (stale by the policy lag); the PPO batch still
+    keeps the behaviour values as ``old_values`` and its ratio against ``mu``."""
+    policy = make_policy(2)
+    rollout = make_rollout(T=6, B=2, seed=9, truncated=[(2, 0)], terminated=[(4, 1)])
+    settings = TargetSettings(GAMMA, LAM, recompute_values=True)
+    batch, diagnostics = rollout_to_batch(rollout, policy, settings)
+    assert diagnostics == {}
+    _, current_values = policy_log_probs_and_values(policy, rollout)
+    assert np.abs(rollout.values - current_values).max() > 0.1
+    rewards = rollout.rewards.astype(np.float64)
+    rewards[rollout.final_t, rollout.final_b] += GAMMA * V(policy, rollout.final_obs)
+    done = rollout.terminated | rollout.truncated
+    adv, ret = hand_gae(rewards, current_values, V(policy, rollout.bootstrap_obs), done, GAMMA, LAM)
+    np.testing.assert_allclose(batch.advantages.numpy(), flat(adv), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(batch.returns.numpy(), flat(ret), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(batch.old_values.numpy(), flat(rollout.values))
+    np.testing.assert_array_equal(batch.old_log_probs.numpy(), flat(rollout.log_probs))
+    # Without it the same rollout gives the behaviour-value targets.
+    plain, _ = rollout_to_batch(rollout, policy, TargetSettings(GAMMA, LAM))
+    assert np.abs(plain.advantages.numpy() - flat(adv)).max() > 1e-2

@@ -362,6 +362,11 @@ class LearnerConfig:
     gamma: float = _f(0.98, "discount factor")
     gae_lambda: float = _f(0.8, "GAE lambda (validated even when V-trace is on)")
     use_vtrace: bool = _f(False, "V-trace (Espeholt et al. 2018) instead of GAE")
+    recompute_values: bool = _f(
+        False,
+        "GAE on V(s) re-evaluated by the learner's current critic instead of the actors' "
+        "behaviour values (V-trace always re-evaluates); see docs/learning-quality.md",
+    )
     normalize_reward: bool = _f(
         False, "scale rewards by a running estimate of the discounted return's std"
     )

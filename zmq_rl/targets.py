@@ -40,6 +40,7 @@ class TargetSettings:
     gamma: float
     gae_lambda: float
     use_vtrace: bool = False
+    recompute_values: bool = False
     vtrace_rho_bar: float = 1.0
     vtrace_c_bar: float = 1.0
     vtrace_lambda: float = 1.0
@@ -75,7 +76,8 @@ def _targets(
     values_now: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """(advantages, returns) ``[T, B]`` by V-trace (with the current policy's log-probs
-    and values) or GAE (on the behaviour values), and V-trace's diagnostics."""
+    and values) or GAE (on the behaviour values, or on the current critic's with
+    ``recompute_values``), and V-trace's diagnostics."""
     done = rollout.terminated | rollout.truncated
     discounts = (settings.gamma * (1.0 - done)).astype(np.float32)  # [T, B]
     behaviour_log_probs = rollout.log_probs.astype(np.float32)
@@ -104,7 +106,7 @@ def _targets(
             (rhos > settings.vtrace_rho_bar).mean()
         )
         return advantages, out.vs, diagnostics
-    values = rollout.values.astype(np.float32)
+    values = values_now if settings.recompute_values else rollout.values.astype(np.float32)
     advantages, returns = gae(rewards, values, bootstrap, discounts, settings.gae_lambda)
     return advantages, returns, diagnostics
 
@@ -163,7 +165,7 @@ def rollout_to_batch(
         rewards[rollout.final_t, rollout.final_b] += settings.gamma * final_values
     bootstrap = _host(policy.value(put(_obs(rollout.bootstrap_obs))))  # [B]
     target_lp = values_now = None
-    if settings.use_vtrace:
+    if settings.use_vtrace or settings.recompute_values:
         target_log_probs, _, current_values = policy.evaluate_actions(flat_obs, flat_actions)
         target_lp = _host(target_log_probs).reshape(T, B)
         values_now = _host(current_values).reshape(T, B)
@@ -302,7 +304,7 @@ def recurrent_batch(
     for b, key in enumerate(rollout.slots):
         carry[key] = last[b].copy()
     target_lp = values_now = None
-    if settings.use_vtrace:
+    if settings.use_vtrace or settings.recompute_values:
         target_lp = np.zeros((T, B), np.float32)
         values_now = np.zeros((T, B), np.float32)
         target_lp[tt[mask], bb[mask]] = _host(log_prob)[mask]
