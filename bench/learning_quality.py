@@ -361,6 +361,7 @@ def overlay(envs: list[str]) -> int:
 
 
 LAG_ENVS = ("LunarLander-v3", "LunarLanderContinuous-v3")
+LAG_YLIM = (-400.0, 320.0)  # LunarLander's returns; early evaluations reach -3000
 LAG_VARIANT = re.compile(r"^(gae|vtrace)-bc(\d+)(-lag-.+)?$")
 
 
@@ -449,12 +450,13 @@ def lag_table(envs: list[str], plot: bool) -> int:
             out = IMAGES / f"lag-{env}-bc{every}.png"
             title = f"{env}: broadcast every {every} vs every update (mean over seeds)"
             references = [(target.threshold, f"target {target.threshold:g}")]
-            plot_runs(dirs, out, labels=labels, reference=references, title=title)
+            plot_runs(dirs, out, labels=labels, reference=references, title=title, ylim=LAG_YLIM)
             flags = " ".join(f"--label {shlex.quote(label)}" for label in labels)
             rel_dirs = " ".join(str(d.relative_to(ROOT)) for d in dirs)
             print(
                 f"\n{out.relative_to(ROOT)}: zmq-rl plot {rel_dirs} {flags} "
-                f"--reference '{target.threshold:g}=target' --out {out.name}"
+                f"--reference '{target.threshold:g}=target' "
+                f"--ylim={LAG_YLIM[0]:g},{LAG_YLIM[1]:g} --out {out.name}"
             )
     return 0
 

@@ -347,3 +347,44 @@ def test_plot_against_wall_time(tmp_path) -> None:
     assert out.read_bytes().startswith(b"\x89PNG")
     with pytest.raises(ValueError, match="x must be one of"):
         plot_cli.plot_runs([run], tmp_path / "no.png", x="time")
+
+
+def test_plot_ylim_fixes_the_vertical_range(tmp_path, capsys, monkeypatch) -> None:
+    """--ylim LOW,HIGH: one seed's -3000 first evaluation must not squash the curves
+    (the lag-table images of docs/benchmarks.md use it); a side left empty stays
+    automatic; bad values are refused by name."""
+    from matplotlib.figure import Figure
+
+    assert plot_cli.parse_ylim("-400,300") == (-400.0, 300.0)
+    assert plot_cli.parse_ylim("-400,") == (-400.0, None)
+    assert plot_cli.parse_ylim(",300") == (None, 300.0)
+    for bad, message in [
+        ("-400", "expected LOW,HIGH"),
+        ("a,1", "must be numbers"),
+        ("5,1", "LOW must be below HIGH"),
+        ("-inf,1", "finite"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            plot_cli.parse_ylim(bad)
+    seen: list[tuple[float, float]] = []
+    original = Figure.savefig
+
+    def spy(self, *args, **kwargs):
+        seen.append(self.axes[0].get_ylim())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    runs = [fake_run(tmp_path / f"s{i}", final=-3000.0 if i == 0 else 100.0) for i in range(2)]
+    out = tmp_path / "cut.png"
+    assert (
+        main_cli.main(
+            ["plot", *map(str, runs), "--label", "x", "--ylim=-400,300", "--out", str(out)]
+        )
+        == 0
+    )
+    assert seen[-1] == (-400.0, 300.0)
+    assert plot_cli.main([*map(str, runs), "--label", "x", "--ylim=-400,", "--out", str(out)]) == 0
+    assert seen[-1][0] == -400.0 and seen[-1][1] > 0
+    with pytest.raises(SystemExit):
+        plot_cli.main([*map(str, runs), "--ylim", "5,1"])
+    assert "LOW must be below HIGH" in capsys.readouterr().err

@@ -132,6 +132,24 @@ def parse_reference(text: str) -> tuple[float, str]:
     return number, label.strip() or f"reference {number:g}"
 
 
+def parse_ylim(text: str) -> tuple[float | None, float | None]:
+    """``"-400,300"``, ``"-400,"`` or ``",300"`` -> (bottom, top); an empty side stays
+    automatic."""
+    low, sep, high = text.partition(",")
+    if not sep:
+        raise ValueError(f"ylim {text!r}: expected LOW,HIGH (either may be empty)")
+    try:
+        bounds = tuple(float(part) if part.strip() else None for part in (low, high))
+    except ValueError:
+        raise ValueError(f"ylim {text!r}: LOW and HIGH must be numbers") from None
+    bottom, top = bounds
+    if any(b is not None and not math.isfinite(b) for b in bounds):
+        raise ValueError(f"ylim {text!r}: the bounds must be finite")
+    if bottom is not None and top is not None and bottom >= top:
+        raise ValueError(f"ylim {text!r}: LOW must be below HIGH")
+    return bottom, top
+
+
 def _common_grid(series: list[tuple[list[float], list[float]]]) -> list[float]:
     """The x points of the shortest series, cut to the range every series covers."""
     usable = [xs for xs, _ in series if xs]
@@ -183,6 +201,7 @@ def plot_runs(
     reference_label: str = "",
     title: str | None = None,
     x: str = "steps",
+    ylim: tuple[float | None, float | None] | None = None,
 ) -> Path:
     """Draw the learning curves of ``run_dirs`` into the PNG ``out``; return its path.
 
@@ -191,7 +210,9 @@ def plot_runs(
     the evaluations. ``reference`` draws horizontal lines: a value (labelled
     ``reference_label``), or a list of values or ``(value, label)`` pairs. ``x`` is
     the horizontal axis: ``"steps"`` (env steps) or ``"wall"`` (the learner's wall
-    seconds, ``wall_seconds`` of the metrics rows and evaluations).
+    seconds, ``wall_seconds`` of the metrics rows and evaluations). ``ylim`` fixes
+    the vertical range (``None`` on a side keeps it automatic), for curves whose
+    early evaluations would squash the rest.
     """
     from matplotlib.figure import Figure
 
@@ -273,6 +294,8 @@ def plot_runs(
         floor = low_mean - 0.15 * (max(top, max(means)) - low_mean)
         if ax.get_ylim()[0] < floor:
             ax.set_ylim(bottom=floor)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.set_title(title)
     ax.set_xlabel(x_label)
     ax.set_ylabel("episode return")
@@ -334,7 +357,8 @@ def run_labels(
 
 
 def add_plot_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``zmq-rl plot`` (run dirs, --out, --label, --group, --band, --reference)."""
+    """The flags of ``zmq-rl plot`` (run dirs, --out, --label, --group, --band, --x,
+    --reference, --ylim)."""
     parser.add_argument("runs", metavar="RUN_DIR", nargs="+", type=Path, help="run directories")
     parser.add_argument(
         "--out",
@@ -378,6 +402,21 @@ def add_plot_flags(parser: argparse.ArgumentParser) -> None:
         type=_reference_arg,
         help="draw a horizontal reference line, e.g. --reference '242=zoo PPO @ 1M' (repeatable)",
     )
+    parser.add_argument(
+        "--ylim",
+        metavar="LOW,HIGH",
+        type=_ylim_arg,
+        default=None,
+        help="vertical range, e.g. --ylim=-400,300 (a side left empty stays automatic; "
+        "default: automatic, cut a little below the lowest mean point)",
+    )
+
+
+def _ylim_arg(text: str) -> tuple[float | None, float | None]:
+    try:
+        return parse_ylim(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _reference_arg(text: str) -> tuple[float, str]:
@@ -394,7 +433,15 @@ def plot_from_args(args: argparse.Namespace) -> int:
         out = args.runs[0] / CURVE_NAME if len(args.runs) == 1 else Path(CURVE_NAME)
     labels = run_labels(args.runs, args.label, args.group)
     print(
-        plot_runs(args.runs, out, labels=labels, band=args.band, reference=args.reference, x=args.x)
+        plot_runs(
+            args.runs,
+            out,
+            labels=labels,
+            band=args.band,
+            reference=args.reference,
+            x=args.x,
+            ylim=args.ylim,
+        )
     )
     return 0
 
