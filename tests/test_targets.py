@@ -10,10 +10,11 @@ import torch
 from gymnasium import spaces
 
 from zmq_rl.advantages import gae, vtrace
-from zmq_rl.config import PolicyConfig
+from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 from zmq_rl.policy import build_policy
 from zmq_rl.rollout import Rollout
 from zmq_rl.targets import TargetSettings, rollout_to_batch
+from zmq_rl.trainer import Trainer
 
 torch.set_num_threads(1)
 
@@ -285,3 +286,52 @@ def test_recompute_values_runs_gae_on_the_current_critic():
     # Without it the same rollout gives the behaviour-value targets.
     plain, _ = rollout_to_batch(rollout, policy, TargetSettings(GAMMA, LAM))
     assert np.abs(plain.advantages.numpy() - flat(adv)).max() > 1e-2
+
+
+def test_vtrace_weight_applies_to_standardised_advantages_when_ppo_normalises():
+    """With ``standardize_before_weight`` (the trainer's setting when PPO normalises
+    advantages) the batch's advantages are ``min(rho_bar, rho) * standardise(A)``.
+    Weighting first and letting PPO normalise afterwards turns an advantage of nearly
+    constant sign into the weight itself: the normalised advantages then track
+    ``rho`` (the learner reinforcing its own last step), which collapsed V-trace at
+    broadcast_every 1. Here every reward is about 10, so every one-step advantage
+    (trace lambda 0) is about +10: standardised first, the result does not follow rho."""
+    current = make_policy(6, ortho_init=False)
+    behaviour = make_policy(7, ortho_init=False)
+    probe = make_rollout(T=8, B=4, seed=3)
+    behaviour_lp, _ = policy_log_probs_and_values(behaviour, probe)
+    target_lp, _ = policy_log_probs_and_values(current, probe)
+    rollout = make_rollout(T=8, B=4, seed=3, log_probs=behaviour_lp)
+    rewards = np.full_like(rollout.rewards, 10.0)  # every one-step advantage ~ +10
+    rewards += 0.01 * np.random.default_rng(0).standard_normal(rewards.shape)
+    rollout = dataclasses.replace(rollout, rewards=rewards.astype(np.float32))
+    base = TargetSettings(GAMMA, LAM, use_vtrace=True, vtrace_lambda=0.0)
+    weighted_first, _ = rollout_to_batch(rollout, current, base)
+    fixed, _ = rollout_to_batch(
+        rollout, current, dataclasses.replace(base, standardize_before_weight=True)
+    )
+    unweighted, _ = rollout_to_batch(
+        rollout, current, dataclasses.replace(base, vtrace_weight_advantages=False)
+    )
+    w = np.minimum(1.0, np.exp(flat(target_lp).astype(np.float64) - flat(behaviour_lp)))
+    a = unweighted.advantages.numpy().astype(np.float64)
+    expected = w * (a - a.mean()) / (a.std() + 1e-8)
+    np.testing.assert_allclose(fixed.advantages.numpy(), expected, rtol=1e-4, atol=1e-5)
+
+    def normalised(x: np.ndarray) -> np.ndarray:  # what PPO does to a minibatch
+        return (x - x.mean()) / (x.std() + 1e-8)
+
+    assert w.std() > 0.05
+    follows_rho = np.corrcoef(normalised(weighted_first.advantages.numpy()), w)[0, 1]
+    assert follows_rho > 0.95  # the defect: the weight became the advantage
+    assert abs(np.corrcoef(normalised(fixed.advantages.numpy()), w)[0, 1]) < 0.5
+    # The trainer standardises first exactly when PPO normalises advantages.
+    for normalise in (True, False):
+        trainer = Trainer(
+            LearnerConfig(use_vtrace=True),
+            PPOConfig(normalize_advantages=normalise),
+            PolicyConfig(hidden_sizes=(8,)),
+            OBS_SPACE,
+            ACT_SPACE,
+        )
+        assert trainer.targets.standardize_before_weight is normalise

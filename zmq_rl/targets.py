@@ -45,11 +45,23 @@ class TargetSettings:
     vtrace_c_bar: float = 1.0
     vtrace_lambda: float = 1.0
     vtrace_weight_advantages: bool = True
+    standardize_before_weight: bool = False
+    """Set by the trainer from ``PPOConfig.normalize_advantages`` (not a
+    ``LearnerConfig`` field): standardise V-trace's advantages over the rollout
+    before the ``min(rho_bar, rho_s)`` weight, so that PPO's per-minibatch
+    normalisation cannot turn the weight itself into the advantage."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> TargetSettings:
         """The settings of a :class:`~zmq_rl.config.LearnerConfig` (same field names)."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+        return cls(
+            **{f.name: getattr(cfg, f.name) for f in fields(cls) if f.name in _LEARNER_FIELDS}
+        )
+
+
+_LEARNER_FIELDS = frozenset(
+    f.name for f in fields(TargetSettings) if f.name != "standardize_before_weight"
+)
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -99,8 +111,19 @@ def _targets(
         # clipped rhos inside V-trace correct the targets. The advantages carry
         # IMPALA's min(rho_bar, rho_s) on top of that ratio unless told otherwise.
         # Both choices were measured: see docs/learning-quality.md.
-        advantages = out.pg_advantages if settings.vtrace_weight_advantages else out.advantages
         rhos = np.exp(log_rhos)
+        advantages = out.advantages
+        if settings.vtrace_weight_advantages:
+            if settings.standardize_before_weight:
+                # PPO normalises each minibatch's advantages. Were the weighted ones
+                # normalised, an advantage of nearly constant sign (an accurate
+                # critic: small, biased A) would become (w - mean w) / std w, so the
+                # weight itself -- high where the learner already raised pi -- would
+                # drive the update: a positive feedback that collapsed every V-trace
+                # seed at broadcast_every 1 (docs/benchmarks.md section 22).
+                # Standardising first keeps the advantage's sign where it belongs.
+                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            advantages = np.minimum(settings.vtrace_rho_bar, rhos) * advantages
         diagnostics["charts/importance_ratio_mean"] = float(rhos.mean())
         diagnostics["charts/importance_ratio_clipped"] = float(
             (rhos > settings.vtrace_rho_bar).mean()

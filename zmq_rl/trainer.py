@@ -70,7 +70,10 @@ class Trainer:
         policy = build_policy(observation_space, action_space, policy_cfg)
         self.policy: Policy = policy.to(self.device)
         self.ppo = PPOTrainer(self.policy, ppo_cfg, seed=cfg.seed)
-        self.targets = TargetSettings.from_config(cfg)
+        self.targets = replace(
+            TargetSettings.from_config(cfg),
+            standardize_before_weight=ppo_cfg.normalize_advantages,
+        )
         if ppo_cfg.objective != "ppo":
             # The decoupled / IMPACT surrogates carry their own truncated weight
             # against the behaviour policy: V-trace must not weight the advantages too.
