@@ -361,6 +361,7 @@ def overlay(envs: list[str]) -> int:
 
 
 LAG_ENVS = ("LunarLander-v3", "LunarLanderContinuous-v3")
+PRE_FIX = "c4c7381"  # the commit that standardises V-trace's advantages before the weight
 LAG_YLIM = (-400.0, 320.0)  # LunarLander's returns; early evaluations reach -3000
 LAG_VARIANT = re.compile(r"^(gae|vtrace)-bc(\d+)(-lag-.+)?$")
 
@@ -368,8 +369,10 @@ LAG_VARIANT = re.compile(r"^(gae|vtrace)-bc(\d+)(-lag-.+)?$")
 def lag_label(result: dict[str, Any]) -> str:
     """What corrects the lag in a row: ``GAE (no correction)``, ``GAE on current
     values`` (``--recompute-values``) or ``V-trace + OBJ`` (the ``--objective`` among
-    the row's extra flags; ``ppo`` when none), and the rollout length where the row
-    sets one (``--num-steps``)."""
+    the row's extra flags; ``ppo`` when none), the rollout length where the row
+    sets one (``--num-steps``), and ``(before PRE_FIX)`` for V-trace rows measured
+    before V-trace's advantages were standardised ahead of their weight (the row's
+    ``note`` says so)."""
     extra = list(result.get("extra", []))
     if not result["use_vtrace"]:
         label = "GAE on current values" if "--recompute-values" in extra else "GAE (no correction)"
@@ -378,6 +381,8 @@ def lag_label(result: dict[str, Any]) -> str:
         label = f"V-trace + {objective}"
     if "--num-steps" in extra:
         label += f", {extra[extra.index('--num-steps') + 1]}-step rollouts"
+    if PRE_FIX in result.get("note", ""):
+        label += f" (before {PRE_FIX})"
     return label
 
 
