@@ -361,6 +361,7 @@ def overlay(envs: list[str]) -> int:
 
 
 LAG_ENVS = ("LunarLander-v3", "LunarLanderContinuous-v3")
+SHIPPED_LABELS = ("GAE (no correction)", "GAE on current values", "V-trace + ppo")
 PRE_FIX = "c4c7381"  # the commit that standardises V-trace's advantages before the weight
 LAG_YLIM = (-400.0, 320.0)  # LunarLander's returns; early evaluations reach -3000
 LAG_VARIANT = re.compile(r"^(gae|vtrace)-bc(\d+)(-lag-.+)?$")
@@ -403,8 +404,10 @@ def lag_rows(env: str) -> list[dict[str, Any]]:
 def lag_table(envs: list[str], plot: bool) -> int:
     """Print issue 14's lag table for ``envs`` (final return mean ± std, worst seed,
     seeds below the target, distance to GAE at broadcast every update) and, with
-    ``plot``, draw ``docs/img/lag-<env>-bc<N>.png`` for N in 4 and 8: GAE without
-    lag against every row at N whose runs are stored, via ``zmq-rl plot``."""
+    ``plot``, draw ``docs/img/lag-<env>-bc<N>.png`` for N in 4 and 8 via ``zmq-rl
+    plot``: the stored runs at 1 and N without a correction and with V-trace + ppo as
+    the tree now has it (the table keeps the other rows), and the final return of
+    GAE without lag as a reference line."""
     from zmq_rl.cli.plot import plot_runs
 
     for env in envs:
@@ -443,9 +446,12 @@ def lag_table(envs: list[str], plot: bool) -> int:
             dirs: list[Path] = []
             labels: list[str] = []
             for r in rows:
-                if r["broadcast_every"] not in (1, every):
+                # The curves show the correction as shipped: no rows of other
+                # objectives or from before the V-trace fix (the table has them).
+                label = lag_label(r)
+                if r["broadcast_every"] not in (1, every) or label not in SHIPPED_LABELS:
                     continue
-                label = f"bc{r['broadcast_every']} {lag_label(r)}"
+                label = f"bc{r['broadcast_every']} {label}"
                 for seed in r["seeds"]:
                     if (ROOT / seed["run_dir"] / "metrics.jsonl").is_file():
                         dirs.append(ROOT / seed["run_dir"])
@@ -454,13 +460,17 @@ def lag_table(envs: list[str], plot: bool) -> int:
                 continue
             out = IMAGES / f"lag-{env}-bc{every}.png"
             title = f"{env}: broadcast every {every} vs every update (mean over seeds)"
-            references = [(target.threshold, f"target {target.threshold:g}")]
+            references = [
+                (target.threshold, f"target {target.threshold:g}"),
+                (base_mean, f"GAE without lag: final {base_mean:.1f} (n={len(base['seeds'])})"),
+            ]
             plot_runs(dirs, out, labels=labels, reference=references, title=title, ylim=LAG_YLIM)
             flags = " ".join(f"--label {shlex.quote(label)}" for label in labels)
             rel_dirs = " ".join(str(d.relative_to(ROOT)) for d in dirs)
             print(
                 f"\n{out.relative_to(ROOT)}: zmq-rl plot {rel_dirs} {flags} "
                 f"--reference '{target.threshold:g}=target' "
+                f"--reference '{base_mean:.1f}=GAE without lag' "
                 f"--ylim={LAG_YLIM[0]:g},{LAG_YLIM[1]:g} --out {out.name}"
             )
     return 0
