@@ -202,16 +202,20 @@ def test_learner_recomputes_the_actors_log_probs_and_values_exactly(kind):
     assert truncations > 0
 
 
+def two_slot_rollout(policy):
+    """16 rows of 2 slots collected by ``policy``, cut into fragments of 8 and 8."""
+    queues = SlotQueues()
+    for f in collect(policy, MASKED, 2, 16, cuts=[7]):
+        queues.push(f)
+    return queues.take([(0, 0), (0, 1)], 16)
+
+
 def test_recompute_values_ignores_the_behaviour_values_of_sequences():
     """With ``recompute_values`` a recurrent batch's GAE targets come from the
     learner's unroll: spoiling the values the actors sent changes nothing (and
     changes the targets without it)."""
     policy = make_policy("gru", seed=2)
-    fragments = collect(policy, MASKED, 2, 16, cuts=[7])
-    queues = SlotQueues()
-    for f in fragments:
-        queues.push(f)
-    rollout = queues.take([(0, 0), (0, 1)], 16)
+    rollout = two_slot_rollout(policy)
     spoiled = dataclasses.replace(rollout, values=rollout.values + 5.0)
     settings = TargetSettings(gamma=0.99, gae_lambda=0.95)
     fresh = dataclasses.replace(settings, recompute_values=True)
@@ -250,11 +254,7 @@ def test_layout_cuts_at_fragment_and_episode_starts():
 
 def test_ppo_update_on_sequences_changes_the_recurrent_weights():
     policy = make_policy("lstm", seed=1)
-    fragments = collect(policy, MASKED, 2, 16, cuts=[7])
-    queues = SlotQueues()
-    for f in fragments:
-        queues.push(f)
-    rollout = queues.take([(0, 0), (0, 1)], 16)
+    rollout = two_slot_rollout(policy)
     batch, _ = recurrent_batch(rollout, policy, TargetSettings(gamma=0.99, gae_lambda=0.95), {})
     before = policy.rnn.weight_hh_l0.detach().clone()
     trainer = PPOTrainer(policy, PPOConfig(num_epochs=2, minibatch_size=8))

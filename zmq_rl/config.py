@@ -365,7 +365,7 @@ class LearnerConfig:
     recompute_values: bool = _f(
         False,
         "GAE on V(s) re-evaluated by the learner's current critic instead of the actors' "
-        "behaviour values (V-trace always re-evaluates); see docs/learning-quality.md",
+        "behaviour values (V-trace always re-evaluates); see docs/benchmarks.md section 22",
     )
     normalize_reward: bool = _f(
         False, "scale rewards by a running estimate of the discounted return's std"
