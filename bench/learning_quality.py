@@ -304,15 +304,38 @@ def print_table() -> int:
     return 0
 
 
+def stored_runs(result: dict[str, Any]) -> list[Path]:
+    """The run directories of a row's seeds that still hold their metrics."""
+    dirs = (ROOT / seed["run_dir"] for seed in result["seeds"])
+    return [d for d in dirs if (d / "metrics.jsonl").is_file()]
+
+
+def draw(
+    dirs: list[Path],
+    labels: list[str],
+    references: list[tuple[float, str]],
+    out: Path,
+    title: str,
+    ylim: tuple[float, float] | None = None,
+) -> None:
+    """Draw ``dirs`` grouped by ``labels`` into ``out`` with ``zmq-rl plot``'s
+    :func:`plot_runs` and print the equivalent ``zmq-rl plot`` command."""
+    from zmq_rl.cli.plot import plot_runs
+
+    plot_runs(dirs, out, labels=labels, reference=references, title=title, ylim=ylim)
+    words = [str(d.relative_to(ROOT)) for d in dirs]
+    words += [f"--label={label}" for label in labels]
+    words += [f"--reference={value:g}={text}" for value, text in references]
+    if ylim is not None:
+        words.append(f"--ylim={ylim[0]:g},{ylim[1]:g}")
+    print(f"{out.relative_to(ROOT)}: zmq-rl plot {shlex.join(words)} --out {out.name}")
+
+
 def plot(result: dict[str, Any], out: Path) -> None:
     from zmq_rl.cli.plot import plot_runs
 
     target = TARGETS.get(result["env"])
-    dirs = [
-        ROOT / s["run_dir"]
-        for s in result["seeds"]
-        if (ROOT / s["run_dir"] / "metrics.jsonl").is_file()
-    ]
+    dirs = stored_runs(result)
     if not dirs:
         return
     plot_runs(
@@ -330,8 +353,6 @@ def overlay(envs: list[str]) -> int:
     """One PNG per env with its three variants overlaid (mean over seeds with a
     min-max band) and the target and the zoo's score as reference lines; prints the
     equivalent ``zmq-rl plot`` command of each."""
-    from zmq_rl.cli.plot import plot_runs
-
     for env in envs:
         target = TARGETS[env]
         dirs: list[Path] = []
@@ -340,10 +361,9 @@ def overlay(envs: list[str]) -> int:
             path = RESULTS / f"quality-{env}-{variant}.json"
             if not path.is_file():
                 continue
-            for seed in json.loads(path.read_text())["seeds"]:
-                if (ROOT / seed["run_dir"] / "metrics.jsonl").is_file():
-                    dirs.append(ROOT / seed["run_dir"])
-                    labels.append(variant)
+            found = stored_runs(json.loads(path.read_text()))
+            dirs += found
+            labels += [variant] * len(found)
         if not dirs:
             print(f"{env}: no stored runs")
             continue
@@ -351,12 +371,7 @@ def overlay(envs: list[str]) -> int:
             (target.threshold, f"target {target.threshold:g}"),
             (target.reference_value, target.reference),
         ]
-        out = IMAGES / f"quality-{env}.png"
-        plot_runs(dirs, out, labels=labels, reference=references, title=f"{env}: mean over seeds")
-        flags = " ".join(f"--label {label}" for label in labels)
-        refs = " ".join(f"--reference '{value:g}={text}'" for value, text in references)
-        rel_dirs = " ".join(str(d.relative_to(ROOT)) for d in dirs)
-        print(f"{out.relative_to(ROOT)}: zmq-rl plot {rel_dirs} {flags} {refs} --out {out.name}")
+        draw(dirs, labels, references, IMAGES / f"quality-{env}.png", f"{env}: mean over seeds")
     return 0
 
 
@@ -364,7 +379,7 @@ LAG_ENVS = ("LunarLander-v3", "LunarLanderContinuous-v3")
 SHIPPED_LABELS = ("GAE (no correction)", "GAE on current values", "V-trace + ppo")
 PRE_FIX = "c4c7381"  # the commit that standardises V-trace's advantages before the weight
 LAG_YLIM = (-400.0, 320.0)  # LunarLander's returns; early evaluations reach -3000
-LAG_VARIANT = re.compile(r"^(gae|vtrace)-bc(\d+)(-lag-.+)?$")
+LAG_VARIANT = re.compile(r"^(?:gae|vtrace)-bc\d+(?:-lag-.+)?$")
 
 
 def lag_label(result: dict[str, Any]) -> str:
@@ -394,8 +409,10 @@ def lag_rows(env: str) -> list[dict[str, Any]]:
     rows = []
     for path in RESULTS.glob(f"quality-{env}-*.json"):
         result = json.loads(path.read_text())
-        match = LAG_VARIANT.match(result["variant"])
-        if match and result.get("total_env_steps") == TARGETS[env].steps:
+        if (
+            LAG_VARIANT.match(result["variant"])
+            and result.get("total_env_steps") == TARGETS[env].steps
+        ):
             rows.append(result)
     rows.sort(key=lambda r: (r["broadcast_every"], r["use_vtrace"], lag_label(r), r["variant"]))
     return rows
@@ -408,8 +425,6 @@ def lag_table(envs: list[str], plot: bool) -> int:
     plot``: the stored runs at 1 and N without a correction and with V-trace + ppo as
     the tree now has it (the table keeps the other rows), and the final return of
     GAE without lag as a reference line."""
-    from zmq_rl.cli.plot import plot_runs
-
     for env in envs:
         target = TARGETS[env]
         rows = lag_rows(env)
@@ -451,27 +466,23 @@ def lag_table(envs: list[str], plot: bool) -> int:
                 label = lag_label(r)
                 if r["broadcast_every"] not in (1, every) or label not in SHIPPED_LABELS:
                     continue
-                label = f"bc{r['broadcast_every']} {label}"
-                for seed in r["seeds"]:
-                    if (ROOT / seed["run_dir"] / "metrics.jsonl").is_file():
-                        dirs.append(ROOT / seed["run_dir"])
-                        labels.append(label)
+                found = stored_runs(r)
+                dirs += found
+                labels += [f"bc{r['broadcast_every']} {label}"] * len(found)
             if not any(label.startswith(f"bc{every}") for label in labels):
                 continue
-            out = IMAGES / f"lag-{env}-bc{every}.png"
-            title = f"{env}: broadcast every {every} vs every update (mean over seeds)"
             references = [
                 (target.threshold, f"target {target.threshold:g}"),
                 (base_mean, f"GAE without lag: final {base_mean:.1f} (n={len(base['seeds'])})"),
             ]
-            plot_runs(dirs, out, labels=labels, reference=references, title=title, ylim=LAG_YLIM)
-            flags = " ".join(f"--label {shlex.quote(label)}" for label in labels)
-            rel_dirs = " ".join(str(d.relative_to(ROOT)) for d in dirs)
-            print(
-                f"\n{out.relative_to(ROOT)}: zmq-rl plot {rel_dirs} {flags} "
-                f"--reference '{target.threshold:g}=target' "
-                f"--reference '{base_mean:.1f}=GAE without lag' "
-                f"--ylim={LAG_YLIM[0]:g},{LAG_YLIM[1]:g} --out {out.name}"
+            print()
+            draw(
+                dirs,
+                labels,
+                references,
+                IMAGES / f"lag-{env}-bc{every}.png",
+                f"{env}: broadcast every {every} vs every update (mean over seeds)",
+                ylim=LAG_YLIM,
             )
     return 0
 

@@ -18,7 +18,7 @@ batch handed to PPO is on the device, so :meth:`RolloutBatch.to` copies nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -46,22 +46,29 @@ class TargetSettings:
     vtrace_lambda: float = 1.0
     vtrace_weight_advantages: bool = True
     standardize_before_weight: bool = False
-    """Set by the trainer from ``PPOConfig.normalize_advantages`` (not a
-    ``LearnerConfig`` field): standardise V-trace's advantages over the rollout
-    before the ``min(rho_bar, rho_s)`` weight, so that PPO's per-minibatch
-    normalisation cannot turn the weight itself into the advantage."""
+    """Not a ``LearnerConfig`` field: ``PPOConfig.normalize_advantages`` (see
+    :meth:`from_config`). Standardise V-trace's advantages over the rollout before
+    the ``min(rho_bar, rho_s)`` weight, so that PPO's per-minibatch normalisation
+    cannot turn the weight itself into the advantage."""
 
     @classmethod
-    def from_config(cls, cfg: Any) -> TargetSettings:
-        """The settings of a :class:`~zmq_rl.config.LearnerConfig` (same field names)."""
-        return cls(
-            **{f.name: getattr(cfg, f.name) for f in fields(cls) if f.name in _LEARNER_FIELDS}
+    def from_config(cls, cfg: Any, ppo_cfg: Any | None = None) -> TargetSettings:
+        """The settings of a :class:`~zmq_rl.config.LearnerConfig` (same field names),
+        adjusted to the :class:`~zmq_rl.config.PPOConfig` that trains on them: the
+        advantage weight is standardised-first when PPO normalises advantages, and
+        dropped for the ``decoupled`` / ``impact`` objectives, whose surrogates carry
+        their own truncated weight against the behaviour policy."""
+        settings = cls(
+            **{f.name: getattr(cfg, f.name) for f in fields(cls) if hasattr(cfg, f.name)}
         )
-
-
-_LEARNER_FIELDS = frozenset(
-    f.name for f in fields(TargetSettings) if f.name != "standardize_before_weight"
-)
+        if ppo_cfg is None:
+            return settings
+        return replace(
+            settings,
+            standardize_before_weight=ppo_cfg.normalize_advantages,
+            vtrace_weight_advantages=settings.vtrace_weight_advantages
+            and ppo_cfg.objective == "ppo",
+        )
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -112,18 +119,20 @@ def _targets(
         # IMPALA's min(rho_bar, rho_s) on top of that ratio unless told otherwise.
         # Both choices were measured: see docs/learning-quality.md.
         rhos = np.exp(log_rhos)
-        advantages = out.advantages
-        if settings.vtrace_weight_advantages:
-            if settings.standardize_before_weight:
-                # PPO normalises each minibatch's advantages. Were the weighted ones
-                # normalised, an advantage of nearly constant sign (an accurate
-                # critic: small, biased A) would become (w - mean w) / std w, so the
-                # weight itself -- high where the learner already raised pi -- would
-                # drive the update: a positive feedback that collapsed every V-trace
-                # seed at broadcast_every 1 (docs/benchmarks.md section 22).
-                # Standardising first keeps the advantage's sign where it belongs.
-                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-            advantages = np.minimum(settings.vtrace_rho_bar, rhos) * advantages
+        if not settings.vtrace_weight_advantages:
+            advantages = out.advantages
+        elif settings.standardize_before_weight:
+            # PPO normalises each minibatch's advantages. Were the weighted ones
+            # normalised, an advantage of nearly constant sign (an accurate critic:
+            # small, biased A) would become (w - mean w) / std w, so the weight
+            # itself -- high where the learner already raised pi -- would drive the
+            # update: a positive feedback that collapsed every V-trace seed at
+            # broadcast_every 1 (docs/benchmarks.md section 22). Standardising first
+            # keeps the advantage's sign where it belongs.
+            standardized = (out.advantages - out.advantages.mean()) / (out.advantages.std() + 1e-8)
+            advantages = np.minimum(settings.vtrace_rho_bar, rhos) * standardized
+        else:
+            advantages = out.pg_advantages
         diagnostics["charts/importance_ratio_mean"] = float(rhos.mean())
         diagnostics["charts/importance_ratio_clipped"] = float(
             (rhos > settings.vtrace_rho_bar).mean()

@@ -17,7 +17,7 @@ tensors.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -70,14 +70,7 @@ class Trainer:
         policy = build_policy(observation_space, action_space, policy_cfg)
         self.policy: Policy = policy.to(self.device)
         self.ppo = PPOTrainer(self.policy, ppo_cfg, seed=cfg.seed)
-        self.targets = replace(
-            TargetSettings.from_config(cfg),
-            standardize_before_weight=ppo_cfg.normalize_advantages,
-        )
-        if ppo_cfg.objective != "ppo":
-            # The decoupled / IMPACT surrogates carry their own truncated weight
-            # against the behaviour policy: V-trace must not weight the advantages too.
-            self.targets = replace(self.targets, vtrace_weight_advantages=False)
+        self.targets = TargetSettings.from_config(cfg, ppo_cfg)
         self.reward_scaler = RewardScaler(cfg.gamma) if cfg.normalize_reward else None
         self.version = 0
         self.running_return: dict[SlotKey, float] = {}
