@@ -385,8 +385,8 @@ LAG_VARIANT = re.compile(r"^(?:gae|vtrace)-bc\d+(?:-lag-.+)?$")
 def lag_label(result: dict[str, Any]) -> str:
     """What corrects the lag in a row: ``GAE (no correction)``, ``GAE on current
     values`` (``--recompute-values``) or ``V-trace + OBJ`` (the ``--objective`` among
-    the row's extra flags; ``ppo`` when none), the rollout length where the row
-    sets one (``--num-steps``), and ``(before PRE_FIX)`` for V-trace rows measured
+    the row's extra flags; ``ppo`` when none) with its ``--vtrace-ratio-slack``, the
+    rollout length where the row sets one (``--num-steps``), and ``(before PRE_FIX)`` for V-trace rows measured
     before V-trace's advantages were standardised ahead of their weight (the row's
     ``note`` says so)."""
     extra = list(result.get("extra", []))
@@ -395,6 +395,8 @@ def lag_label(result: dict[str, Any]) -> str:
     else:
         objective = extra[extra.index("--objective") + 1] if "--objective" in extra else "ppo"
         label = f"V-trace + {objective}"
+        if "--vtrace-ratio-slack" in extra:
+            label += f", ratio slack {extra[extra.index('--vtrace-ratio-slack') + 1]}"
     if "--num-steps" in extra:
         label += f", {extra[extra.index('--num-steps') + 1]}-step rollouts"
     if PRE_FIX in result.get("note", ""):

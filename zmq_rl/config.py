@@ -382,11 +382,6 @@ class LearnerConfig:
         "V-trace trace lambda, c_t = lambda*min(c_bar, rho_t) (IMPALA sec. 4.1); 1 = eq. 1; "
         "with it equal to gae_lambda, V-trace on fresh data gives exactly GAE's targets",
     )
-    vtrace_ratio_slack: float = _f(
-        0.0,
-        "V-trace counts pi/mu as (pi/mu)/(1 - slack) before its clips, so ratios within "
-        "slack below 1 cut no trace; 0 = IMPALA's eq. 1 (see docs/benchmarks.md section 22)",
-    )
     seed: int = _f(0, "base seed: learner uses seed, actor i samples with seed + 1 + i")
 
     env_id: str = _f(
@@ -506,13 +501,6 @@ class LearnerConfig:
         )
         _unit_interval(self, "gamma", "gae_lambda", "vtrace_lambda")
         _positive(self, "vtrace_rho_bar", "vtrace_c_bar")
-        _finite(self, "vtrace_ratio_slack")
-        _require(
-            0.0 <= self.vtrace_ratio_slack < 1.0,
-            "vtrace_ratio_slack",
-            self.vtrace_ratio_slack,
-            "must be in [0, 1)",
-        )
         cycle = self.broadcast_every * self.num_steps
         _require(
             self.max_lead_steps == 0 or self.max_lead_steps >= cycle,

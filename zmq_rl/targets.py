@@ -45,7 +45,6 @@ class TargetSettings:
     vtrace_c_bar: float = 1.0
     vtrace_lambda: float = 1.0
     vtrace_weight_advantages: bool = True
-    vtrace_ratio_slack: float = 0.0
     standardize_before_weight: bool = False
     """Not a ``LearnerConfig`` field: ``PPOConfig.normalize_advantages`` (see
     :meth:`from_config`). Standardise V-trace's advantages over the rollout before
@@ -104,12 +103,8 @@ def _targets(
     diagnostics: dict[str, float] = {}
     if settings.use_vtrace:
         log_rhos = target_lp - behaviour_log_probs
-        # The slack divides every ratio by (1 - slack) before V-trace's clips: a ratio
-        # that one PPO update moved a little below 1 then cuts no trace and weights no
-        # TD error down, while a large move is still corrected.
-        slack_log_rhos = log_rhos - np.log1p(-settings.vtrace_ratio_slack)
         out = vtrace(
-            slack_log_rhos,
+            log_rhos,
             discounts,
             rewards,
             values_now,
@@ -135,7 +130,7 @@ def _targets(
             # broadcast_every 1 (docs/benchmarks.md section 22). Standardising first
             # keeps the advantage's sign where it belongs.
             standardized = (out.advantages - out.advantages.mean()) / (out.advantages.std() + 1e-8)
-            advantages = np.minimum(settings.vtrace_rho_bar, np.exp(slack_log_rhos)) * standardized
+            advantages = np.minimum(settings.vtrace_rho_bar, rhos) * standardized
         else:
             advantages = out.pg_advantages
         diagnostics["charts/importance_ratio_mean"] = float(rhos.mean())
