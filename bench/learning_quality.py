@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ from _util import free_port_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from zmq_rl.config import LearnerConfig  # noqa: E402
+from zmq_rl.presets import preset_path  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 RUNS = ROOT / "runs" / "quality"
@@ -379,16 +383,32 @@ LAG_ENVS = ("LunarLander-v3", "LunarLanderContinuous-v3")
 SHIPPED_LABELS = ("GAE (no correction)", "GAE on current values", "V-trace + ppo")
 PRE_FIX = "c4c7381"  # the commit that standardises V-trace's advantages before the weight
 LAG_YLIM = (-400.0, 320.0)  # LunarLander's returns; early evaluations reach -3000
-LAG_VARIANT = re.compile(r"^(?:gae|vtrace)-bc\d+(?:-lag-.+)?$")
+LAG_VARIANT = re.compile(r"^(?:gae|vtrace)-bc\d+(?:-lag-.+|-ns\d+)?$")
+
+
+def preset_num_steps(env: str) -> int:
+    """The rollout length of ``env``'s shipped preset as the tree has it now."""
+    learner = tomllib.loads(preset_path(env).read_text())["learner"]
+    return int(learner.get("num_steps", LearnerConfig().num_steps))
+
+
+def rollout_steps(result: dict[str, Any]) -> int:
+    """The rollout length a stored row ran with: its ``--num-steps`` flag, else its
+    ``num_steps`` field (rows measured before the preset changed), else the preset's."""
+    extra = list(result.get("extra", []))
+    if "--num-steps" in extra:
+        return int(extra[extra.index("--num-steps") + 1])
+    return int(result.get("num_steps") or preset_num_steps(result["env"]))
 
 
 def lag_label(result: dict[str, Any]) -> str:
     """What corrects the lag in a row: ``GAE (no correction)``, ``GAE on current
     values`` (``--recompute-values``) or ``V-trace + OBJ`` (the ``--objective`` among
-    the row's extra flags; ``ppo`` when none) with its ``--vtrace-ratio-slack``, the
-    rollout length where the row sets one (``--num-steps``), and ``(before PRE_FIX)`` for V-trace rows measured
-    before V-trace's advantages were standardised ahead of their weight (the row's
-    ``note`` says so)."""
+    the row's extra flags; ``ppo`` when none) with its ``--vtrace-ratio-slack`` (an
+    option tried at d45b525 and removed), the rollout length where it is not the
+    preset's (:func:`rollout_steps`), and ``(before PRE_FIX)`` for V-trace rows
+    measured before V-trace's advantages were standardised ahead of their weight (the
+    row's ``note`` says so)."""
     extra = list(result.get("extra", []))
     if not result["use_vtrace"]:
         label = "GAE on current values" if "--recompute-values" in extra else "GAE (no correction)"
@@ -397,8 +417,9 @@ def lag_label(result: dict[str, Any]) -> str:
         label = f"V-trace + {objective}"
         if "--vtrace-ratio-slack" in extra:
             label += f", ratio slack {extra[extra.index('--vtrace-ratio-slack') + 1]}"
-    if "--num-steps" in extra:
-        label += f", {extra[extra.index('--num-steps') + 1]}-step rollouts"
+    steps = rollout_steps(result)
+    if steps != preset_num_steps(result["env"]):
+        label += f", {steps}-step rollouts"
     if PRE_FIX in result.get("note", ""):
         label += f" (before {PRE_FIX})"
     return label
@@ -420,6 +441,21 @@ def lag_rows(env: str) -> list[dict[str, Any]]:
     return rows
 
 
+def no_lag_rows(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """GAE at broadcast every 1 per rollout length among ``rows``: the row of that
+    length with the most seeds (a lagged row is compared with the no-lag run of its
+    own rollout length)."""
+    best: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        n = rollout_steps(r)
+        other_flags = set(r.get("extra", [])) - {"--num-steps", str(n)}
+        if r["use_vtrace"] or r["broadcast_every"] != 1 or other_flags:
+            continue
+        if n not in best or r["summary"]["seeds_done"] > best[n]["summary"]["seeds_done"]:
+            best[n] = r
+    return best
+
+
 def lag_table(envs: list[str], plot: bool) -> int:
     """Print issue 14's lag table for ``envs`` (final return mean ± std, worst seed,
     seeds below the target, distance to GAE at broadcast every update) and, with
@@ -430,12 +466,19 @@ def lag_table(envs: list[str], plot: bool) -> int:
     for env in envs:
         target = TARGETS[env]
         rows = lag_rows(env)
-        base = next((r for r in rows if r["variant"] == "gae-bc1"), None)
+        bases = no_lag_rows(rows)
+        base = bases.get(preset_num_steps(env))
         if base is None:
             print(f"{env}: no gae-bc1 row to compare with")
             continue
         base_mean = base["summary"]["mean"]
-        print(f"\n{env}, {target.steps:,} steps; vs no lag: against gae-bc1 ({base_mean:.1f})\n")
+        against = ", ".join(
+            f"{n}-step rollouts {r['summary']['mean']:.1f}" for n, r in sorted(bases.items())
+        )
+        print(
+            f"\n{env}, {target.steps:,} steps; vs no lag: against GAE at broadcast every 1 "
+            f"with the same rollout length ({against})\n"
+        )
         print(
             "| broadcast every | correction | final, mean ± std | worst seed "
             f"| seeds < {target.threshold:g} | vs no lag | per-seed finals | variant |"
@@ -447,7 +490,8 @@ def lag_table(envs: list[str], plot: bool) -> int:
                 continue
             s = r["summary"]
             below = sum(v < target.threshold for v in finals)
-            gap = (s["mean"] - base_mean) / abs(base_mean)
+            own = bases.get(rollout_steps(r), base)["summary"]["mean"]
+            gap = (s["mean"] - own) / abs(own)
             print(
                 f"| {r['broadcast_every']} | {lag_label(r)} | {s['mean']:.1f} ± {s['std']:.1f} "
                 f"(n={len(finals)}) | {min(finals):.1f} | {below} | {gap:+.1%} | "
