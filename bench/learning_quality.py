@@ -401,25 +401,44 @@ def rollout_steps(result: dict[str, Any]) -> int:
     return int(result.get("num_steps") or preset_num_steps(result["env"]))
 
 
+def unlabelled_flags(extra: list[str]) -> list[str]:
+    """A row's extra ``zmq-rl run`` flags (with their values) that :func:`lag_label`
+    does not already name: ``--objective``, ``--recompute-values``, ``--num-steps``
+    and ``--eval-every`` are named or irrelevant, the rest is shown as given."""
+    out: list[str] = []
+    skip = False
+    for flag in extra:
+        if skip:
+            skip = False
+        elif flag in ("--objective", "--num-steps", "--eval-every"):
+            skip = True
+        elif flag != "--recompute-values":
+            out.append(flag)
+    return out
+
+
 def lag_label(result: dict[str, Any]) -> str:
     """What corrects the lag in a row: ``GAE (no correction)``, ``GAE on current
     values`` (``--recompute-values``) or ``V-trace + OBJ`` (the ``--objective`` among
-    the row's extra flags; ``ppo`` when none) with its ``--vtrace-ratio-slack`` (an
-    option tried at d45b525 and removed), the rollout length where it is not the
-    preset's (:func:`rollout_steps`), and ``(before PRE_FIX)`` for V-trace rows
-    measured before V-trace's advantages were standardised ahead of their weight (the
-    row's ``note`` says so)."""
+    the row's extra flags; ``ppo`` when none), the rollout length where it is not the
+    preset's (:func:`rollout_steps`), its other extra flags, the row's ``experiment``
+    (code that ran on a copy of the tree and is not in it), and ``(before PRE_FIX)``
+    for V-trace rows measured before V-trace's advantages were standardised ahead of
+    their weight (the row's ``note`` says so)."""
     extra = list(result.get("extra", []))
     if not result["use_vtrace"]:
         label = "GAE on current values" if "--recompute-values" in extra else "GAE (no correction)"
     else:
         objective = extra[extra.index("--objective") + 1] if "--objective" in extra else "ppo"
         label = f"V-trace + {objective}"
-        if "--vtrace-ratio-slack" in extra:
-            label += f", ratio slack {extra[extra.index('--vtrace-ratio-slack') + 1]}"
     steps = rollout_steps(result)
     if steps != preset_num_steps(result["env"]):
         label += f", {steps}-step rollouts"
+    other = unlabelled_flags(extra)
+    if other:
+        label += ", " + " ".join(other)
+    if result.get("experiment"):
+        label += f" ({result['experiment']})"
     if PRE_FIX in result.get("note", ""):
         label += f" (before {PRE_FIX})"
     return label
