@@ -22,6 +22,7 @@ Variants: ``gae-bc1`` (GAE, weights broadcast after every update), ``vtrace-bc4`
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -386,8 +387,10 @@ LAG_YLIM = (-400.0, 320.0)  # LunarLander's returns; early evaluations reach -30
 LAG_VARIANT = re.compile(r"^(?:gae|vtrace)-bc\d+(?:-lag-.+|-ns\d+)?$")
 
 
+@functools.cache
 def preset_num_steps(env: str) -> int:
-    """The rollout length of ``env``'s shipped preset as the tree has it now."""
+    """The rollout length of ``env``'s shipped preset as the tree has it now (read
+    once per env: every row's label and comparison asks)."""
     learner = tomllib.loads(preset_path(env).read_text())["learner"]
     return int(learner.get("num_steps", LearnerConfig().num_steps))
 
@@ -466,10 +469,15 @@ def no_lag_rows(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     own rollout length)."""
     best: dict[int, dict[str, Any]] = {}
     for r in rows:
-        n = rollout_steps(r)
-        other_flags = set(r.get("extra", [])) - {"--num-steps", str(n)}
-        if r["use_vtrace"] or r["broadcast_every"] != 1 or other_flags:
+        extra = r.get("extra", [])
+        if (
+            r["use_vtrace"]
+            or r["broadcast_every"] != 1
+            or "--recompute-values" in extra
+            or unlabelled_flags(extra)
+        ):
             continue
+        n = rollout_steps(r)
         if n not in best or r["summary"]["seeds_done"] > best[n]["summary"]["seeds_done"]:
             best[n] = r
     return best

@@ -93,7 +93,6 @@ def test_two_learner_ranks_train_cartpole_to_475(tmp_path):
     assert sorted(ranks_of(text).values()) == [0, 1], text[-3000:]
 
 
-@pytest.mark.timeout(RUN_S + 60)
 def rank_1_trains_again(run_dir) -> list[dict] | None:
     """The metrics rows once an update ran with rank 1 short of rows and a later one
     with rows on every rank again (None before)."""
@@ -104,6 +103,7 @@ def rank_1_trains_again(run_dir) -> list[dict] | None:
     return None
 
 
+@pytest.mark.timeout(RUN_S + 60)
 def test_kill_9_of_the_only_actor_of_rank_1_is_survived(tmp_path):
     """The run goes on without rows on rank 1, the replacement is sent to rank 1 and
     its rows are trained on; then the test ends the run with SIGINT. (A budget big
