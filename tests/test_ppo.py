@@ -351,3 +351,20 @@ def test_non_finite_minibatches_are_skipped_not_applied():
     assert metrics["losses/skipped_minibatches"] > 0
     assert all(torch.isfinite(p).all() for p in policy.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+
+
+# -- against the update before the sync-free rewrite ----------------------------------
+
+
+@pytest.mark.parametrize("case", list(__import__("tests.ppo_golden").ppo_golden.CASES))
+def test_update_matches_the_update_it_replaced(case):
+    """Parameters and metrics after three updates equal those of the update before
+    the rewrite (tests/ppo_golden.py wrote them), objective by objective, with the
+    skip of poisoned minibatches and the target_kl stop among the cases."""
+    from tests.ppo_golden import GOLDEN, run_case
+
+    golden = np.load(GOLDEN)
+    now = run_case(case)
+    assert sorted(now) == sorted(k for k in golden.files if k.startswith(f"{case}/"))
+    for key, value in now.items():
+        np.testing.assert_allclose(value, golden[key], rtol=2e-5, atol=2e-6, err_msg=key)

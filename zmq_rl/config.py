@@ -300,6 +300,12 @@ class PPOConfig:
     anneal_lr: bool = _f(True, "anneal the learning rate linearly to 0 over the budget")
     num_epochs: int = _f(20, "passes over each rollout")
     minibatch_size: int = _f(256, "transitions per gradient step (capped at the rollout)")
+    num_minibatches: int = _f(
+        0,
+        "gradient steps per epoch, whatever the rollout's size: each minibatch is "
+        "rollout rows / num_minibatches, so more actors mean larger minibatches, not "
+        "more steps (CleanRL's and SB3's rule); 0 = use minibatch_size",
+    )
     clip_range: float = _f(0.2, "PPO ratio clip epsilon")
     anneal_clip_range: bool = _f(False, "anneal clip_range linearly to 0 over the budget")
     clip_value_loss: bool = _f(False, "clip the value loss around the behaviour values")
@@ -333,6 +339,7 @@ class PPOConfig:
         _positive(self, "objective_rho_bar")
         _positive_int(self, "num_epochs", "minibatch_size", "impact_target_update_every")
         _non_negative(self, "vf_coef", "ent_coef", "target_kl")
+        _non_negative_int(self, "num_minibatches")
         _require(
             self.objective in OBJECTIVES,
             "objective",

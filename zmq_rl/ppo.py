@@ -361,6 +361,164 @@ class RolloutBatch:
 _MEAN_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
 
+class LossInputs(NamedTuple):
+    """One minibatch's tensors as every objective takes them.
+
+    ``log_prob``, ``entropy`` and ``value`` come from the policy being trained (with
+    grad); the others are constants of the batch: ``old_log_prob`` (the behaviour
+    policy's), ``centre`` (the trust region's centre for ``decoupled`` / ``impact``,
+    None for ``ppo``), ``old_value``, ``returns`` and ``advantages`` (already
+    normalised when the config says so).
+    """
+
+    log_prob: torch.Tensor
+    entropy: torch.Tensor
+    value: torch.Tensor
+    old_log_prob: torch.Tensor
+    centre: torch.Tensor | None
+    old_value: torch.Tensor
+    returns: torch.Tensor
+    advantages: torch.Tensor
+
+
+def objective_loss(inputs: LossInputs, cfg: PPOConfig, clip_range: float) -> PPOLoss:
+    """``cfg.objective``'s loss on one minibatch: :func:`ppo_loss`,
+    :func:`decoupled_ppo_loss` or :func:`impact_loss`, with ``clip_range`` for the
+    ratio and (when ``clip_value_loss``) the value clip."""
+    i = inputs
+    common = dict(
+        clip_value_loss=cfg.clip_value_loss,
+        value_clip_range=clip_range,
+        vf_coef=cfg.vf_coef,
+        ent_coef=cfg.ent_coef,
+    )
+    if cfg.objective == "ppo":
+        return ppo_loss(
+            i.log_prob, i.old_log_prob, i.advantages, i.value, i.old_value, i.returns,
+            i.entropy, clip_range=clip_range, **common,
+        )  # fmt: skip
+    assert i.centre is not None
+    objective = decoupled_ppo_loss if cfg.objective == "decoupled" else impact_loss
+    return objective(
+        i.log_prob, i.centre, i.old_log_prob, i.advantages, i.value, i.old_value, i.returns,
+        i.entropy, clip_range=clip_range, rho_bar=cfg.objective_rho_bar, **common,
+    )  # fmt: skip
+
+
+def _adam_implementation(params: list[nn.Parameter]) -> dict[str, bool]:
+    """Adam's implementation flags: ``fused`` (one kernel updates every parameter; on
+    one CPU thread a 64x64 MLP's step costs a third of the per-tensor loop's) where
+    torch has it for the parameters' device and dtypes, else torch's default."""
+    if {p.device.type for p in params} <= {"cpu", "cuda"} and all(
+        p.is_floating_point() for p in params
+    ):
+        return {"fused": True}
+    return {}
+
+
+_ROW_FIELDS = ("actions", "old_log_probs", "old_values", "advantages", "returns")
+
+
+@dataclass
+class _Rows:
+    """A batch's per-row tensors in one order, cut into minibatches by slicing.
+
+    Shuffling gathers each tensor once per epoch (:meth:`permuted`); a minibatch is
+    then a slice (:meth:`part`), a view that costs no kernel. Flat batches are
+    indexed along dim 0; sequence batches (``lengths`` set) along dim 1, with
+    ``states`` and ``lengths`` along dim 0 (``lengths`` stays on the host).
+    """
+
+    obs: Any
+    tensors: dict[str, torch.Tensor]
+    states: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, batch: RolloutBatch, centre: torch.Tensor | None) -> _Rows:
+        tensors = {name: getattr(batch, name) for name in _ROW_FIELDS}
+        if centre is not None:
+            tensors["centre"] = centre
+        return cls(batch.obs, tensors, batch.states, batch.lengths, batch.mask)
+
+    def _index(self, index: Any, host_index: Any) -> _Rows:
+        if self.lengths is None:
+            return _Rows(
+                map_value(lambda t: t[index], self.obs),
+                {k: t[index] for k, t in self.tensors.items()},
+            )
+        assert self.states is not None and self.mask is not None
+        return _Rows(
+            map_value(lambda t: t[:, index], self.obs),
+            {k: t[:, index] for k, t in self.tensors.items()},
+            self.states[index],
+            self.lengths[host_index],
+            self.mask[:, index],
+        )
+
+    def permuted(self, perm: torch.Tensor, host_perm: torch.Tensor) -> _Rows:
+        """Every tensor gathered in the order ``perm`` (``host_perm``: the same on the
+        host, for ``lengths``)."""
+        return self._index(perm, host_perm)
+
+    def part(self, start: int, end: int) -> _Rows:
+        """Rows (sequences) ``start:end``: views."""
+        return self._index(slice(start, end), slice(start, end))
+
+
+@dataclass
+class _Tally:
+    """What the steps of one update add up: loss sums on the device, step counts, the
+    stop flag of ``target_kl``, and -- for the unchecked steps -- whether every
+    gradient norm was finite (a device flag, read once at the end)."""
+
+    sums: torch.Tensor
+    finite: torch.Tensor
+    steps: int = 0
+    skipped: int = 0
+    minibatches: int = 0
+    stop: bool = False
+
+    @classmethod
+    def on(cls, device: torch.device) -> _Tally:
+        return cls(
+            torch.zeros(len(_MEAN_KEYS), dtype=torch.float64, device=device),
+            torch.ones((), dtype=torch.bool, device=device),
+        )
+
+    def add(self, loss: PPOLoss) -> None:
+        self.sums += torch.stack([getattr(loss, key).detach() for key in _MEAN_KEYS]).double()
+        self.minibatches += 1
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one update cuts its batch: this rank's rows (sequences) ``n``, the
+    minibatch size and the minibatch count per epoch (of the union of every rank's
+    batch), the learning rate and the clip range."""
+
+    n: int
+    mb_size: int
+    per_epoch: int
+    lr: float
+    clip_range: float
+
+    def bounds(self, synced: bool) -> list[tuple[int, int]]:
+        """The ``(start, end)`` of each minibatch of an epoch: consecutive
+        ``mb_size`` runs (the last one the remainder), or -- for data-parallel ranks --
+        ``per_epoch`` near-equal parts, some possibly empty (``torch.tensor_split``'s)."""
+        if not synced:
+            return [(s, min(s + self.mb_size, self.n)) for s in range(0, self.n, self.mb_size)]
+        size, extra = divmod(self.n, self.per_epoch)
+        bounds, start = [], 0
+        for part in range(self.per_epoch):
+            end = start + size + (1 if part < extra else 0)
+            bounds.append((start, end))
+            start = end
+        return bounds
+
+
 class GradientSync(Protocol):
     """What :class:`PPOTrainer` needs of data-parallel ranks
     (:class:`zmq_rl.distributed.DataParallel`)."""
@@ -381,14 +539,22 @@ class PPOTrainer:
     ``seed`` seeds the private ``torch.Generator`` that shuffles minibatches, so two
     trainers built from identical policies and seeds take identical steps (on the
     same device and torch build). The global RNG is not touched.
+
+    A gradient step costs its math, not host round trips: each epoch gathers the
+    shuffled batch once and takes minibatches as slices, and nothing inside the epoch
+    loop waits for the device -- gradient-norm finiteness is accumulated on the
+    device and read once per update (see :meth:`update` for what happens when a norm
+    was not finite). Only ``target_kl > 0`` reads ``approx_kl`` after each step, and
+    data-parallel ranks synchronise at each step by construction.
     """
 
     def __init__(self, policy: Policy, cfg: PPOConfig, seed: int = 0) -> None:
         cfg.validate()
         self.policy = policy
         self.cfg = cfg
+        self.params = list(policy.parameters())
         self.optimizer = torch.optim.Adam(
-            policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps
+            self.params, lr=cfg.learning_rate, eps=cfg.adam_eps, **_adam_implementation(self.params)
         )
         self.generator = torch.Generator()
         self.generator.manual_seed(int(seed))
@@ -418,24 +584,31 @@ class PPOTrainer:
         ``progress`` in [0, 1] is the fraction of the training budget already spent;
         with ``anneal_lr`` (``anneal_clip_range``) the learning rate (clip range) of
         this update is ``base * (1 - progress)``. Runs ``num_epochs`` passes of
-        shuffled minibatches of ``min(minibatch_size, N)`` transitions (the last
-        minibatch of an epoch holds the remainder when ``N`` is not a multiple; for a
-        sequence batch, minibatches of whole sequences holding about
-        ``minibatch_size`` real rows, unrolled with ``policy.evaluate_sequence``),
-        normalising advantages per minibatch (unless it has one element), clipping the
-        global gradient norm, and -- when ``target_kl > 0`` -- stopping all remaining
-        minibatches and epochs after the step whose minibatch had ``approx_kl >
-        target_kl`` (measured before that step, as in CleanRL; at least one step is
-        always taken, so stale off-policy data cannot stall learning entirely).
+        shuffled minibatches (:meth:`minibatch_size_for`; the last minibatch of an
+        epoch holds the remainder when ``N`` is not a multiple; for a sequence batch,
+        minibatches of whole sequences holding about that many real rows, unrolled
+        with ``policy.evaluate_sequence``), normalising advantages per minibatch
+        (unless it has one element), clipping the global gradient norm, and -- when
+        ``target_kl > 0`` -- stopping all remaining minibatches and epochs after the
+        step whose minibatch had ``approx_kl > target_kl`` (measured before that
+        step, as in CleanRL; at least one step is always taken, so stale off-policy
+        data cannot stall learning entirely).
 
-        The policy loss is ``cfg.objective``'s: :func:`ppo_loss` (``"ppo"``, the ratio
-        against the batch's behaviour log-probs), :func:`decoupled_ppo_loss`
-        (``"decoupled"``, the proximal policy being the policy at the start of this
-        update) or :func:`impact_loss` (``"impact"``, against :attr:`target_policy`,
+        A minibatch whose gradient norm is not finite (huge or non-finite inputs from
+        a bad peer) is skipped and counted, never applied. Without ``target_kl`` and
+        ranks, the steps run unchecked and the finiteness of every norm is read once
+        at the end; if one was not finite, the policy, the optimiser and the
+        shuffling RNG are restored to the start of the update and the update runs
+        again checking each step -- the same outcome as checking every step, at no
+        cost when nothing is wrong.
+
+        The policy loss is ``cfg.objective``'s (:func:`objective_loss`): the ratio
+        against the behaviour log-probs (``"ppo"``), the proximal policy being the
+        policy at the start of this update (``"decoupled"``), or :attr:`target_policy`,
         refreshed from the policy at the start of every
-        ``impact_target_update_every``-th update). The centre's log-probs are
-        computed once per update, without grad; ``approx_kl`` (and so ``target_kl``)
-        and ``clip_fraction`` are measured against that centre.
+        ``impact_target_update_every``-th update (``"impact"``). The centre's
+        log-probs are computed once per update, without grad; ``approx_kl`` (and so
+        ``target_kl``) and ``clip_fraction`` are measured against that centre.
 
         With :attr:`sync` (data-parallel learner ranks) the minibatch count is what
         one learner would use for the union of every rank's batch, each rank splits
@@ -449,154 +622,158 @@ class PPOTrainer:
         ``losses/value_loss``, ``losses/entropy``, ``losses/approx_kl``,
         ``losses/clip_fraction``, ``losses/explained_variance`` (of the behaviour
         values on the returns; NaN when the returns are constant),
-        ``charts/learning_rate``, ``charts/clip_range`` and ``losses/epochs_run``
-        (epochs completed, fractional when stopped mid-epoch).
+        ``charts/learning_rate``, ``charts/clip_range``, ``losses/epochs_run``
+        (epochs completed, fractional when stopped mid-epoch) and
+        ``losses/skipped_minibatches``.
         """
-        cfg = self.cfg
-        lr, clip_range = self._schedule(progress)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        device = next(self.policy.parameters()).device
         if batch is None and self.sync is None:
             raise ValueError("RolloutBatch is empty")
+        device = self.params[0].device
         if batch is not None:
             batch.validate()
             batch = batch.to(device)
+        plan = self._plan(batch, progress)
+        for group in self.optimizer.param_groups:
+            group["lr"] = plan.lr
+        # Decoupled / IMPACT: the trust region's centre (the proximal policy or the
+        # target network), evaluated once per update, without grad.
+        centre = self._centre_log_probs(batch) if batch is not None else None
+        rows = _Rows.of(batch, centre) if batch is not None else None
+        self.policy.train()
+        if self.sync is None and self.cfg.target_kl == 0.0:
+            start = self._snapshot()
+            tally = self._epochs(rows, plan, checked=False)
+            if not bool(tally.finite):  # the update's one read of the device
+                self._restore(start)
+                tally = self._epochs(rows, plan, checked=True)
+        else:
+            tally = self._epochs(rows, plan, checked=True)
+        self.updates += 1
+        return self._metrics(tally, batch, plan)
+
+    def minibatch_size_for(self, rows: int) -> int:
+        """The minibatch size of an update of ``rows`` rows: ``rows / num_minibatches``
+        (rounded up) when ``num_minibatches`` is set -- a fixed number of gradient
+        steps per epoch however many actors fill the rollout -- else
+        ``minibatch_size``; never more than ``rows``."""
+        cfg = self.cfg
+        if cfg.num_minibatches:
+            return max(1, math.ceil(rows / cfg.num_minibatches))
+        return max(1, min(cfg.minibatch_size, rows))
+
+    def _plan(self, batch: RolloutBatch | None, progress: float) -> _Plan:
+        """Schedules and the cut of this update (the union of every rank's batch
+        decides the minibatch count)."""
+        lr, clip_range = self._schedule(progress)
         n = len(batch) if batch is not None else 0
         recurrent = batch is not None and batch.states is not None
-        real_rows = int(batch.mask.sum()) if recurrent else n
-        if self.sync is not None:  # the union of every rank's batch decides
+        assert batch is None or not recurrent or batch.mask is not None
+        real_rows = int(batch.mask.sum()) if recurrent else n  # type: ignore[union-attr]
+        if self.sync is not None:
             n_all, rows_all, recurrent_any = self.sync.sum_counts([n, real_rows, int(recurrent)])
         else:
             n_all, rows_all, recurrent_any = n, real_rows, int(recurrent)
+        rows_per_mb = self.minibatch_size_for(rows_all)
         if recurrent_any:
-            # Minibatches of whole sequences holding about minibatch_size real rows.
-            mb_size = max(1, min(n_all, round(cfg.minibatch_size * n_all / max(rows_all, 1))))
+            # Minibatches of whole sequences holding about rows_per_mb real rows.
+            mb_size = max(1, min(n_all, round(rows_per_mb * n_all / max(rows_all, 1))))
         else:
-            mb_size = min(cfg.minibatch_size, n_all)
-        per_epoch = math.ceil(n_all / mb_size)
-        # Decoupled / IMPACT: the trust region's centre (the proximal policy or the
-        # target network), evaluated once per update, without grad.
-        centre_log_probs = self._centre_log_probs(batch) if batch is not None else None
+            mb_size = min(rows_per_mb, n_all)
+        return _Plan(n, mb_size, math.ceil(n_all / mb_size), lr, clip_range)
 
-        # Summed on the device; one host sync at the end (plus one per step for target_kl).
-        sums = torch.zeros(len(_MEAN_KEYS), dtype=torch.float64, device=device)
-        minibatches = skipped = steps = 0
-        stop = False
-        self.policy.train()
-        for _epoch in range(cfg.num_epochs):
-            perm = torch.randperm(n, generator=self.generator).to(device)
-            if self.sync is None:
-                parts = [perm[start : start + mb_size] for start in range(0, n, mb_size)]
-            else:  # the same number of parts on every rank (some may be empty)
-                parts = list(torch.tensor_split(perm, per_epoch))
-            for idx in parts:
-                if batch is None or idx.numel() == 0:
-                    # No rows of this rank in this step: it contributes a zero
-                    # gradient of weight 0 and takes the ranks' common step.
-                    self.optimizer.zero_grad(set_to_none=True)
-                    steps += 1
-                    global_kl = self.sync.average_gradients(self.policy.parameters(), 0, 0.0)
-                    if global_kl is None:
-                        continue
-                    self._clipped_step()
-                    if cfg.target_kl > 0.0 and global_kl > cfg.target_kl:
-                        stop = True
-                        break
-                    continue
-                if recurrent:
-                    lengths = batch.lengths[idx.cpu()]
-                    rows = slice(0, int(lengths.max()))  # drop padding-only rows
-                    mask = batch.mask[rows, idx]
-                    log_prob, entropy, value, _ = self.policy.evaluate_sequence(
-                        map_value(lambda t, i=idx, r=rows: t[r, i], batch.obs),
-                        batch.actions[rows, idx],
-                        batch.states[idx],
-                        lengths,
-                    )
-                    log_prob, entropy, value = log_prob[mask], entropy[mask], value[mask]
-                    old_log_prob = batch.old_log_probs[rows, idx][mask]
-                    if centre_log_probs is not None:
-                        centre = centre_log_probs[rows, idx][mask]
-                    old_value = batch.old_values[rows, idx][mask]
-                    returns = batch.returns[rows, idx][mask]
-                    advantages = batch.advantages[rows, idx][mask]
+    def _epochs(self, rows: _Rows | None, plan: _Plan, checked: bool) -> _Tally:
+        """``num_epochs`` shuffled passes over ``rows`` (None: a rank without rows),
+        stopping early for ``target_kl``."""
+        tally = _Tally.on(self.params[0].device)
+        bounds = plan.bounds(synced=self.sync is not None)
+        for _epoch in range(self.cfg.num_epochs):
+            host_perm = torch.randperm(plan.n, generator=self.generator)
+            shuffled = None
+            if rows is not None:
+                shuffled = rows.permuted(host_perm.to(self.params[0].device), host_perm)
+            for start, end in bounds:
+                if shuffled is None or end == start:
+                    self._step_without_rows(tally)
                 else:
-                    log_prob, entropy, value = self.policy.evaluate_actions(
-                        map_value(lambda t, i=idx: t[i], batch.obs), batch.actions[idx]
-                    )
-                    old_log_prob = batch.old_log_probs[idx]
-                    if centre_log_probs is not None:
-                        centre = centre_log_probs[idx]
-                    old_value = batch.old_values[idx]
-                    returns = batch.returns[idx]
-                    advantages = batch.advantages[idx]
-                if cfg.normalize_advantages and advantages.numel() > 1:
-                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-                common = dict(
-                    clip_value_loss=cfg.clip_value_loss,
-                    value_clip_range=clip_range,
-                    vf_coef=cfg.vf_coef,
-                    ent_coef=cfg.ent_coef,
-                )
-                if cfg.objective == "ppo":
-                    loss = ppo_loss(
-                        log_prob,
-                        old_log_prob,
-                        advantages,
-                        value,
-                        old_value,
-                        returns,
-                        entropy,
-                        clip_range=clip_range,
-                        **common,
-                    )
-                else:
-                    objective = decoupled_ppo_loss if cfg.objective == "decoupled" else impact_loss
-                    loss = objective(
-                        log_prob,
-                        centre,
-                        old_log_prob,
-                        advantages,
-                        value,
-                        old_value,
-                        returns,
-                        entropy,
-                        clip_range=clip_range,
-                        rho_bar=cfg.objective_rho_bar,
-                        **common,
-                    )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.total.backward()
-                approx_kl = float(loss.approx_kl) if cfg.target_kl > 0.0 else 0.0
-                steps += 1
-                if self.sync is not None:
-                    weight = int(mask.sum()) if recurrent else int(idx.numel())
-                    global_kl = self.sync.average_gradients(
-                        self.policy.parameters(), weight, approx_kl
-                    )
-                    assert global_kl is not None  # this rank's weight is positive
-                    approx_kl = global_kl
-                if not self._clipped_step():
-                    # A poisoned minibatch (huge or non-finite inputs from a bad peer)
-                    # must not turn the weights into NaN: skip it and count it.
-                    skipped += 1
-                    continue
+                    self._minibatch_step(shuffled.part(start, end), plan, tally, checked)
+                if tally.stop:
+                    return tally
+        return tally
 
-                sums += torch.stack([getattr(loss, key).detach() for key in _MEAN_KEYS]).double()
-                minibatches += 1
-                if cfg.target_kl > 0.0 and approx_kl > cfg.target_kl:
-                    stop = True
-                    break
-            if stop:
-                break
+    def _minibatch_step(self, rows: _Rows, plan: _Plan, tally: _Tally, checked: bool) -> None:
+        """Loss, backward, (ranks: gradient average), clip and step on one minibatch."""
+        cfg = self.cfg
+        inputs, weight = self._loss_inputs(rows)
+        loss = objective_loss(inputs, cfg, plan.clip_range)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.total.backward()
+        approx_kl = float(loss.approx_kl) if cfg.target_kl > 0.0 else 0.0
+        tally.steps += 1
+        if self.sync is not None:
+            global_kl = self.sync.average_gradients(self.params, weight, approx_kl)
+            assert global_kl is not None  # this rank's weight is positive
+            approx_kl = global_kl
+        if checked:
+            if not self._clipped_step():
+                # A poisoned minibatch (huge or non-finite inputs from a bad peer)
+                # must not turn the weights into NaN: skip it and count it.
+                tally.skipped += 1
+                return
+        else:
+            norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm, foreach=True)
+            torch.logical_and(tally.finite, torch.isfinite(norm), out=tally.finite)
+            self.optimizer.step()
+        tally.add(loss)
+        if cfg.target_kl > 0.0 and approx_kl > cfg.target_kl:
+            tally.stop = True
 
-        self.updates += 1
-        means = (sums / max(minibatches, 1)).tolist()
+    def _step_without_rows(self, tally: _Tally) -> None:
+        """A data-parallel rank with no rows in this step: a zero gradient of weight 0
+        joins the ranks' average, and the rank takes their common step."""
+        assert self.sync is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        tally.steps += 1
+        global_kl = self.sync.average_gradients(self.params, 0, 0.0)
+        if global_kl is None:
+            return
+        self._clipped_step()
+        if self.cfg.target_kl > 0.0 and global_kl > self.cfg.target_kl:
+            tally.stop = True
+
+    def _loss_inputs(self, rows: _Rows) -> tuple[LossInputs, int]:
+        """The policy's outputs and the batch's constants for one minibatch, with
+        advantages normalised; and the minibatch's weight (its real rows)."""
+        t = rows.tensors
+        if rows.lengths is None:
+            log_prob, entropy, value = self.policy.evaluate_actions(rows.obs, t["actions"])
+            weight = int(t["actions"].shape[0])
+        else:
+            assert rows.mask is not None and rows.states is not None
+            real = slice(0, int(rows.lengths.max()))  # drop padding-only rows
+            mask = rows.mask[real]
+            obs = map_value(lambda x: x[real], rows.obs)
+            log_prob, entropy, value, _ = self.policy.evaluate_sequence(
+                obs, t["actions"][real], rows.states, rows.lengths
+            )
+            log_prob, entropy, value = log_prob[mask], entropy[mask], value[mask]
+            t = {k: x[real][mask] for k, x in t.items() if k != "actions"}
+            weight = int(mask.sum())
+        advantages = t["advantages"]
+        if self.cfg.normalize_advantages and advantages.numel() > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        inputs = LossInputs(
+            log_prob, entropy, value, t["old_log_probs"], t.get("centre"), t["old_values"],
+            t["returns"], advantages,
+        )  # fmt: skip
+        return inputs, weight
+
+    def _metrics(self, tally: _Tally, batch: RolloutBatch | None, plan: _Plan) -> dict[str, float]:
+        """The update's metrics row (one read of the device for the loss means)."""
+        means = (tally.sums / max(tally.minibatches, 1)).tolist()
         metrics = {f"losses/{key}": float(v) for key, v in zip(_MEAN_KEYS, means, strict=True)}
         if batch is None:
             metrics["losses/explained_variance"] = float("nan")
-        elif recurrent:
+        elif batch.mask is not None:
             real = batch.mask
             metrics["losses/explained_variance"] = explained_variance(
                 batch.old_values[real], batch.returns[real]
@@ -605,18 +782,33 @@ class PPOTrainer:
             metrics["losses/explained_variance"] = explained_variance(
                 batch.old_values, batch.returns
             )
+        minibatches = tally.minibatches
         if self.sync is not None:
-            minibatches = steps - skipped  # every rank took these steps
-        metrics["losses/epochs_run"] = float(minibatches / per_epoch)
-        metrics["losses/skipped_minibatches"] = float(skipped)
-        metrics["charts/learning_rate"] = float(lr)
-        metrics["charts/clip_range"] = float(clip_range)
+            minibatches = tally.steps - tally.skipped  # every rank took these steps
+        metrics["losses/epochs_run"] = float(minibatches / plan.per_epoch)
+        metrics["losses/skipped_minibatches"] = float(tally.skipped)
+        metrics["charts/learning_rate"] = float(plan.lr)
+        metrics["charts/clip_range"] = float(plan.clip_range)
         return metrics
+
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, Any], torch.Tensor]:
+        """The policy, the optimiser and the shuffling RNG as they are (copies)."""
+        return (
+            copy.deepcopy(self.policy.state_dict()),
+            copy.deepcopy(self.optimizer.state_dict()),
+            self.generator.get_state(),
+        )
+
+    def _restore(self, snapshot: tuple[dict[str, Any], dict[str, Any], torch.Tensor]) -> None:
+        policy, optimizer, generator = snapshot
+        self.policy.load_state_dict(policy)
+        self.optimizer.load_state_dict(optimizer)
+        self.generator.set_state(generator)
 
     def _clipped_step(self) -> bool:
         """Clip the global gradient norm and step; False (no step, gradients
-        cleared) when the norm is not finite."""
-        norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
+        cleared) when the norm is not finite (one read of the device)."""
+        norm = nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm, foreach=True)
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             return False

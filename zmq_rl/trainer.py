@@ -120,8 +120,11 @@ class Trainer:
             if not known:
                 continue
             if p not in optimizer.state:  # as Adam makes it at its first step
+                fused = bool(optimizer.defaults.get("fused"))  # fused Adam: step on the device
                 optimizer.state[p] = {
-                    "step": torch.zeros((), dtype=torch.float32),
+                    "step": torch.zeros(
+                        (), dtype=torch.float32, device=p.device if fused else None
+                    ),
                     "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                     "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
                 }
