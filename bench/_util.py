@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,6 +94,47 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     return str(value)
+
+
+@contextlib.contextmanager
+def revision_trees(base: str, base_tree: str) -> Any:
+    """``{name: tree}`` to measure: this tree, and an earlier revision's when ``base``
+    (a commit: checked out with ``git worktree`` for the duration) or ``base_tree``
+    (a folder holding such a checkout, e.g. one carried to a machine without git)
+    is given. A tree's code runs with ``PYTHONPATH`` set to it."""
+    trees: dict[str, Path] = {}
+    worktree = None
+    if base:
+        worktree = Path(tempfile.mkdtemp(prefix="bench-base-"))
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(worktree), base],
+            cwd=ROOT, check=True, capture_output=True,
+        )  # fmt: skip
+        trees[f"base {base}"] = worktree
+    elif base_tree:
+        trees[f"base {Path(base_tree).name}"] = Path(base_tree).resolve()
+    trees["this tree"] = ROOT
+    try:
+        yield trees
+    finally:
+        if worktree is not None:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(worktree)],
+                cwd=ROOT, check=False, capture_output=True,
+            )  # fmt: skip
+
+
+def python_path(tree: Path) -> str:
+    """``PYTHONPATH`` that imports ``tree``'s code first, keeping what was there."""
+    return os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def add_base_flags(parser: Any) -> None:
+    """``--base REV`` / ``--base-tree DIR``: also measure an earlier revision."""
+    parser.add_argument("--base", default="", help="also measure this revision (git worktree)")
+    parser.add_argument(
+        "--base-tree", default="", help="also measure the checkout in this folder (no git)"
+    )
 
 
 def machine_info() -> dict[str, Any]:

@@ -67,8 +67,16 @@ def run_tests(timeout: float) -> dict[str, Any]:
     }
 
 
-def time_updates(device: str, hidden: tuple[int, ...], updates: int, threads: int) -> float:
-    """Step 2: median seconds of one ``Trainer.update`` on ``device``."""
+def time_updates(
+    device: str,
+    hidden: tuple[int, ...],
+    updates: int,
+    threads: int,
+    minibatch: int = 1024,
+    cuda_graphs: bool = True,
+) -> float:
+    """Step 2: median seconds of one ``Trainer.update`` on ``device`` (4 epochs of
+    ``minibatch``-row minibatches; ``cuda_graphs`` as ``PPOConfig.cuda_graphs``)."""
     import numpy as np
     import torch
     from gymnasium import spaces
@@ -83,7 +91,7 @@ def time_updates(device: str, hidden: tuple[int, ...], updates: int, threads: in
     )
     trainer = Trainer(
         cfg,
-        PPOConfig(num_epochs=4, minibatch_size=1024),
+        PPOConfig(num_epochs=4, minibatch_size=minibatch, cuda_graphs=cuda_graphs),
         PolicyConfig(hidden_sizes=hidden),
         spaces.Box(-np.inf, np.inf, (4,), np.float32),
         spaces.Discrete(2),
@@ -121,6 +129,32 @@ def time_updates(device: str, hidden: tuple[int, ...], updates: int, threads: in
     return statistics.median(times)
 
 
+def per_minibatch_costs(updates: int) -> list[dict[str, Any]]:
+    """Milliseconds per minibatch step of a 4,096-row update (4 epochs), by network,
+    minibatch size and device (CUDA graphs on and off): the update's overhead per
+    gradient step, which issue 28 bounds at 0.5 ms on a GPU."""
+    rows = []
+    for hidden in ((64, 64), (256, 256)):
+        for minibatch in (1024, 64):
+            steps = 4 * (4096 // minibatch)
+            cells = [("cpu", 1, True), ("cuda", 1, False), ("cuda", 1, True)]
+            for device, threads, graphs in cells:
+                seconds = time_updates(device, hidden, updates, threads, minibatch, graphs)
+                row = {
+                    "hidden": list(hidden), "minibatch": minibatch, "device": device,
+                    "cuda_graphs": graphs and device == "cuda", "update_ms": 1e3 * seconds,
+                    "per_minibatch_ms": 1e3 * seconds / steps,
+                }  # fmt: skip
+                rows.append(row)
+                label = device + (" graphs" if row["cuda_graphs"] else "")
+                print(
+                    f"MLP {hidden} minibatch {minibatch} on {label}: update "
+                    f"{row['update_ms']:.1f} ms, {row['per_minibatch_ms']:.3f} ms per minibatch",
+                    flush=True,
+                )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _util.add_common_flags(parser)
@@ -128,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--window", type=float, default=6.0)
     parser.add_argument("--skip-tests", action="store_true", help="only the figures")
+    parser.add_argument(
+        "--only-update",
+        action="store_true",
+        help="only step 2, per minibatch: 1,024- and 64-row minibatches on cuda with and "
+        "without CUDA graphs and on one CPU thread (the update's per-minibatch overhead)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.updates, args.warmup, args.window = 3, 0.5, 1.5
@@ -150,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
     }
+
+    if args.only_update:
+        result["per_minibatch"] = per_minibatch_costs(args.updates)
+        _util.write_result("gpu_check", args, result)
+        return 0
 
     if not args.skip_tests:
         tests = run_tests(PYTEST_TIMEOUT_S)

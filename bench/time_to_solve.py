@@ -54,7 +54,12 @@ EVAL = re.compile(r"\beval (-?[\d.]+|nan)")
 
 
 def _timed_lines(
-    cmd: list[str], timeout: float, cwd: str, solved: Any = None, stop_after_solve: bool = False
+    cmd: list[str],
+    timeout: float,
+    cwd: str,
+    solved: Any = None,
+    stop_after_solve: bool = False,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[list[tuple[float, str]], float, int]:
     """Run ``cmd``; return ([(seconds since launch, line)], seconds to exit, exit code).
 
@@ -62,7 +67,7 @@ def _timed_lines(
     ``stop_after_solve`` the process gets SIGTERM as soon as a line satisfies
     ``solved(line)`` (``zmq-rl run`` then stops gracefully), so only the figure is
     waited for; its exit time is then not meaningful."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(extra_env or {})}
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd,

@@ -8,6 +8,7 @@ with today's code and compares parameters and metrics within float tolerance.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 from pathlib import Path
@@ -21,6 +22,9 @@ from zmq_rl.policy import build_policy
 from zmq_rl.ppo import PPOTrainer, RolloutBatch
 
 GOLDEN = Path(__file__).parent / "fixtures" / "ppo_update_golden.npz"
+DEVICE = "cpu"
+"""Where the cases run (tests/test_device.py runs them on CUDA too)."""
+LAST_TRAINER = None
 OBS = spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACTION_SPACES = {
     "discrete": spaces.Discrete(3),
@@ -60,15 +64,19 @@ def run_case(name: str) -> dict[str, np.ndarray]:
     space, rows, changes = CASES[name]
     torch.manual_seed(0)
     policy = build_policy(OBS, ACTION_SPACES[space], PolicyConfig(hidden_sizes=(16, 16)))
+    policy = policy.to(DEVICE)
     trainer = PPOTrainer(policy, dataclasses.replace(BASE, **changes), seed=3)
+    global LAST_TRAINER
+    LAST_TRAINER = trainer
     out: dict[str, np.ndarray] = {}
     for update in range(3):
-        batch = _batch(policy, rows, seed=update, poisoned=name == "poisoned")
+        behaviour = copy.deepcopy(policy).cpu()  # the actors' copy
+        batch = _batch(behaviour, rows, seed=update, poisoned=name == "poisoned")
         metrics = trainer.update(batch, progress=0.2 * update)
         keys = sorted(metrics)
         out[f"{name}/metrics{update}"] = np.array([metrics[k] for k in keys], np.float64)
     for key, value in policy.state_dict().items():
-        out[f"{name}/param/{key}"] = value.detach().numpy().copy()
+        out[f"{name}/param/{key}"] = value.detach().cpu().numpy().copy()
     return out
 
 

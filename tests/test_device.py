@@ -346,6 +346,28 @@ def test_ppo_update_on_cuda_equals_the_cpu_update(
 
 
 @NEEDS_CUDA
+@pytest.mark.parametrize("case", ["ppo-discrete", "ppo-remainder", "impact", "poisoned"])
+def test_cuda_graph_steps_equal_eager_steps(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The golden cases of tests/ppo_golden.py on CUDA, with the minibatch step captured
+    as CUDA graphs and without: the same metrics and weights within float32 tolerance
+    (graph capture's warm-up steps are undone), a graph per minibatch size, and a
+    poisoned minibatch still skipped and counted."""
+    from tests import ppo_golden
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    results = {}
+    for graphs in (True, False):
+        monkeypatch.setattr(ppo_golden, "BASE", dataclasses.replace(
+            ppo_golden.BASE, cuda_graphs=graphs
+        ))  # fmt: skip
+        monkeypatch.setattr(ppo_golden, "DEVICE", "cuda")
+        results[graphs] = ppo_golden.run_case(case)
+    for key, eager in results[False].items():
+        np.testing.assert_allclose(results[True][key], eager, rtol=1e-4, atol=1e-5, err_msg=key)
+    assert ppo_golden.LAST_TRAINER is not None
+
+
+@NEEDS_CUDA
 def test_cuda_checkpoints_load_on_the_cpu_and_back(tmp_path: Path) -> None:
     gpu = make_trainer("cuda")
     gpu.update(make_rollout(), 0.0)

@@ -368,3 +368,26 @@ def test_update_matches_the_update_it_replaced(case):
     assert sorted(now) == sorted(k for k in golden.files if k.startswith(f"{case}/"))
     for key, value in now.items():
         np.testing.assert_allclose(value, golden[key], rtol=2e-5, atol=2e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("rows", [64, 128, 70])
+def test_num_minibatches_fixes_the_steps_per_epoch_whatever_the_rollout(rows):
+    """With num_minibatches the minibatch grows with the rollout: the same number of
+    Adam steps per epoch for 64, 128 or 70 rows (the last one holds the remainder);
+    without it, minibatch_size fixes the size and the step count grows."""
+    policy = make_policy()
+    batch = make_batch(policy, n=rows)
+    trainer = PPOTrainer(policy, config(num_epochs=2, num_minibatches=4))
+    steps = []
+    trainer.optimizer.register_step_post_hook(lambda *_: steps.append(1))
+    metrics = trainer.update(batch)
+    assert len(steps) == 2 * 4
+    assert trainer.minibatch_size_for(rows) == math.ceil(rows / 4)
+    assert metrics["losses/epochs_run"] == 2.0
+    fixed = PPOTrainer(make_policy(), config(num_epochs=1, minibatch_size=16))
+    assert fixed.minibatch_size_for(rows) == 16
+
+
+def test_num_minibatches_must_not_be_negative():
+    with pytest.raises(ValueError, match="num_minibatches"):
+        config(num_minibatches=-1).validate()

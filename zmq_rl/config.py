@@ -315,6 +315,12 @@ class PPOConfig:
     target_kl: float = _f(0.0, "stop the epochs of an update once approx KL exceeds this; 0 = off")
     normalize_advantages: bool = _f(True, "normalise advantages per minibatch")
     adam_eps: float = _f(1e-5, "Adam epsilon")
+    cuda_graphs: bool = _f(
+        True,
+        "on a CUDA device, run each minibatch step as one captured CUDA graph "
+        "(feed-forward policies, target_kl 0, one learner); eager steps elsewhere or "
+        "if capture fails (one log line)",
+    )
     objective: str = _f(
         "ppo",
         "policy surrogate: ppo (clip pi/mu around the behaviour policy mu), decoupled "

@@ -302,7 +302,9 @@ class Learner:
             return None  # members that delivered during the fill made it too big
         rollout = self.ingest.take_rollout(self.members.member_slots(), cfg.num_steps)
         progress = min(1.0, report.env_steps_consumed / cfg.total_env_steps)
+        started = time.monotonic()
         result = self.ingest.serve_during(lambda: self.trainer.update(rollout, progress))
+        result.metrics["time/update_seconds"] = time.monotonic() - started
         report.add_episodes(result.episode_returns)
         report.env_steps_consumed += rollout.num_steps * rollout.num_slots
         report.updates_completed += 1

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,13 +32,17 @@ from zmq_rl.config import PPOConfig
 from zmq_rl.policy import Policy
 from zmq_rl.spaces import leaves, map_value
 
+log = logging.getLogger(__name__)
+
 __all__ = [
+    "LossInputs",
     "PPOLoss",
     "PPOTrainer",
     "RolloutBatch",
     "decoupled_ppo_loss",
     "explained_variance",
     "impact_loss",
+    "objective_loss",
     "ppo_loss",
 ]
 
@@ -408,11 +413,12 @@ def objective_loss(inputs: LossInputs, cfg: PPOConfig, clip_range: float) -> PPO
 def _adam_implementation(params: list[nn.Parameter]) -> dict[str, bool]:
     """Adam's implementation flags: ``fused`` (one kernel updates every parameter; on
     one CPU thread a 64x64 MLP's step costs a third of the per-tensor loop's) where
-    torch has it for the parameters' device and dtypes, else torch's default."""
-    if {p.device.type for p in params} <= {"cpu", "cuda"} and all(
-        p.is_floating_point() for p in params
-    ):
-        return {"fused": True}
+    torch has it for the parameters' device and dtypes, else torch's default; on CUDA
+    also ``capturable`` (its step counters stay on the device, so the step can be
+    captured in a CUDA graph)."""
+    devices = {p.device.type for p in params}
+    if devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params):
+        return {"fused": True, "capturable": devices == {"cuda"}}
     return {}
 
 
@@ -519,6 +525,96 @@ class _Plan:
         return bounds
 
 
+class _CudaGraphs:
+    """The unchecked minibatch step (loss, backward, clip, Adam, the metrics' sums)
+    captured as one CUDA graph per minibatch size, so that a step costs one launch
+    instead of one per kernel (PyTorch's "whole network capture" recipe).
+
+    Capture runs three warm-up steps on a side stream and then the captured one; all
+    four change the weights, so every parameter, buffer and optimiser tensor is put
+    back (in place: the graph holds their addresses) before the real steps run.
+    Inputs are copied into the graph's own tensors; the learning rate and the clip
+    range are device tensors the graph reads. At most :attr:`MAX_SIZES` sizes are
+    kept. Anything that fails during capture turns graphs off for this trainer with
+    one log line, and the steps run eagerly (the same math).
+    """
+
+    MAX_SIZES = 4
+
+    def __init__(self, trainer: PPOTrainer) -> None:
+        self.trainer = trainer
+        self.graphs: dict[int, tuple[Any, _Rows, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.disabled = False
+
+    def clear(self) -> None:
+        """Forget every graph (the optimiser's tensors were replaced)."""
+        self.graphs.clear()
+
+    def step(self, rows: _Rows, clip_range: float, tally: _Tally) -> bool:
+        """Run one minibatch step through its graph; False (nothing done) when graphs
+        are off or the capture failed."""
+        if self.disabled:
+            return False
+        size = int(rows.tensors["actions"].shape[0])
+        entry = self.graphs.get(size)
+        if entry is None:
+            entry = self._capture(rows, clip_range)
+            if entry is None:
+                return False
+        graph, static, clip, losses, finite = entry
+        for name, tensor in rows.tensors.items():
+            static.tensors[name].copy_(tensor)
+        for mine, theirs in zip(leaves(static.obs), leaves(rows.obs), strict=True):
+            mine.copy_(theirs)
+        clip.fill_(clip_range)
+        graph.replay()
+        tally.sums += losses
+        torch.logical_and(tally.finite, finite, out=tally.finite)
+        tally.minibatches += 1
+        tally.steps += 1
+        return True
+
+    def _capture(self, rows: _Rows, clip_range: float) -> Any:
+        trainer = self.trainer
+        saved = trainer.state_tensors()
+        known = {id(t) for t in saved}
+        clones = [t.clone() for t in saved]
+        tensors = {k: t.clone() for k, t in rows.tensors.items()}
+        static = _Rows(map_value(lambda t: t.clone(), rows.obs), tensors)
+        clip = torch.tensor(clip_range, device=trainer.params[0].device)
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    trainer.optimizer.zero_grad(set_to_none=True)
+                    trainer.graph_body(static, clip)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            trainer.optimizer.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph):
+                losses, finite = trainer.graph_body(static, clip)
+        except Exception as exc:  # noqa: BLE001 -- any capture failure: run eagerly
+            self.disabled = True
+            log.warning("CUDA graphs off for this run (eager steps instead): %s", exc)
+            graph = None
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            for tensor, clone in zip(saved, clones, strict=True):
+                tensor.copy_(clone)
+            for tensor in trainer.state_tensors():  # Adam's state made by the warm-up
+                if id(tensor) not in known:
+                    tensor.zero_()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        if graph is None:
+            return None
+        if len(self.graphs) >= self.MAX_SIZES:
+            del self.graphs[next(iter(self.graphs))]
+        entry = (graph, static, clip, losses, finite)
+        self.graphs[int(rows.tensors["actions"].shape[0])] = entry
+        return entry
+
+
 class GradientSync(Protocol):
     """What :class:`PPOTrainer` needs of data-parallel ranks
     (:class:`zmq_rl.distributed.DataParallel`)."""
@@ -556,6 +652,12 @@ class PPOTrainer:
         self.optimizer = torch.optim.Adam(
             self.params, lr=cfg.learning_rate, eps=cfg.adam_eps, **_adam_implementation(self.params)
         )
+        on_cuda = bool(self.params) and self.params[0].device.type == "cuda"
+        self.graphs: _CudaGraphs | None = (
+            _CudaGraphs(self) if cfg.cuda_graphs and on_cuda else None
+        )
+        """CUDA graphs of the minibatch step (``cuda_graphs`` on a CUDA device)."""
+        self._set_lr(cfg.learning_rate)
         self.generator = torch.Generator()
         self.generator.manual_seed(int(seed))
         self.updates = 0
@@ -633,8 +735,7 @@ class PPOTrainer:
             batch.validate()
             batch = batch.to(device)
         plan = self._plan(batch, progress)
-        for group in self.optimizer.param_groups:
-            group["lr"] = plan.lr
+        self._set_lr(plan.lr)
         # Decoupled / IMPACT: the trust region's centre (the proximal policy or the
         # target network), evaluated once per update, without grad.
         centre = self._centre_log_probs(batch) if batch is not None else None
@@ -650,6 +751,39 @@ class PPOTrainer:
             tally = self._epochs(rows, plan, checked=True)
         self.updates += 1
         return self._metrics(tally, batch, plan)
+
+    def _set_lr(self, lr: float) -> None:
+        """The learning rate of the next steps: a device tensor changed in place where
+        CUDA graphs read it, else a float."""
+        for group in self.optimizer.param_groups:
+            if self.graphs is None:
+                group["lr"] = float(lr)
+            elif isinstance(group["lr"], torch.Tensor) and group["lr"].device.type == "cuda":
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = torch.tensor(float(lr), device=self.params[0].device)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a step changes or reads as state: the policy's parameters and
+        buffers and the optimiser's per-parameter state (for CUDA graph capture)."""
+        tensors = list(self.policy.state_dict().values())
+        for state in self.optimizer.state.values():
+            tensors.extend(t for t in state.values() if isinstance(t, torch.Tensor))
+        return tensors
+
+    def graph_body(
+        self, rows: _Rows, clip_range: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unchecked step as CUDA graphs capture it (gradients are None before it):
+        loss, backward, clip, Adam; returns the loss terms (float64, in
+        ``_MEAN_KEYS`` order) and whether the gradient norm was finite."""
+        inputs, _ = self._loss_inputs(rows)
+        loss = objective_loss(inputs, self.cfg, clip_range)  # type: ignore[arg-type]
+        loss.total.backward()
+        norm = nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm, foreach=True)
+        self.optimizer.step()
+        terms = torch.stack([getattr(loss, key).detach() for key in _MEAN_KEYS]).double()
+        return terms, torch.isfinite(norm)
 
     def minibatch_size_for(self, rows: int) -> int:
         """The minibatch size of an update of ``rows`` rows: ``rows / num_minibatches``
@@ -701,8 +835,12 @@ class PPOTrainer:
         return tally
 
     def _minibatch_step(self, rows: _Rows, plan: _Plan, tally: _Tally, checked: bool) -> None:
-        """Loss, backward, (ranks: gradient average), clip and step on one minibatch."""
+        """Loss, backward, (ranks: gradient average), clip and step on one minibatch
+        (through a CUDA graph where :attr:`graphs` can take it)."""
         cfg = self.cfg
+        graphable = not checked and rows.lengths is None and self.sync is None
+        if graphable and self.graphs is not None and self.graphs.step(rows, plan.clip_range, tally):
+            return
         inputs, weight = self._loss_inputs(rows)
         loss = objective_loss(inputs, cfg, plan.clip_range)
         self.optimizer.zero_grad(set_to_none=True)
@@ -802,8 +940,17 @@ class PPOTrainer:
     def _restore(self, snapshot: tuple[dict[str, Any], dict[str, Any], torch.Tensor]) -> None:
         policy, optimizer, generator = snapshot
         self.policy.load_state_dict(policy)
-        self.optimizer.load_state_dict(optimizer)
+        self._load_optimizer(optimizer)
         self.generator.set_state(generator)
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        """Load the optimiser's state; its tensors are new, so captured graphs go."""
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.load_state_dict(state)
+        if self.graphs is not None:
+            self.graphs.clear()
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr  # the device tensor the next graphs read
 
     def _clipped_step(self) -> bool:
         """Clip the global gradient norm and step; False (no step, gradients
@@ -867,7 +1014,7 @@ class PPOTrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (strict on the policy's tensor names)."""
         self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_optimizer(state["optimizer"])
         if "generator" in state:
             self.generator.set_state(state["generator"])
         if self.target_policy is not None:
