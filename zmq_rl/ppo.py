@@ -577,8 +577,8 @@ class _CudaGraphs:
     def _capture(self, rows: _Rows, clip_range: float) -> Any:
         trainer = self.trainer
         saved = trainer.state_tensors()
-        known = {id(t) for t in saved}
-        clones = [t.clone() for t in saved]
+        known = {t.data_ptr() for t in saved}
+        clones = [t.detach().clone() for t in saved]
         tensors = {k: t.clone() for k, t in rows.tensors.items()}
         static = _Rows(map_value(lambda t: t.clone(), rows.obs), tensors)
         clip = torch.tensor(clip_range, device=trainer.params[0].device)
@@ -603,7 +603,7 @@ class _CudaGraphs:
             for tensor, clone in zip(saved, clones, strict=True):
                 tensor.copy_(clone)
             for tensor in trainer.state_tensors():  # Adam's state made by the warm-up
-                if id(tensor) not in known:
+                if tensor.data_ptr() not in known:
                     tensor.zero_()
         trainer.optimizer.zero_grad(set_to_none=True)
         if graph is None:
@@ -766,7 +766,7 @@ class PPOTrainer:
     def state_tensors(self) -> list[torch.Tensor]:
         """Every tensor a step changes or reads as state: the policy's parameters and
         buffers and the optimiser's per-parameter state (for CUDA graph capture)."""
-        tensors = list(self.policy.state_dict().values())
+        tensors = [*self.params, *self.policy.buffers()]
         for state in self.optimizer.state.values():
             tensors.extend(t for t in state.values() if isinstance(t, torch.Tensor))
         return tensors
