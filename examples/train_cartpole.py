@@ -62,11 +62,14 @@ for episode in range(5):
     obs, _ = env.reset(seed=100 + episode)
     total, done = 0.0, False
     while not done:
-        obs, reward, terminated, truncated, _ = env.step(int(policy.predict(obs)))
+        action, _ = policy.predict(obs)  # (action, state), as Stable-Baselines3
+        obs, reward, terminated, truncated, _ = env.step(int(action))
         total += float(reward)
         done = terminated or truncated
     returns.append(total)
 print(f"5 episodes with predict(): mean return {np.mean(returns):.1f}")
+mean, std = zmq_rl.evaluate_policy(policy, n_eval_episodes=5, seed=100)  # episodes in one call
+print(f"evaluate_policy: {mean:.1f} ± {std:.1f}")
 
 # %% [markdown]
 # Export it for a program without zmq_rl (docs/embedding.md: ONNX from C).
