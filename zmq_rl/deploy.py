@@ -151,8 +151,9 @@ def read_policy_file(target: str | Path) -> SavedPolicy:
 
 
 _OLD_RETURN = (
-    "DeployedPolicy.predict returns (action, state) since zmq_rl 0.2, as Stable-Baselines3 "
-    "does; using its result as the action itself ({use}) is deprecated and will stop "
+    "DeployedPolicy.predict returns (action, state), as Stable-Baselines3 does; "
+    "using its result as the action itself ({use}), as when it returned the action "
+    "alone, is deprecated and will stop "
     "working in a future release: write `action, state = policy.predict(obs)` "
     "(docs/api.md, 'Loading and exporting policies')"
 )
@@ -180,7 +181,7 @@ class Prediction(tuple):
 
     @property
     def action(self) -> np.ndarray:
-        """The action (as ``predict`` returned before 0.2)."""
+        """The action (what ``predict`` used to return alone)."""
         return self[0]
 
     @property
@@ -401,7 +402,7 @@ class DeployedPolicy(nn.Module):
         policy (as an actor does).
 
         The result is a :class:`Prediction`; using it as the action itself (the
-        return value before 0.2) still works for ``int()``, ``numpy.asarray``,
+        old return value) still works for ``int()``, ``numpy.asarray``,
         ``.shape`` etc. with a :class:`FutureWarning`. ``predict(obs, False)``,
         the old positional ``deterministic``, warns and samples.
         """
