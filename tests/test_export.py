@@ -9,6 +9,7 @@ normalisation and action clipping matter), which keeps the test to seconds.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -164,6 +165,7 @@ def test_predict_returns_action_and_state_as_sb3(tmp_path: Path) -> None:
     result = policy.predict(obs[:2])
     assert isinstance(result, zmq_rl.Prediction) and isinstance(result, tuple)
     assert len(result) == 2 and result.action is result[0] and result.state is None
+    assert copy.deepcopy(result)[0].tolist() == actions.tolist()
     with pytest.raises(ValueError, match="feed-forward and has no state"):
         policy.predict(obs[0], state=np.zeros(4, np.float32))
 

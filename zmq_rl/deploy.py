@@ -179,6 +179,9 @@ class Prediction(tuple):
     def __new__(cls, action: np.ndarray, state: np.ndarray | None) -> Prediction:
         return super().__new__(cls, (action, state))
 
+    def __getnewargs__(self) -> tuple[Any, Any]:  # copy and pickle rebuild it from these
+        return self[0], self[1]
+
     @property
     def action(self) -> np.ndarray:
         """The action (what ``predict`` used to return alone)."""
@@ -398,8 +401,9 @@ class DeployedPolicy(nn.Module):
         (float32 ``[state_size]`` / ``[B, state_size]``) to pass back with the next
         observation, with ``episode_start`` (a bool, or ``[B]`` bools) True where the
         observation begins an episode (that row's state is reset to zeros). ``state``
-        None is the start of an episode. ``deterministic=False`` samples from the
-        policy (as an actor does).
+        None is the start of an episode; a feed-forward policy ignores
+        ``episode_start``. ``deterministic=False`` samples from the policy (as an
+        actor does).
 
         The result is a :class:`Prediction`; using it as the action itself (the
         old return value) still works for ``int()``, ``numpy.asarray``,
