@@ -204,6 +204,49 @@ def test_predict_old_return_form_still_works_with_a_warning(tmp_path: Path) -> N
     assert state is None and not np.allclose(sampled, reference_actions(pend, pend_obs[:50]))
 
 
+class ShiftedActionEnv(gym.Env):
+    """Box observations, ``Discrete(3, start=-1)`` actions (-1, 0, 1); refuses others."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(3, start=-1)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action: int) -> tuple:
+        assert self.action_space.contains(action), action
+        self.t += 1
+        return self.observation_space.sample(), float(action), False, self.t >= 10, {}
+
+
+def test_discrete_actions_are_the_envs_from_their_start(tmp_path: Path) -> None:
+    """predict, the exports and evaluate_policy give the env's actions of a
+    ``Discrete(n, start)`` space, not the network's 0-based indices."""
+    env_id = f"{__name__}:ShiftedActionEnv"
+    env = ShiftedActionEnv()
+    torch.manual_seed(0)
+    cfg = PolicyConfig(hidden_sizes=(8,))
+    network = build_policy(env.observation_space, env.action_space, cfg)
+    with torch.no_grad():
+        for p in network.parameters():
+            p.add_(torch.randn_like(p))
+    save_policy(tmp_path / "policy.pt", network, cfg, env_id, 1)
+    policy = zmq_rl.load_policy(tmp_path)
+    obs = np.stack([env.observation_space.sample() for _ in range(200)])
+    indices = network.act(torch.from_numpy(obs), deterministic=True)[0].numpy()
+    assert set(indices.tolist()) == {0, 1, 2}
+    actions, _ = policy.predict(obs)
+    assert np.array_equal(actions, indices - 1)
+    script = zmq_rl.export_policy(policy, "torchscript", tmp_path / "p.ts")
+    assert np.array_equal(torch.jit.load(str(script))(torch.from_numpy(obs)).numpy(), indices - 1)
+    returns, lengths = zmq_rl.evaluate_policy(
+        policy, n_eval_episodes=2, return_episode_rewards=True
+    )
+    assert lengths == [10, 10]  # every action was one the env takes
+
+
 def test_safetensors_holds_the_deploy_weights(tmp_path: Path) -> None:
     path, obs = saved_policy(tmp_path, "CartPole-v1")
     out = zmq_rl.export_policy(path, "safetensors", tmp_path / "policy.safetensors")
