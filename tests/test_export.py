@@ -454,6 +454,13 @@ def test_recurrent_exports_and_predict_act_as_the_policy(
         assert_actions_equal(np.asarray(action), expected[t, 7], f"predict one, step {t}")
     assert state.shape == (policy.state_size,)
     np.testing.assert_allclose(state, final[7], rtol=0, atol=1e-6)
+    assert np.array_equal(policy.initial_state(4), np.zeros((4, policy.state_size), np.float32))
+    # safetensors: the cell's weights (PyTorch's layout), no critic.
+    out = zmq_rl.export_policy(path, "safetensors", tmp_path / "policy.safetensors")
+    with open(out, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    assert "network.rnn.weight_hh_l0" in header and not any("value_head" in k for k in header)
+    assert json.loads(header["__metadata__"]["observation_shape"]) == list(obs.shape[2:])
     with pytest.raises(ValueError, match=r"state of shape \(3,\) does not fit"):
         policy.predict(obs[0, 0], state=np.zeros(3))
     with pytest.raises(ValueError, match="episode_start of shape"):
