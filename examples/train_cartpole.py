@@ -8,7 +8,7 @@
 # loads the policy, plays it and exports it to ONNX.
 #
 # `TOTAL_ENV_STEPS` (environment variable) overrides the budget (the test runs this
-# file with a tiny one).
+# file with a tiny one), `PORT` the learner's port (default 5555).
 
 # %%
 import os
@@ -19,6 +19,7 @@ import zmq_rl
 
 TOTAL_ENV_STEPS = int(os.environ.get("TOTAL_ENV_STEPS", "100000"))
 RUN_DIR = os.environ.get("RUN_DIR")  # None: a new runs/CartPole-v1-<timestamp>
+PORT = int(os.environ.get("PORT", "5555"))
 
 
 # %% [markdown]
@@ -44,6 +45,7 @@ result = zmq_rl.train(
     total_env_steps=TOTAL_ENV_STEPS,
     seed=1,
     run_dir=RUN_DIR,
+    port=PORT,
     callbacks=[PrintEvaluations()],
     starvation_timeout=300.0,  # generous: a busy machine may be slow to start the actors
     verbose=False,

@@ -250,6 +250,7 @@ def test_example_script_trains_loads_and_exports(tmp_path: Path) -> None:
     """examples/train_cartpole.py end to end with a one-update budget (the full
     budget reaching 475 is measured in docs/api.md's note, not here)."""
     env = {**os.environ, "TOTAL_ENV_STEPS": "256", "RUN_DIR": str(tmp_path / "run")}
+    env["PORT"] = str(free_port_block())  # 5555 may be another test's
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "train_cartpole.py")],
         cwd=tmp_path,
