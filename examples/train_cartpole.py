@@ -8,7 +8,7 @@
 # loads the policy, plays it and exports it to ONNX.
 #
 # `TOTAL_ENV_STEPS` (environment variable) overrides the budget (the test runs this
-# file with a tiny one).
+# file with a tiny one), `PORT` the learner's port (default 5555).
 
 # %%
 import os
@@ -19,6 +19,7 @@ import zmq_rl
 
 TOTAL_ENV_STEPS = int(os.environ.get("TOTAL_ENV_STEPS", "100000"))
 RUN_DIR = os.environ.get("RUN_DIR")  # None: a new runs/CartPole-v1-<timestamp>
+PORT = int(os.environ.get("PORT", "5555"))
 
 
 # %% [markdown]
@@ -44,6 +45,7 @@ result = zmq_rl.train(
     total_env_steps=TOTAL_ENV_STEPS,
     seed=1,
     run_dir=RUN_DIR,
+    port=PORT,
     callbacks=[PrintEvaluations()],
     starvation_timeout=300.0,  # generous: a busy machine may be slow to start the actors
     verbose=False,
@@ -62,11 +64,14 @@ for episode in range(5):
     obs, _ = env.reset(seed=100 + episode)
     total, done = 0.0, False
     while not done:
-        obs, reward, terminated, truncated, _ = env.step(int(policy.predict(obs)))
+        action, _ = policy.predict(obs)  # (action, state), as Stable-Baselines3
+        obs, reward, terminated, truncated, _ = env.step(int(action))
         total += float(reward)
         done = terminated or truncated
     returns.append(total)
 print(f"5 episodes with predict(): mean return {np.mean(returns):.1f}")
+mean, std = zmq_rl.evaluate_policy(policy, n_eval_episodes=5, seed=100)  # episodes in one call
+print(f"evaluate_policy: {mean:.1f} ± {std:.1f}")
 
 # %% [markdown]
 # Export it for a program without zmq_rl (docs/embedding.md: ONNX from C).

@@ -141,7 +141,8 @@ def test_train_from_python_with_callbacks_and_wandb_offline(
     assert result.run_dir == tmp_path / "run" and result.policy_path.is_file()
     assert result.supervisor["restarts"] == []
     policy = result.load_policy()
-    assert policy.predict(np.zeros(4, np.float32)) in (0, 1)
+    action, state = policy.predict(np.zeros(4, np.float32))
+    assert action in (0, 1) and state is None
     # W&B wrote an offline run (no network) with the run's rows.
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
@@ -177,10 +178,79 @@ def test_run_learner_with_actors_started_from_python(tmp_path: Path) -> None:
         zmq_rl.start_actors("127.0.0.1:1", 1, num_env=2)
 
 
+def test_evaluate_policy_as_sb3_on_real_envs(tmp_path: Path) -> None:
+    """``zmq_rl.evaluate_policy(policy_or_run, env, n_eval_episodes, deterministic)``
+    returns (mean, std) as SB3's; with a seed it plays the episodes ``zmq-rl eval``
+    plays (the learner's evaluator), feed-forward and recurrent alike."""
+    import gymnasium as gym
+
+    from tests.test_export import saved_policy, saved_recurrent_policy
+    from zmq_rl.evaluation import evaluate_policy as learners_evaluator
+
+    cart, _ = saved_policy(tmp_path / "cart", "CartPole-v1")
+    policy = zmq_rl.load_policy(cart)
+    expected = learners_evaluator(policy.network, "CartPole-v1", 5, 11)
+    assert zmq_rl.evaluate_policy(cart, n_eval_episodes=5, seed=11) == pytest.approx(expected)
+    env = gym.make("CartPole-v1")
+    mean, std = zmq_rl.evaluate_policy(policy, env, n_eval_episodes=5, seed=11)
+    assert (mean, std) == pytest.approx(expected) and isinstance(mean, float)
+    env.reset()  # a given env is left open
+    returns, lengths = zmq_rl.evaluate_policy(
+        policy, "CartPole-v1", 5, seed=11, return_episode_rewards=True
+    )
+    assert len(returns) == 5 and returns == [float(n) for n in lengths]  # +1 per step
+    assert np.mean(returns) == pytest.approx(expected[0])
+    pend, _, _ = saved_recurrent_policy(tmp_path / "gru", "Pendulum-v1", "gru")
+    recurrent = zmq_rl.load_policy(pend)
+    expected = learners_evaluator(recurrent.network, "Pendulum-v1", 2, 5)
+    assert zmq_rl.evaluate_policy(recurrent, n_eval_episodes=2, seed=5) == pytest.approx(
+        expected, rel=1e-5
+    )
+    sampled = zmq_rl.evaluate_policy(recurrent, n_eval_episodes=2, deterministic=False, seed=5)
+    assert sampled[0] != pytest.approx(expected[0], rel=1e-5)
+    with pytest.raises(zmq_rl.ConfigError, match="n_eval_episodes=0"):
+        zmq_rl.evaluate_policy(policy, n_eval_episodes=0)
+    with pytest.raises(ValueError, match="observation_space"):
+        zmq_rl.evaluate_policy(policy, gym.make("Pendulum-v1"), 1)
+
+
+def test_train_resumes_a_run_from_python(tmp_path: Path) -> None:
+    """``zmq_rl.train(resume=RUN_DIR, total_env_steps=...)`` continues a run from its
+    newest checkpoint, as ``zmq-rl run --resume``: counters, version and report carry
+    on; a setting that cannot change on a resume is refused before anything starts."""
+    run_dir = tmp_path / "run"
+    common = dict(num_actors=1, tensorboard=False, verbose=False, eval_in_background=False)
+    first = zmq_rl.train(
+        "CartPole-v1",
+        run_dir=run_dir,
+        preset=False,
+        total_env_steps=96,  # 3 updates of 1 actor x 2 envs x 16 steps
+        port=free_port_block(),
+        **common,
+        **SMALL,
+    )
+    assert first.stop_reason == "budget spent" and first.report.updates_completed == 3
+    version = first.load_policy().version
+    with pytest.raises(zmq_rl.ConfigError, match="learning_rate=0.5: cannot change on resume"):
+        zmq_rl.train(resume=run_dir, learning_rate=0.5)
+    with pytest.raises(zmq_rl.ConfigError, match="resume=.*cannot resume: no checkpoint"):
+        zmq_rl.train(resume=tmp_path / "nothing", total_env_steps=192)
+    with pytest.raises(zmq_rl.ConfigError, match="did you mean 'num_envs'"):
+        zmq_rl.train(resume=run_dir, num_env=2)
+    second = zmq_rl.train(
+        resume=run_dir, total_env_steps=192, port=free_port_block(), **common, **SMALL
+    )
+    assert second.run_dir == run_dir and second.stop_reason == "budget spent"
+    assert second.report.resumed_from.endswith("ckpt-00000003.pt")
+    assert second.report.updates_completed == 6 and second.report.env_steps_consumed == 192
+    assert second.load_policy().version > version  # numbering continues
+
+
 def test_example_script_trains_loads_and_exports(tmp_path: Path) -> None:
     """examples/train_cartpole.py end to end with a one-update budget (the full
     budget reaching 475 is measured in docs/api.md's note, not here)."""
     env = {**os.environ, "TOTAL_ENV_STEPS": "256", "RUN_DIR": str(tmp_path / "run")}
+    env["PORT"] = str(free_port_block())  # 5555 may be another test's
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "train_cartpole.py")],
         cwd=tmp_path,
@@ -193,4 +263,5 @@ def test_example_script_trains_loads_and_exports(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "stopped: budget spent" in done.stdout
     assert "5 episodes with predict(): mean return" in done.stdout
+    assert "evaluate_policy: " in done.stdout
     assert (tmp_path / "run" / "policy.onnx").is_file()

@@ -9,6 +9,7 @@ normalisation and action clipping matter), which keeps the test to seconds.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -137,16 +138,113 @@ def test_load_policy_predict(tmp_path: Path) -> None:
     policy = zmq_rl.load_policy(tmp_path)
     assert isinstance(policy, torch.nn.Module) and not policy.training
     expected = reference_actions(path, obs)
-    one = policy.predict(obs[0])
-    assert one.shape == (1,) and np.allclose(one, expected[0], atol=1e-6)
-    batch = policy.predict(obs[:5])
+    one, state = policy.predict(obs[0])
+    assert state is None and one.shape == (1,) and np.allclose(one, expected[0], atol=1e-6)
+    batch, _ = policy.predict(obs[:5])
     assert batch.shape == (5, 1) and np.allclose(batch, expected[:5], atol=1e-6)
-    sampled = policy.predict(obs[:50], deterministic=False)
+    sampled, _ = policy.predict(obs[:50], deterministic=False)
     assert policy.action_space.contains(sampled[0]) and not np.allclose(sampled, expected[:50])
     assert policy.version == 7 and policy.make_env().spec.id == "Pendulum-v1"
     cart, cart_obs = saved_policy(tmp_path / "c", "CartPole-v1")
-    action = zmq_rl.load_policy(cart).predict(cart_obs[0])
+    action, _ = zmq_rl.load_policy(cart).predict(cart_obs[0])
     assert action.shape == () and int(action) in (0, 1)
+
+
+def test_predict_returns_action_and_state_as_sb3(tmp_path: Path) -> None:
+    """``a, _ = policy.predict(obs)`` (Stable-Baselines3's habit) gives the action for
+    one observation and for a batch of two, where the action alone used to raise
+    (one) or unpack into two actions (two)."""
+    cart, obs = saved_policy(tmp_path, "CartPole-v1")
+    policy = zmq_rl.load_policy(cart)
+    expected = reference_actions(cart, obs)
+    action, state = policy.predict(obs[0])
+    assert state is None and action.shape == () and action == expected[0]
+    actions, state = policy.predict(obs[:2])
+    assert state is None and actions.shape == (2,)
+    assert np.array_equal(actions, expected[:2])
+    result = policy.predict(obs[:2])
+    assert isinstance(result, zmq_rl.Prediction) and isinstance(result, tuple)
+    assert len(result) == 2 and result.action is result[0] and result.state is None
+    assert copy.deepcopy(result)[0].tolist() == actions.tolist()
+    with pytest.raises(ValueError, match="feed-forward and has no state"):
+        policy.predict(obs[0], state=np.zeros(4, np.float32))
+
+
+def test_predict_old_return_form_still_works_with_a_warning(tmp_path: Path) -> None:
+    """The deprecation path of docs/api.md: code written when predict returned the
+    action alone keeps working, with a FutureWarning, where a pair cannot be meant."""
+    cart, obs = saved_policy(tmp_path, "CartPole-v1")
+    policy = zmq_rl.load_policy(cart)
+    expected = int(reference_actions(cart, obs[:1])[0])
+    with pytest.warns(FutureWarning, match="action, state = policy.predict"):
+        assert int(policy.predict(obs[0])) == expected
+    with pytest.warns(FutureWarning):
+        assert policy.predict(obs[0]) in (0, 1)
+    with pytest.warns(FutureWarning):
+        assert policy.predict(obs[0]) == expected
+    with pytest.warns(FutureWarning):
+        assert policy.predict(obs[0]).item() == expected
+    with pytest.warns(FutureWarning):
+        assert policy.predict(obs[:3]).shape == (3,)
+    with pytest.warns(FutureWarning):
+        assert np.array_equal(np.asarray(policy.predict(obs[:3])), reference_actions(cart, obs[:3]))
+    with pytest.warns(FutureWarning):
+        assert list(range(3))[policy.predict(obs[0])] == expected
+    pend, pend_obs = saved_policy(tmp_path / "p", "Pendulum-v1")
+    pendulum = zmq_rl.load_policy(pend)
+    env = pendulum.make_env()
+    env.reset(seed=0)
+    with pytest.warns(FutureWarning):  # env.step(policy.predict(obs)) of a Box env
+        env.step(pendulum.predict(pend_obs[0]))
+    with pytest.warns(FutureWarning):
+        assert np.allclose(pendulum.predict(pend_obs[0]) * 2, 2 * pendulum.predict(pend_obs[0])[0])
+    # predict(obs, False): the old positional ``deterministic`` still samples.
+    with pytest.warns(FutureWarning, match="deterministic"):
+        sampled, state = pendulum.predict(pend_obs[:50], False)
+    assert state is None and not np.allclose(sampled, reference_actions(pend, pend_obs[:50]))
+
+
+class ShiftedActionEnv(gym.Env):
+    """Box observations, ``Discrete(3, start=-1)`` actions (-1, 0, 1); refuses others."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(3, start=-1)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action: int) -> tuple:
+        assert self.action_space.contains(action), action
+        self.t += 1
+        return self.observation_space.sample(), float(action), False, self.t >= 10, {}
+
+
+def test_discrete_actions_are_the_envs_from_their_start(tmp_path: Path) -> None:
+    """predict, the exports and evaluate_policy give the env's actions of a
+    ``Discrete(n, start)`` space, not the network's 0-based indices."""
+    env_id = f"{__name__}:ShiftedActionEnv"
+    env = ShiftedActionEnv()
+    torch.manual_seed(0)
+    cfg = PolicyConfig(hidden_sizes=(8,))
+    network = build_policy(env.observation_space, env.action_space, cfg)
+    with torch.no_grad():
+        for p in network.parameters():
+            p.add_(torch.randn_like(p))
+    save_policy(tmp_path / "policy.pt", network, cfg, env_id, 1)
+    policy = zmq_rl.load_policy(tmp_path)
+    obs = np.stack([env.observation_space.sample() for _ in range(200)])
+    indices = network.act(torch.from_numpy(obs), deterministic=True)[0].numpy()
+    assert set(indices.tolist()) == {0, 1, 2}
+    actions, _ = policy.predict(obs)
+    assert np.array_equal(actions, indices - 1)
+    script = zmq_rl.export_policy(policy, "torchscript", tmp_path / "p.ts")
+    assert np.array_equal(torch.jit.load(str(script))(torch.from_numpy(obs)).numpy(), indices - 1)
+    returns, lengths = zmq_rl.evaluate_policy(
+        policy, n_eval_episodes=2, return_episode_rewards=True
+    )
+    assert lengths == [10, 10]  # every action was one the env takes
 
 
 def test_safetensors_holds_the_deploy_weights(tmp_path: Path) -> None:
@@ -193,3 +291,177 @@ def test_export_command(tmp_path: Path) -> None:
     )
     assert missing.returncode == 1 and "no such policy file" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+# -- recurrent policies -----------------------------------------------------------------
+
+SEQUENCES, STEPS = 100, 12
+
+# Steps the exported recurrent graphs over [T, B] observations, feeding each step's
+# next_state back, with zmq_rl made unimportable.
+RECURRENT_RUNNER = r"""
+import json, sys
+sys.modules["zmq_rl"] = None  # any import of zmq_rl now fails
+import numpy as np
+import onnxruntime
+import torch
+data = np.load(sys.argv[1])
+obs, starts, size = data["obs"], data["starts"], int(sys.argv[4])
+out = {}
+module = torch.jit.load(sys.argv[2])
+state, actions = torch.zeros(obs.shape[1], size), []
+for t in range(obs.shape[0]):
+    action, state = module(torch.from_numpy(obs[t]), state, torch.from_numpy(starts[t]))
+    actions.append(action.numpy().tolist())
+out["torchscript"] = {"actions": actions, "state": state.numpy().tolist()}
+session = onnxruntime.InferenceSession(sys.argv[3], providers=["CPUExecutionProvider"])
+names = [i.name for i in session.get_inputs()] + [o.name for o in session.get_outputs()]
+state, actions = np.zeros((obs.shape[1], size), np.float32), []
+for t in range(obs.shape[0]):
+    feed = {"obs": obs[t], "state": state, "episode_start": starts[t]}
+    action, state = session.run(["action", "next_state"], feed)
+    actions.append(action.tolist())
+out["onnx"] = {"actions": actions, "state": state.tolist(), "names": names}
+out["onnx_meta"] = session.get_modelmeta().custom_metadata_map
+print(json.dumps(out))
+"""
+
+
+def saved_recurrent_policy(
+    tmp_path: Path, env_id: str, kind: str
+) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A recurrent policy.pt (perturbed weights, obs statistics) and SEQUENCES
+    sequences of STEPS observations from real episodes, time-major ``[T, B, ...]``,
+    with their episode starts ``[T, B]``: where an episode of the stream began, plus
+    random resets, so states are reset in the middle of sequences."""
+    torch.manual_seed(0)
+    env = gym.make(env_id)
+    cfg = PolicyConfig(policy_type=kind, hidden_sizes=(16,), normalize_obs=True)
+    policy = build_policy(env.observation_space, env.action_space, cfg)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    rng = np.random.default_rng(0)
+    env.action_space.seed(0)
+    obs, _ = env.reset(seed=3)
+    stream, starts, start = [], [], True
+    while len(stream) < SEQUENCES * STEPS:
+        stream.append(np.asarray(obs, np.float32))
+        starts.append(start or rng.random() < 0.08)
+        obs, _, term, trunc, _ = env.step(env.action_space.sample())
+        start = term or trunc
+        if start:
+            obs, _ = env.reset()
+    recorded = np.stack(stream).reshape(SEQUENCES, STEPS, -1).swapaxes(0, 1)
+    flags = np.asarray(starts, np.float32).reshape(SEQUENCES, STEPS).T.copy()
+    flags[0] = 1.0  # every sequence begins an episode
+    policy.update_obs_stats(np.stack(stream) * 1.5 + 0.3)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    save_policy(tmp_path / "policy.pt", policy, cfg, env_id, 5)
+    return tmp_path / "policy.pt", np.ascontiguousarray(recorded), flags
+
+
+def recurrent_reference(
+    path: Path, obs: np.ndarray, starts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """What the trained network does as an actor runs it: act_recurrent from the
+    state of the previous step, zeroed where an episode starts; (actions [T, B, ...]
+    clipped to the Box bounds, the final state [B, S])."""
+    network = zmq_rl.load_policy(path).network
+    state = network.initial_state(obs.shape[1])
+    actions = []
+    for t in range(obs.shape[0]):
+        state = state * (1.0 - torch.from_numpy(starts[t])).unsqueeze(-1)
+        action, _, _, state = network.act_recurrent(
+            torch.from_numpy(obs[t]), state, deterministic=True
+        )
+        actions.append(action.numpy())
+    space = zmq_rl.load_policy(path).action_space
+    stacked = np.stack(actions)
+    if isinstance(space, gym.spaces.Box):
+        stacked = np.clip(stacked, space.low, space.high)
+    return stacked, state.numpy()
+
+
+def assert_actions_equal(got: np.ndarray, expected: np.ndarray, what: str) -> None:
+    assert got.shape == expected.shape, what
+    if expected.dtype == np.int64:
+        assert got.dtype == np.int64 and np.array_equal(got, expected), what
+    else:
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5, err_msg=what)
+
+
+@pytest.mark.parametrize(("env_id", "kind"), [("CartPole-v1", "lstm"), ("Pendulum-v1", "gru")])
+def test_recurrent_exports_and_predict_act_as_the_policy(
+    tmp_path: Path, env_id: str, kind: str
+) -> None:
+    """A recurrent policy exports to ONNX (through ``zmq-rl export``, the command of
+    issue 29's report) and TorchScript; the graphs, run where zmq_rl cannot be
+    imported, and ``predict(obs, state, episode_start)`` give the network's actions
+    and states on 100 observation sequences whose states are reset mid-sequence."""
+    pytest.importorskip("onnxruntime", reason="pip install 'zmq_rl[export]'")
+    path, obs, starts = saved_recurrent_policy(tmp_path, env_id, kind)
+    assert starts[1:].any()  # resets inside the sequences
+    expected, final = recurrent_reference(path, obs, starts)
+    never_reset, _ = recurrent_reference(path, obs, np.zeros_like(starts))
+    _, final_never = recurrent_reference(path, obs, np.zeros_like(starts))
+    assert not np.allclose(final, final_never)  # the resets matter to the states
+    if env_id == "CartPole-v1":
+        assert set(np.unique(expected).tolist()) == {0, 1}
+    else:
+        assert not np.allclose(expected, never_reset)
+    onnx_file = tmp_path / "exported" / "policy.onnx"
+    done = subprocess.run(
+        [ZMQ_RL, "export", str(tmp_path), "--format", "onnx", "--out", str(onnx_file)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    script_file = zmq_rl.export_policy(path, "torchscript", tmp_path / "policy.ts")
+    np.savez(tmp_path / "seq.npz", obs=obs, starts=starts)
+    policy = zmq_rl.load_policy(path)
+    run = subprocess.run(
+        [sys.executable, "-c", RECURRENT_RUNNER, str(tmp_path / "seq.npz"), str(script_file)]
+        + [str(onnx_file), str(policy.state_size)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout)
+    assert got["onnx"]["names"] == ["obs", "state", "episode_start", "action", "next_state"]
+    for fmt in ("torchscript", "onnx"):
+        actions = np.asarray(got[fmt]["actions"], expected.dtype)
+        assert_actions_equal(actions, expected, fmt)
+        np.testing.assert_allclose(got[fmt]["state"], final, rtol=0, atol=1e-5, err_msg=fmt)
+    meta = got["onnx_meta"]
+    assert meta["cell"] == kind and int(meta["state_size"]) == policy.state_size
+    # predict, as RecurrentPPO.predict: the batch of 100 ...
+    state, actions = None, []
+    for t in range(STEPS):
+        action, state = policy.predict(obs[t], state=state, episode_start=starts[t].astype(bool))
+        actions.append(action)
+    assert_actions_equal(np.stack(actions), expected, "predict")
+    np.testing.assert_allclose(state, final, rtol=0, atol=1e-6)
+    # ... and one sequence, one observation at a time (state [state_size]).
+    state = None
+    for t in range(STEPS):
+        action, state = policy.predict(obs[t, 7], state, bool(starts[t, 7]))
+        assert_actions_equal(np.asarray(action), expected[t, 7], f"predict one, step {t}")
+    assert state.shape == (policy.state_size,)
+    np.testing.assert_allclose(state, final[7], rtol=0, atol=1e-6)
+    assert np.array_equal(policy.initial_state(4), np.zeros((4, policy.state_size), np.float32))
+    # safetensors: the cell's weights (PyTorch's layout), no critic.
+    out = zmq_rl.export_policy(path, "safetensors", tmp_path / "policy.safetensors")
+    with open(out, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    assert "network.rnn.weight_hh_l0" in header and not any("value_head" in k for k in header)
+    assert json.loads(header["__metadata__"]["observation_shape"]) == list(obs.shape[2:])
+    with pytest.raises(ValueError, match=r"state of shape \(3,\) does not fit"):
+        policy.predict(obs[0, 0], state=np.zeros(3))
+    with pytest.raises(ValueError, match="episode_start of shape"):
+        policy.predict(obs[0], episode_start=np.zeros(3, bool))

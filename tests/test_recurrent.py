@@ -314,3 +314,24 @@ def test_lstm_run_through_real_processes(tmp_path, learner_port):
     assert report["episodes_completed"] >= 8  # Stub-v0 episodes are 5 steps
     rejected = {k: v for k, v in report["counters"].items() if "reject" in k and v}
     assert not rejected, rejected
+    # The trained LSTM deploys (issue 29: load_policy(run).predict and export raised).
+    import zmq_rl
+
+    policy = zmq_rl.load_policy(run_dir)
+    assert policy.recurrent and policy.state_size == 16
+    env = policy.make_env()
+    obs, _ = env.reset(seed=0)
+    action, state = policy.predict(obs, episode_start=True)
+    assert env.action_space.contains(action.item()) and state.shape == (16,)
+    action, state = policy.predict(obs, state, episode_start=False)
+    assert state.shape == (16,)
+    returns, lengths = zmq_rl.evaluate_policy(
+        policy, n_eval_episodes=2, return_episode_rewards=True
+    )
+    assert len(returns) == 2 and all(n == 5 for n in lengths)  # Stub-v0 episodes are 5 steps
+    module = torch.jit.load(str(zmq_rl.export_policy(run_dir, "torchscript", tmp_path / "p.ts")))
+    batch = torch.from_numpy(np.stack([obs, obs]).astype(np.float32))
+    scripted, next_state = module(batch, torch.zeros(2, 16), torch.ones(2))
+    expected, expected_state = policy.predict(np.stack([obs, obs]))
+    assert np.array_equal(scripted.numpy(), expected)
+    assert np.allclose(next_state.numpy(), expected_state, atol=1e-6)

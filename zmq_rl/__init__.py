@@ -6,7 +6,8 @@ Train from a script or a notebook::
 
     result = zmq_rl.train("CartPole-v1", total_env_steps=100_000, seed=1)
     policy = zmq_rl.load_policy(result.run_dir)       # a torch.nn.Module
-    action = policy.predict(observation)              # deterministic by default
+    action, state = policy.predict(observation)       # as SB3; state None unless recurrent
+    mean, std = zmq_rl.evaluate_policy(policy, n_eval_episodes=10)
     zmq_rl.export_policy(result.run_dir, "onnx", "cartpole.onnx")
 
 The API (docs/api.md); every name is imported on first use, so ``import zmq_rl``
@@ -14,6 +15,7 @@ stays fast and does not import torch:
 
 Training
     train(env, **settings)        learner here + local actor processes; returns a TrainResult
+                                  (train(resume=run_dir) continues a run from its checkpoint)
     run_learner(env, **settings)  a learner alone, for actors started elsewhere
     start_actors(learner, count)  actor processes for a learner (ActorProcesses)
     run_actor(learner, **settings) one actor in this process
@@ -25,7 +27,9 @@ Training
 Policies
     load_policy(run_dir_or_file)  a DeployedPolicy (torch.nn.Module with predict())
     export_policy(src, fmt, out)  ONNX / TorchScript / safetensors that run without zmq_rl
-    DeployedPolicy                forward = deterministic action graph; predict(obs)
+    evaluate_policy(policy, env)  mean and std return over episodes (as SB3's)
+    DeployedPolicy                forward = deterministic action graph; predict(obs, state)
+    Prediction                    what predict returns: (action, state)
     PolicyFileError               a policy file that is missing or not zmq_rl's
     EXPORT_FORMATS                ("onnx", "torchscript", "safetensors")
 
@@ -65,6 +69,8 @@ _EXPORTS: dict[str, str] = {
     "load_policy": "deploy",
     "export_policy": "deploy",
     "DeployedPolicy": "deploy",
+    "Prediction": "deploy",
+    "evaluate_policy": "deploy",
     "PolicyFileError": "deploy",
     "EXPORT_FORMATS": "deploy",
     # embedding (zmq_rl.agent)
@@ -94,8 +100,10 @@ __all__ = [
     "PPOConfig",
     "PolicyConfig",
     "PolicyFileError",
+    "Prediction",
     "TrainResult",
     "__version__",
+    "evaluate_policy",
     "export_policy",
     "load_policy",
     "make_configs",
@@ -119,7 +127,15 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
         train,
     )
     from .config import ActorConfig, ConfigError, LearnerConfig, PolicyConfig, PPOConfig
-    from .deploy import EXPORT_FORMATS, DeployedPolicy, PolicyFileError, export_policy, load_policy
+    from .deploy import (
+        EXPORT_FORMATS,
+        DeployedPolicy,
+        PolicyFileError,
+        Prediction,
+        evaluate_policy,
+        export_policy,
+        load_policy,
+    )
     from .envs import EnvBuildError, make_env
 
 

@@ -146,20 +146,13 @@ def make_configs(
     :class:`LearnerConfig`, :class:`PPOConfig` or :class:`PolicyConfig`; an
     unknown name is a :class:`ConfigError` naming it (with a suggestion).
     """
-    import difflib
-
     from .cli.flags import load_toml, preset_for
     from .cli.learner import LEARNER_SECTIONS
     from .presets import resolve_config_source
 
     if env is not None:
         settings["env_id"] = env
-    owner = {f.name: s for s in LEARNER_SECTIONS for f in s.fields()}
-    for name in settings:
-        if name not in owner:
-            close = difflib.get_close_matches(name, list(owner), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(name, settings[name], f"unknown setting{hint}")
+    owner = _setting_owners(settings)
     values: dict[str, dict[str, Any]] = {s.name: {} for s in LEARNER_SECTIONS}
     source = None
     if config is not None:
@@ -174,6 +167,83 @@ def make_configs(
         values[owner[name].name][name] = value
     built = [s.cls(**values[s.name]).validate() for s in LEARNER_SECTIONS]
     return built[0], built[1], built[2]
+
+
+def _setting_owners(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Setting name -> its config section; a :class:`ConfigError` (with a suggestion)
+    for a name in ``settings`` that no section has."""
+    import difflib
+
+    from .cli.learner import LEARNER_SECTIONS
+
+    owner = {f.name: s for s in LEARNER_SECTIONS for f in s.fields()}
+    for name in settings:
+        if name not in owner:
+            close = difflib.get_close_matches(name, list(owner), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(name, settings[name], f"unknown setting{hint}")
+    return owner
+
+
+def _resume_configs(
+    resume: str | os.PathLike[str],
+    env: str | None,
+    run_dir: str | os.PathLike[str] | None,
+    config: str | os.PathLike[str] | None,
+    settings: Mapping[str, Any],
+) -> tuple[LearnerConfig, PPOConfig, PolicyConfig, dict[str, Any]]:
+    """The configs to continue the run in ``resume`` with, and the overrides for
+    ``Learner.resume``: what ``zmq-rl run --resume`` does with its flags.
+
+    Settings equal to the run's are accepted; one that differs must be one of
+    :data:`~zmq_rl.cli.local.RESUME_CHANGEABLE` (the budget, host, port, actors,
+    evaluation, checkpointing, timeouts, device, learner ranks), anything else is a
+    :class:`ConfigError` naming it, as are ``config``, another ``run_dir`` or
+    another ``env``, and a run dir without a readable checkpoint (field ``resume``).
+    """
+    from .checkpoint import load_resume_configs
+    from .cli.local import RESUME_CHANGEABLE
+
+    if config is not None:
+        raise ConfigError(
+            "config",
+            str(config),
+            "cannot be combined with resume (a resumed run keeps its checkpoint's settings)",
+        )
+    if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
+        raise ConfigError("run_dir", str(run_dir), f"resume={str(resume)!r} runs in {resume}")
+    _setting_owners(settings)
+    early = {"device": settings["device"]} if "device" in settings else {}
+    try:
+        configs = load_resume_configs(resume, **early)
+    except (OSError, ValueError, KeyError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError("resume", str(resume), f"cannot resume: {exc}") from None
+    current = {f.name: getattr(c, f.name) for c in configs for f in dataclasses.fields(c)}
+    if env is not None and env != current["env_id"]:
+        raise ConfigError("env", env, f"the run in {resume} trains {current['env_id']}")
+    overrides = dict(early)
+    for name, value in settings.items():
+        have = current[name]
+        same = (
+            tuple(value) == have
+            if isinstance(have, tuple) and isinstance(value, list)
+            else (value == have)
+        )
+        if same or name == "device":
+            continue
+        if name not in RESUME_CHANGEABLE:
+            raise ConfigError(
+                name,
+                value,
+                f"cannot change on resume (the run has {have!r}); only "
+                + ", ".join(RESUME_CHANGEABLE)
+                + " may",
+            )
+        overrides[name] = value
+    cfg, ppo, policy = load_resume_configs(resume, **overrides)
+    return cfg, ppo, policy, overrides
 
 
 def _resolve_run_dir(cfg: LearnerConfig, run_dir: str | os.PathLike[str] | None) -> LearnerConfig:
@@ -255,6 +325,7 @@ def train(
     env: str | None = None,
     *,
     run_dir: str | os.PathLike[str] | None = None,
+    resume: str | os.PathLike[str] | None = None,
     callbacks: Sequence[Callback] = (),
     preset: bool = True,
     config: str | os.PathLike[str] | None = None,
@@ -275,7 +346,13 @@ def train(
     ``env_kwargs``, ``wrappers``, ``target_return``, ...). ``run_dir``: where the run
     writes its files; None = a new ``runs/<env>-<timestamp>``, ``""`` = none.
     ``callbacks``: :class:`Callback` objects (any hook returning False stops the run).
-    Dead actors are restarted up to ``actor_restarts`` times each. ``tensorboard``
+    ``resume``: a run directory to continue from its newest checkpoint (``zmq-rl run
+    --resume RUN_DIR``): policy, optimiser, counters and report carry on, ``env`` and
+    ``preset`` are ignored, and ``settings`` may change only the budget
+    (``total_env_steps``), ``num_actors``, evaluation, checkpointing, timeouts,
+    ``host``/``port``, ``device`` and ``num_learners``; anything else that differs
+    from the run's is a :class:`ConfigError` naming it. Dead actors are restarted
+    up to ``actor_restarts`` times each. ``tensorboard``
     and ``wandb_project`` as the ``--tensorboard`` / ``--wandb-project`` flags;
     ``verbose=False`` prints nothing (the run still logs through :mod:`logging`).
 
@@ -286,13 +363,19 @@ def train(
     the run cleanly (the result's ``interrupted`` is set).
     """
     _Hooks(callbacks)  # a wrong callback fails before anything starts
-    cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
-    cfg = _resolve_run_dir(cfg, run_dir)
+    resumed = None
+    if resume is not None:
+        cfg, ppo, policy, overrides = _resume_configs(resume, env, run_dir, config, settings)
+        resumed = (cfg.run_dir, overrides)
+    else:
+        cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
+        cfg = _resolve_run_dir(cfg, run_dir)
     return _train_configs(
         cfg,
         ppo,
         policy,
         callbacks=callbacks,
+        resume=resumed,
         local_actors=True,
         actor_restarts=actor_restarts,
         actor_restart_backoff=actor_restart_backoff,
@@ -300,7 +383,7 @@ def train(
         tensorboard=tensorboard,
         wandb_project=wandb_project,
         console=_console(verbose),
-        preset=_preset_name(cfg.env_id, preset, config),
+        preset=None if resumed else _preset_name(cfg.env_id, preset, config),
         command="zmq_rl.train",
     )[0]
 
@@ -309,6 +392,7 @@ def run_learner(
     env: str | None = None,
     *,
     run_dir: str | os.PathLike[str] | None = None,
+    resume: str | os.PathLike[str] | None = None,
     callbacks: Sequence[Callback] = (),
     preset: bool = True,
     config: str | os.PathLike[str] | None = None,
@@ -320,20 +404,27 @@ def run_learner(
     """Run a learner alone (what ``zmq-learner`` does): bind ``host:port`` (settings
     ``host="0.0.0.0"`` for other machines, ``port``), wait for ``num_actors`` actors
     started elsewhere (``zmq-actor --learner HOST:PORT`` or :func:`start_actors`),
-    train, and return the :class:`TrainResult`. Arguments as :func:`train`."""
+    train, and return the :class:`TrainResult`. Arguments as :func:`train`
+    (``resume=RUN_DIR`` as ``zmq-learner --resume RUN_DIR``)."""
     _Hooks(callbacks)  # a wrong callback fails before anything starts
-    cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
-    cfg = _resolve_run_dir(cfg, run_dir)
+    resumed = None
+    if resume is not None:
+        cfg, ppo, policy, overrides = _resume_configs(resume, env, run_dir, config, settings)
+        resumed = (cfg.run_dir, overrides)
+    else:
+        cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
+        cfg = _resolve_run_dir(cfg, run_dir)
     return _train_configs(
         cfg,
         ppo,
         policy,
         callbacks=callbacks,
+        resume=resumed,
         local_actors=False,
         tensorboard=tensorboard,
         wandb_project=wandb_project,
         console=_console(verbose),
-        preset=_preset_name(cfg.env_id, preset, config),
+        preset=None if resumed else _preset_name(cfg.env_id, preset, config),
         command="zmq_rl.run_learner",
     )[0]
 

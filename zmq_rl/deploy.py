@@ -1,6 +1,7 @@
 """Trained policies outside training: load one (:func:`load_policy`), act with it
-(:meth:`DeployedPolicy.predict`), and export it (:func:`export_policy`) to a file
-that runs without zmq_rl -- ONNX, TorchScript, or safetensors weights.
+(:meth:`DeployedPolicy.predict`), measure it (:func:`evaluate_policy`), and export it
+(:func:`export_policy`) to a file that runs without zmq_rl -- ONNX, TorchScript, or
+safetensors weights.
 
 A run writes ``policy.pt`` (tensors, the policy config as JSON, the env id,
 ``gym.make`` kwargs and wrappers); its checkpoints hold the same. Both are read
@@ -12,6 +13,13 @@ the deterministic action graph: observation batch ``[B, *obs_shape]`` (float32) 
 actions (int64 ``[B]`` for Discrete, float32 ``[B, act_dim]`` clipped to the Box
 bounds), observation normalisation folded in. That graph is what the exports
 hold, so an exported file acts exactly as ``predict(obs, deterministic=True)``.
+
+A recurrent policy (``--policy-type lstm`` / ``gru``) carries a state:
+``forward(obs, state, episode_start)`` -> ``(action, next_state)``, with ``state``
+float32 ``[B, state_size]`` (LSTM: ``[h, c]`` side by side, GRU: ``h``) and
+``episode_start`` float32 ``[B]`` (1.0 where ``obs`` is the first observation of an
+episode: that row's state is zeroed before acting, as the actors do). The exports
+take and return the same.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import json
 import logging
 import pickle
 import struct
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,14 +42,16 @@ from torch.nn import functional as F
 
 from .checkpoint import config_dict
 from .config import PolicyConfig, parse_env_kwargs
-from .policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy
+from .policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
 
 __all__ = [
     "EXPORT_FORMATS",
     "DeployedPolicy",
     "ExportUnavailable",
     "PolicyFileError",
+    "Prediction",
     "SavedPolicy",
+    "evaluate_policy",
     "export_policy",
     "load_policy",
     "read_policy_file",
@@ -139,6 +150,98 @@ def read_policy_file(target: str | Path) -> SavedPolicy:
     return SavedPolicy(path, config, env_id, weights, version, dict(env_kwargs), list(wrappers))
 
 
+_OLD_RETURN = (
+    "DeployedPolicy.predict returns (action, state), as Stable-Baselines3 does; "
+    "using its result as the action itself ({use}), as when it returned the action "
+    "alone, is deprecated and will stop "
+    "working in a future release: write `action, state = policy.predict(obs)` "
+    "(docs/api.md, 'Loading and exporting policies')"
+)
+
+
+class Prediction(tuple):
+    """What :meth:`DeployedPolicy.predict` returns: the pair ``(action, state)``, as
+    Stable-Baselines3's ``predict`` (``state`` is None for a feed-forward policy).
+
+    It is a tuple: ``action, state = policy.predict(obs)``, ``[0]``, ``len()`` and
+    iteration see the pair. Deprecated, for code written when ``predict`` returned
+    the action alone: the uses that a pair cannot have -- ``int()``, ``float()``,
+    ``operator.index``, ``numpy.asarray`` (and so ``env.step`` of a Box env),
+    ``==`` / ``!=`` against a non-tuple, ``+`` / ``*`` with a non-tuple, ``bool()``
+    and numpy attributes (``.shape``, ``.item()``, ``.tolist()``, ...) -- act on the
+    action and warn (:class:`FutureWarning`). Indexing, ``len()`` and iteration
+    cannot serve both and follow the pair.
+    """
+
+    __slots__ = ()
+    __hash__ = None  # type: ignore[assignment]  (the action is a numpy array)
+
+    def __new__(cls, action: np.ndarray, state: np.ndarray | None) -> Prediction:
+        return super().__new__(cls, (action, state))
+
+    def __getnewargs__(self) -> tuple[Any, Any]:  # copy and pickle rebuild it from these
+        return self[0], self[1]
+
+    @property
+    def action(self) -> np.ndarray:
+        """The action (what ``predict`` used to return alone)."""
+        return self[0]
+
+    @property
+    def state(self) -> np.ndarray | None:
+        """The recurrent state to pass to the next ``predict``; None when feed-forward."""
+        return self[1]
+
+    def _old(self, use: str) -> np.ndarray:
+        warnings.warn(_OLD_RETURN.format(use=use), FutureWarning, stacklevel=3)
+        return self[0]
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        action = self._old("numpy.asarray")
+        return np.array(action, dtype=dtype, copy=True) if copy else np.asarray(action, dtype)
+
+    def __int__(self) -> int:
+        return int(self._old("int()"))
+
+    def __float__(self) -> float:
+        return float(self._old("float()"))
+
+    def __index__(self) -> int:
+        return self._old("as an index").__index__()
+
+    def __bool__(self) -> bool:
+        return bool(self._old("bool()"))
+
+    def __eq__(self, other: object) -> Any:
+        if isinstance(other, tuple):
+            return tuple.__eq__(self, other)
+        return self._old("==") == other
+
+    def __ne__(self, other: object) -> Any:
+        if isinstance(other, tuple):
+            return tuple.__ne__(self, other)
+        return self._old("!=") != other
+
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, tuple):
+            return tuple.__add__(self, other)
+        return self._old("+") + other
+
+    def __radd__(self, other: Any) -> Any:
+        return other + self._old("+")
+
+    def __mul__(self, other: Any) -> Any:
+        return self._old("*") * other
+
+    def __rmul__(self, other: Any) -> Any:
+        return other * self._old("*")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or not hasattr(np.ndarray, name):
+            raise AttributeError(f"'Prediction' object has no attribute {name!r}")
+        return getattr(self._old(f".{name}"), name)
+
+
 class DeployedPolicy(nn.Module):
     """A trained policy as a plain :class:`torch.nn.Module`.
 
@@ -146,12 +249,14 @@ class DeployedPolicy(nn.Module):
     deterministic actions: int64 ``[B]`` (Discrete: the argmax) or float32
     ``[B, act_dim]`` (Box: the Gaussian mean clipped to the bounds). Observation
     normalisation (``--normalize-obs``) is part of the graph, as float32 constants.
-    :meth:`predict` is the numpy convenience around it (one observation or a
-    batch; ``deterministic=False`` samples as the actors do).
+    A recurrent policy (``recurrent``, ``state_size > 0``) takes and returns its
+    state: ``forward(obs, state, episode_start)`` -> ``(action, next_state)`` (see
+    the module doc). :meth:`predict` is the numpy convenience around it (one
+    observation or a batch; ``deterministic=False`` samples as the actors do).
 
     Attributes: ``network`` (the trained actor-critic), ``env_id``, ``env_kwargs``,
     ``wrappers`` (what :meth:`make_env` builds), ``observation_space``,
-    ``action_space``, ``version``.
+    ``action_space``, ``version``, ``recurrent``, ``state_size``.
     """
 
     def __init__(
@@ -173,6 +278,11 @@ class DeployedPolicy(nn.Module):
         self.wrappers = list(wrappers or [])
         self.version = version
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        # The network's discrete actions are 0-based (docs/protocol.md); the env's
+        # begin at the space's start.
+        self.action_start = int(action_space.start) if self.discrete else 0
+        self.recurrent = is_recurrent(network)
+        self.state_size = int(getattr(network, "state_size", 0) or 0)
         self._mlp = isinstance(network, ActorCritic)
         if self._mlp and network.normalize_obs:
             std = torch.sqrt(network.obs_var + OBS_NORM_EPS).to(torch.float32)
@@ -184,8 +294,17 @@ class DeployedPolicy(nn.Module):
             self.register_buffer("action_low", torch.from_numpy(low.copy()))
             self.register_buffer("action_high", torch.from_numpy(high.copy()))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Deterministic actions for a float32 observation batch (see the class doc)."""
+    def forward(
+        self,
+        obs: torch.Tensor,
+        state: torch.Tensor | None = None,
+        episode_start: torch.Tensor | None = None,
+    ) -> Any:
+        """Deterministic actions for a float32 observation batch (see the class doc);
+        a recurrent policy returns ``(action, next_state)``, from zeros when ``state``
+        is None."""
+        if self.recurrent:
+            return self._recurrent_forward(obs, state, episode_start)
         net = self.network
         if self._mlp:
             x = obs.reshape(obs.shape[0], -1).to(net.policy_head.weight.dtype)
@@ -193,37 +312,141 @@ class DeployedPolicy(nn.Module):
                 x = ((x - self.obs_mean) / self.obs_std).clamp(-OBS_CLIP, OBS_CLIP)
             trunk = net.trunk if net.shared_trunk else net.actor_trunk
             params = F.linear(net._run(trunk, x), net.policy_head.weight, net.policy_head.bias)
-            if self.discrete:
-                return params.argmax(dim=-1)
-            action = params
+            action = params.argmax(dim=-1) if self.discrete else params
         else:  # a custom factory's network: its own deterministic act()
             action = net.act(obs, deterministic=True)[0]
-            if self.discrete:
-                return action
+        return self._env_action(action)
+
+    def _env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """The network's action as the env takes it: a discrete index shifted by the
+        space's start, a Box action clipped to its bounds."""
+        if self.discrete:
+            return action + self.action_start if self.action_start else action
         return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
 
-    @torch.no_grad()
-    def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
-        """The action for one observation (shaped as the observation space) or a batch
-        of them, as numpy: an int64 scalar / ``[B]`` (Discrete) or float32
-        ``[act_dim]`` / ``[B, act_dim]`` (Box, clipped to its bounds).
+    def _recurrent_forward(
+        self,
+        obs: torch.Tensor,
+        state: torch.Tensor | None,
+        episode_start: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of the recurrent policy from ``state`` (rows whose
+        ``episode_start`` is 1 start from zeros): (deterministic action, next state)."""
+        net = self.network
+        dtype = net.value_head.weight.dtype
+        if state is None:
+            state = torch.zeros(obs.shape[0], self.state_size, dtype=dtype)
+        state = state.to(dtype)
+        if episode_start is not None:
+            state = state * (1.0 - episode_start.to(dtype)).unsqueeze(-1)
+        if hasattr(net, "_features") and hasattr(net, "_unroll"):  # RecurrentActorCritic
+            h, next_state = net._unroll(net._features(obs).unsqueeze(0), state)
+            action = net.heads.sample(net.policy_head(h[0]), deterministic=True)[0]
+        else:  # a custom factory's recurrent network: its own act_recurrent()
+            action, _, _, next_state = net.act_recurrent(obs, state, deterministic=True)
+        return self._env_action(action), next_state
 
-        ``deterministic=False`` samples from the policy (as an actor does). Unlike
-        Stable-Baselines3's ``predict``, this returns the action alone, not
-        ``(action, state)``.
+    def initial_state(self, batch: int | None = None) -> np.ndarray | None:
+        """The state an episode starts from, as :meth:`predict` takes it: float32
+        zeros ``[state_size]`` (``batch`` None) or ``[batch, state_size]``; None for
+        a feed-forward policy."""
+        if not self.recurrent:
+            return None
+        shape = (self.state_size,) if batch is None else (int(batch), self.state_size)
+        return np.zeros(shape, np.float32)
+
+    def _state_in(self, state: Any, n: int, single: bool) -> torch.Tensor:
+        """``predict``'s ``state`` argument as a float32 ``[n, state_size]`` tensor."""
+        if state is None:
+            return torch.zeros(n, self.state_size)
+        array = np.asarray(state, dtype=np.float32)
+        want = (self.state_size,) if single else (n, self.state_size)
+        if array.shape != want:
+            raise ValueError(
+                f"state of shape {array.shape} does not fit: this policy's state is "
+                f"{list(want)} for {'one observation' if single else f'{n} observations'} "
+                "(pass what the previous predict returned, or None at the start)"
+            )
+        return torch.from_numpy(array.reshape(n, self.state_size).copy())
+
+    @staticmethod
+    def _starts_in(episode_start: Any, n: int, single: bool) -> torch.Tensor:
+        """``predict``'s ``episode_start`` as a float32 ``[n]`` tensor (1.0 = reset)."""
+        if episode_start is None:
+            return torch.zeros(n)
+        array = np.asarray(episode_start)
+        want = () if single else (n,)
+        if array.shape != want and not (single and array.shape == (1,)):
+            raise ValueError(
+                f"episode_start of shape {array.shape} does not fit: it is one flag per "
+                f"observation, {'a bool' if single else f'shape ({n},)'} here"
+            )
+        return torch.from_numpy(array.astype(np.float32).reshape(n).copy())
+
+    @torch.no_grad()
+    def predict(
+        self,
+        obs: Any,
+        state: Any = None,
+        episode_start: Any = None,
+        deterministic: bool = True,
+    ) -> Prediction:
+        """``(action, state)`` for one observation (shaped as the observation space)
+        or a batch of them, as Stable-Baselines3's (and SB3-contrib's
+        ``RecurrentPPO``) ``predict``; unpack it: ``action, state = policy.predict(obs)``.
+
+        ``action`` is numpy: an int64 scalar / ``[B]`` (Discrete) or float32
+        ``[act_dim]`` / ``[B, act_dim]`` (Box, clipped to its bounds). ``state`` is
+        None for a feed-forward policy; a recurrent one returns its next state
+        (float32 ``[state_size]`` / ``[B, state_size]``) to pass back with the next
+        observation, with ``episode_start`` (a bool, or ``[B]`` bools) True where the
+        observation begins an episode (that row's state is reset to zeros). ``state``
+        None is the start of an episode; a feed-forward policy ignores
+        ``episode_start``. ``deterministic=False`` samples from the policy (as an
+        actor does).
+
+        The result is a :class:`Prediction`; using it as the action itself (the
+        old return value) still works for ``int()``, ``numpy.asarray``,
+        ``.shape`` etc. with a :class:`FutureWarning`. ``predict(obs, False)``,
+        the old positional ``deterministic``, warns and samples.
         """
+        if isinstance(state, (bool, np.bool_)):
+            warnings.warn(
+                "predict(obs, deterministic) with deterministic as the second positional "
+                "argument is deprecated (it is `state` now, as in Stable-Baselines3): "
+                "write predict(obs, deterministic=...)",
+                FutureWarning,
+                stacklevel=3,
+            )
+            state, deterministic = None, bool(state)
         array = np.asarray(obs, dtype=np.float32)
         shape = tuple(self.observation_space.shape or ())
         single = array.shape == shape
         batch = torch.from_numpy(array[None] if single else array)
-        if deterministic:
-            action = self(batch)
+        n = int(batch.shape[0])
+        next_state = None
+        if self.recurrent:
+            state_in = self._state_in(state, n, single)
+            starts = self._starts_in(episode_start, n, single)
+            if deterministic:
+                action, next_state = self(batch, state_in, starts)
+            else:
+                state_in = state_in * (1.0 - starts).unsqueeze(-1)
+                action, _, _, next_state = self.network.act_recurrent(batch, state_in)
+                action = self._env_action(action)
+            next_state = next_state.to(torch.float32).numpy()
+            if single:
+                next_state = next_state[0]
         else:
-            action = self.network.act(batch)[0]
-            if not self.discrete:
-                action = torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+            if state is not None:
+                raise ValueError(
+                    f"state={type(state).__name__}: this policy is feed-forward and has no "
+                    "state; pass None (what its predict returns as the state)"
+                )
+            sampled = None if deterministic else self.network.act(batch)[0]
+            action = self(batch) if sampled is None else self._env_action(sampled)
         out = action.numpy()
-        return out[0] if single else out
+        return Prediction(out[0] if single else out, next_state)
 
     def make_env(self, **make_kwargs: Any) -> gym.Env:
         """The env this policy was trained on (same kwargs and wrappers);
@@ -270,13 +493,115 @@ def load_policy(target: str | Path, env_id: str = "") -> DeployedPolicy:
     return deployed
 
 
+# -- evaluation ---------------------------------------------------------------------
+
+
+def evaluate_policy(
+    policy: DeployedPolicy | str | Path,
+    env: gym.Env | str | None = None,
+    n_eval_episodes: int = 10,
+    deterministic: bool = True,
+    *,
+    seed: int | None = None,
+    return_episode_rewards: bool = False,
+) -> tuple[float, float] | tuple[list[float], list[int]]:
+    """Play ``n_eval_episodes`` episodes with a policy and return the mean and std of
+    their returns, as Stable-Baselines3's ``evaluate_policy``.
+
+    ``policy``: a :class:`DeployedPolicy`, or what :func:`load_policy` takes (a run
+    directory, ``policy.pt``, a checkpoint). ``env``: a ``gymnasium.Env`` (used as
+    it is and left open; its episodes must end), an env id (made with the policy's
+    ``env_kwargs`` and wrappers), or None: the env the policy was trained on
+    (:meth:`DeployedPolicy.make_env`). Actions come from :meth:`DeployedPolicy.predict`
+    (``deterministic``: the mode; False samples), a recurrent policy's state starts
+    from zeros each episode. ``seed``: episode ``i`` resets with the ``i``-th of
+    :func:`zmq_rl.seeding.env_seeds` ``(seed, n_eval_episodes)``, the seeds ``zmq-rl
+    eval --seed`` uses, so the two agree; None resets unseeded.
+
+    Returns ``(mean, std)`` of the undiscounted returns (``numpy.std``: population),
+    or, with ``return_episode_rewards``, ``(returns, lengths)``: one float and one
+    int per episode. :class:`~zmq_rl.config.ConfigError` names a bad
+    ``n_eval_episodes``; :class:`ValueError` an env whose spaces are not the policy's.
+    """
+    from .config import ConfigError
+    from .envs import make_env
+    from .seeding import env_seeds
+
+    if isinstance(n_eval_episodes, bool) or not isinstance(n_eval_episodes, (int, np.integer)):
+        raise ConfigError("n_eval_episodes", n_eval_episodes, "must be an integer >= 1")
+    if n_eval_episodes < 1:
+        raise ConfigError("n_eval_episodes", n_eval_episodes, "must be an integer >= 1")
+    if not isinstance(policy, DeployedPolicy):
+        policy = load_policy(policy)
+    if isinstance(env, gym.vector.VectorEnv):
+        raise TypeError(
+            "env: a gymnasium vector env is not supported; pass one gymnasium.Env, an env "
+            "id, or None (the policy's own env)"
+        )
+    own = env is None or isinstance(env, str)
+    if env is None:
+        env = policy.make_env()
+    elif isinstance(env, str):
+        env = make_env(env, policy.env_kwargs, policy.wrappers)
+    try:
+        _check_spaces(policy, env)
+        seeds = env_seeds(seed, n_eval_episodes) if seed is not None else [None] * n_eval_episodes
+        returns: list[float] = []
+        lengths: list[int] = []
+        for episode_seed in seeds:
+            obs, _ = env.reset(seed=episode_seed)
+            state, start, done = None, True, False
+            total, length = 0.0, 0
+            while not done:
+                action, state = policy.predict(
+                    obs, state=state, episode_start=start, deterministic=deterministic
+                )
+                obs, reward, terminated, truncated, _ = env.step(
+                    action.item() if policy.discrete else action
+                )
+                total += float(reward)
+                length += 1
+                start, done = False, bool(terminated or truncated)
+            returns.append(total)
+            lengths.append(length)
+    finally:
+        if own:
+            env.close()
+    if return_episode_rewards:
+        return returns, lengths
+    return float(np.mean(returns)), float(np.std(returns))
+
+
+def _check_spaces(policy: DeployedPolicy, env: gym.Env) -> None:
+    """ValueError naming the space when ``env``'s spaces are not the policy's."""
+    for name in ("observation_space", "action_space"):
+        mine, theirs = getattr(policy, name), getattr(env, name)
+        if mine != theirs:
+            raise ValueError(f"env: its {name} {theirs} is not the policy's {mine}")
+
+
 # -- export -----------------------------------------------------------------------------
 
 
-def _example_batch(policy: DeployedPolicy, batch: int = 2) -> torch.Tensor:
+def _example_inputs(policy: DeployedPolicy, batch: int = 2) -> tuple[torch.Tensor, ...]:
+    """Inputs to trace the graph with: ``(obs,)``, or ``(obs, state, episode_start)``
+    for a recurrent policy (one row resetting, one carrying its state)."""
     space = policy.observation_space
     sample = np.stack([space.sample() for _ in range(batch)]).astype(np.float32)
-    return torch.from_numpy(sample)
+    obs = torch.from_numpy(sample)
+    if not policy.recurrent:
+        return (obs,)
+    state = torch.randn(batch, policy.state_size, generator=torch.Generator().manual_seed(0))
+    starts = torch.zeros(batch)
+    starts[0] = 1.0
+    return obs, state, starts
+
+
+INPUTS = ("obs",)
+RECURRENT_INPUTS = ("obs", "state", "episode_start")
+OUTPUTS = ("action",)
+RECURRENT_OUTPUTS = ("action", "next_state")
+"""The names of the exported graphs' inputs and outputs (ONNX names them so)."""
 
 
 def _metadata(policy: DeployedPolicy, fmt: str) -> dict[str, str]:
@@ -304,33 +629,55 @@ def _metadata(policy: DeployedPolicy, fmt: str) -> dict[str, str]:
         "policy_config": json.dumps({} if source is None else config_dict(source.config)),
         "input": "obs: float32 [batch, *observation_shape]",
         "output": "action: int64 [batch] (discrete) or float32 [batch, act_dim] (box)",
+    } | (_recurrent_metadata(policy) if policy.recurrent else {})
+
+
+def _recurrent_metadata(policy: DeployedPolicy) -> dict[str, str]:
+    """The recurrent graph's extra inputs and outputs, for a deployment to read."""
+    size = policy.state_size
+    cell = getattr(policy.network, "cell_type", "custom")
+    layout = {"lstm": f"[h, c], {size // 2} each", "gru": "h"}.get(cell, "the network's")
+    return {
+        "state_size": str(size),
+        "cell": cell,
+        "input": (
+            f"obs: float32 [batch, *observation_shape]; state: float32 [batch, {size}] "
+            f"({layout}; zeros at the start); episode_start: float32 [batch] (1.0 where obs "
+            "begins an episode: that row's state is reset to zeros before acting)"
+        ),
+        "output": (
+            "action: int64 [batch] (discrete) or float32 [batch, act_dim] (box); "
+            f"next_state: float32 [batch, {size}] (feed it back as state)"
+        ),
     }
 
 
 def export_onnx(policy: DeployedPolicy, out: Path) -> None:
-    """Write the deterministic action graph as ONNX (input ``obs``, output ``action``,
-    dynamic batch size, opset :data:`ONNX_OPSET`), with the metadata as
+    """Write the deterministic action graph as ONNX (input ``obs``, output ``action``;
+    recurrent: inputs ``obs``, ``state``, ``episode_start``, outputs ``action``,
+    ``next_state``; dynamic batch size, opset :data:`ONNX_OPSET`), with the metadata as
     ``metadata_props``. Uses torch's TorchScript-based exporter, which needs the
     ``onnx`` package (``pip install 'zmq_rl[export]'``) but not onnxscript."""
     import importlib.util
-    import warnings
 
     if importlib.util.find_spec("onnx") is None:
         raise ExportUnavailable(
             "ONNX export needs the onnx package: pip install 'zmq_rl[export]' (or pip "
             "install onnx); --format torchscript and safetensors need nothing more"
         )
-    example = _example_batch(policy)
+    example = _example_inputs(policy)
+    inputs = RECURRENT_INPUTS if policy.recurrent else INPUTS
+    outputs = RECURRENT_OUTPUTS if policy.recurrent else OUTPUTS
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
         torch.onnx.export(
             policy,
-            (example,),
+            example,
             str(out),
             dynamo=False,
-            input_names=["obs"],
-            output_names=["action"],
-            dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}},
+            input_names=list(inputs),
+            output_names=list(outputs),
+            dynamic_axes={name: {0: "batch"} for name in (*inputs, *outputs)},
             opset_version=ONNX_OPSET,
         )
     import onnx
@@ -343,15 +690,14 @@ def export_onnx(policy: DeployedPolicy, out: Path) -> None:
 
 def export_torchscript(policy: DeployedPolicy, out: Path) -> None:
     """Write the deterministic action graph as a traced TorchScript module
-    (``torch.jit.load(path)(obs)``; C++: ``torch::jit::load``), metadata in its
+    (``torch.jit.load(path)(obs)``; recurrent: ``(obs, state, episode_start)`` ->
+    ``(action, next_state)``; C++: ``torch::jit::load``), metadata in its
     ``extra_files["zmq_rl.json"]``."""
-    import warnings
-
-    example = _example_batch(policy)
+    example = _example_inputs(policy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings on shape checks, deprecations
         frozen = copy.deepcopy(policy).requires_grad_(False)  # outputs need no .detach()
-        traced = torch.jit.trace(frozen, (example,), check_trace=False)
+        traced = torch.jit.trace(frozen, example, check_trace=False)
         extra = {"zmq_rl.json": json.dumps(_metadata(policy, "torchscript"))}
         torch.jit.save(traced, str(out), _extra_files=extra)
 

@@ -337,7 +337,9 @@ def eval_command(args: argparse.Namespace) -> int:
         choices=("onnx", "torchscript", "safetensors"),
         required=True,
         help="onnx: for onnxruntime (C, C++, C#, Java, JS, Python); torchscript: for "
-        "torch.jit.load / libtorch; safetensors: the weights, architecture in the metadata",
+        "torch.jit.load / libtorch; safetensors: the weights, architecture in the metadata. "
+        "A recurrent (lstm / gru) policy's graph also takes state and episode_start and "
+        "returns next_state (docs/api.md)",
     ),
     arg("--out", metavar="FILE", type=Path, required=True, help="the file to write"),
     arg("--env", default="", help="env id for the spaces (default: the policy's own)"),
@@ -351,8 +353,9 @@ def eval_command(args: argparse.Namespace) -> int:
 def export_command(args: argparse.Namespace) -> int:
     """Export the deterministic action graph (observation normalisation folded in):
     float32 observations [batch, *obs_shape] in, actions out (int64 [batch] for
-    Discrete, float32 [batch, act_dim] clipped to the bounds for Box). See
-    docs/embedding.md for running the ONNX file from C."""
+    Discrete, float32 [batch, act_dim] clipped to the bounds for Box); a recurrent
+    policy also takes state [batch, state_size] and episode_start [batch] and returns
+    next_state. See docs/embedding.md for running the ONNX file from C."""
     from zmq_rl.deploy import ExportUnavailable, PolicyFileError, export_policy
 
     from .common import CliFailure
