@@ -6,7 +6,8 @@
 #   B. the CUDA tests (tests/test_device.py -k cuda)                            ~60 s
 #   C. 2 cores: LunarLander-v3 time to score, 2 actors, each run pinned to 2 cores of its
 #      own, 8 runs at once: the base revision and this tree, each with its preset and a
-#      larger-minibatch variant, 2 seeds each (bench/scaling.py --pin 2)        ~150 s
+#      larger-minibatch variant, 2 seeds each, learner on the CPU (bench/scaling.py
+#      --pin 2; the machine's cores are about half as fast as the 2-core CI box's)  ~150 s
 #   D. 16 cores + GPU: LunarLander-v3 time to score with 2, 8, 14 actors, learner on
 #      cuda (bench/scaling.py --device cuda)                                    ~150 s
 #   E. the learner ceiling on cuda at 2 and 14 simulated actors, and on one CPU thread
@@ -40,9 +41,10 @@ part "C. 2 cores: time to score"
 if [ "$cores" -ge 16 ]; then
     timeout 150 $py bench/scaling.py --pin 2 --actors 2 --seeds 0 1 --cap 120 --env-seconds 2 \
         "${base[@]}" --variant "preset=" --variant "mb512=--minibatch-size 512 --learning-rate 1e-3" \
-        --out "$out/scaling_2core.json"
+        --out "$out/scaling_2core.json" -- --device cpu
 else
-    timeout 900 $py bench/scaling.py --seeds 0 1 2 "${base[@]}" --out "$out/scaling_2core.json"
+    timeout 900 $py bench/scaling.py --seeds 0 1 2 "${base[@]}" --out "$out/scaling_2core.json" \
+        -- --device cpu
 fi
 
 if [ "$gpu" = 1 ]; then
