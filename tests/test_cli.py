@@ -143,6 +143,50 @@ def test_python_dash_m_zmq_rl_is_zmq_rl() -> None:
     assert "run" in result.stdout and "plot" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["bogus"], ["run", "--total", "5"], ["keys", "--help"]]
+)
+def test_help_and_usage_errors_do_not_import_torch(argv) -> None:
+    """Issue 29 item 9: ``zmq-rl --help`` or a typo answered in 1-2 s because building
+    every subcommand's flags imported torch (through conformance); only the flags of the
+    command that runs are built now."""
+    probe = (
+        "import sys\n"
+        "from zmq_rl.cli.main import main\n"
+        "try:\n"
+        f"    code = main({argv!r})\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print('code', code, 'torch' in sys.modules, 'gymnasium' in sys.modules)\n"
+    )
+    result = _python("-c", probe, timeout=60)
+    expected = 0 if "--help" in argv else 2
+    assert result.stdout.splitlines()[-1] == f"code {expected} False False", result
+
+
+def test_full_parser_still_has_every_subcommands_flags() -> None:
+    """``build_parser()`` (docs, tests, resume) keeps building all of them."""
+    parser = main_cli.build_parser()
+    assert "--total-env-steps" in main_cli.subparser(parser, "run").format_help()
+    assert "actor" in main_cli.subparser(parser, "conformance").format_help()
+    assert "--total-env-steps" not in main_cli.subparser(
+        main_cli.build_parser(None), "run"
+    ).format_help()
+
+
+def test_an_abbreviated_flag_suggests_the_flags_it_begins(capsys) -> None:
+    """``--total`` suggested ``--port`` (the closest spelling); a flag that begins
+    known ones names those."""
+    for argv, hint in (
+        (["run", "--total", "5"], "--total: did you mean --total-env-steps?"),
+        (["run", "--learning-rat", "3"], "--learning-rat: did you mean --learning-rate?"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main_cli.main(argv)
+        assert exit_info.value.code == 2
+        assert hint in capsys.readouterr().err
+
+
 # -- values, errors, TOML -------------------------------------------------------------
 
 

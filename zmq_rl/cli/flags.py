@@ -154,15 +154,20 @@ class CliParser(argparse.ArgumentParser):
 
 
 def _suggest_flags(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
-    """`` (did you mean --x?)`` for unknown flags close to one of ``parser``'s."""
+    """`` (did you mean --x?)`` for unknown flags close to one of ``parser``'s.
+
+    A flag that begins one or more known flags (``--total`` of ``--total-env-steps``:
+    an abbreviation, which the parsers do not expand) names those, else the closest
+    spelling (difflib) is offered."""
     known = _option_strings(parser)
     hints = []
     for word in unknown:
         flag = word.split("=", 1)[0]
         if flag.startswith("--"):
-            close = difflib.get_close_matches(flag, known, n=1)
+            close = sorted({k for k in known if k.startswith(flag)}, key=len)[:3]
+            close = close or difflib.get_close_matches(flag, known, n=1)
             if close:
-                hints.append(f"{flag}: did you mean {close[0]}?")
+                hints.append(f"{flag}: did you mean {' or '.join(close)}?")
     return f" ({'; '.join(hints)})" if hints else ""
 
 
