@@ -169,9 +169,10 @@ def test_full_parser_still_has_every_subcommands_flags() -> None:
     parser = main_cli.build_parser()
     assert "--total-env-steps" in main_cli.subparser(parser, "run").format_help()
     assert "actor" in main_cli.subparser(parser, "conformance").format_help()
-    assert "--total-env-steps" not in main_cli.subparser(
-        main_cli.build_parser(None), "run"
-    ).format_help()
+    assert (
+        "--total-env-steps"
+        not in main_cli.subparser(main_cli.build_parser(None), "run").format_help()
+    )
 
 
 def test_an_abbreviated_flag_suggests_the_flags_it_begins(capsys) -> None:

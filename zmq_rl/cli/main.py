@@ -492,7 +492,6 @@ def _command_named(argv: Sequence[str]) -> str | None:
     return first if first in SUBCOMMANDS else None
 
 
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``zmq-rl``; returns the exit code."""
     parser = build_parser(_command_named(sys.argv[1:] if argv is None else argv))
