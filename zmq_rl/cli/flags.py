@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zmq_rl.config import ConfigError
+from zmq_rl.config import ConfigError, toml_env_value
 
 __all__ = [
     "LOG_LEVELS",
@@ -519,12 +519,13 @@ def load_toml(path: Path, sections: Sequence[Section]) -> dict[str, Any]:
                 f"{path}: unknown key {key!r} in {where}{_suggest(key, kinds[section.name])}"
             )
         try:
+            value = toml_env_value(key, value)  # env_kwargs / wrappers given as tables
             values[section.dest(key)] = coerce(kinds[section.name][key], key, value)
         except ConfigError as exc:
             raise ConfigFileError(f"{path}: {exc}") from None
 
     for key, value in data.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and (key in by_name or key not in owner):
             section = by_name.get(key)
             if section is None:
                 raise ConfigFileError(
