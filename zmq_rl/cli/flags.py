@@ -583,10 +583,18 @@ def dump_toml(configs: Mapping[str, Any], header: str = "", commented: Iterable[
 
 
 def preset_for(env_id: str) -> Path | None:
-    """The shipped preset of ``env_id`` (:mod:`zmq_rl.presets`), or None if it has none."""
+    """The shipped preset of ``env_id`` (:mod:`zmq_rl.presets`), or None if it has none.
+
+    A preset is named after its env id without the module (``AtariPong-v0`` holds
+    ``env_id = "zmq_rl.envs:AtariPong-v0"``): it applies to that id and to the bare name."""
     from zmq_rl.presets import available, preset_path
 
-    return preset_path(env_id) if env_id in available() else None
+    name = env_id.rpartition(":")[2]
+    if name not in available():
+        return None
+    path = preset_path(name)
+    own = str(tomllib.loads(path.read_text()).get("learner", {}).get("env_id", name))
+    return path if env_id in (own, own.rpartition(":")[2]) else None
 
 
 PRESET_ENV_DEST = "learner.env_id"

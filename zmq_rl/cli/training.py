@@ -107,9 +107,10 @@ def write_config(
     if not cfg.run_dir:
         return None
     path = Path(cfg.run_dir) / CONFIG_NAME
+    name = (preset or "").rpartition(":")[2]
     header = (
         f"zmq_rl run config, written {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
-        + (f"Defaults from preset {preset} (zmq_rl/presets/{preset}.toml).\n" if preset else "")
+        + (f"Defaults from preset {preset} (zmq_rl/presets/{name}.toml).\n" if preset else "")
         + f"Repeat the run with: {command} --config {path}"
     )
     text = dump_toml({"learner": cfg, "ppo": ppo, "policy": policy}, header, commented=("run_dir",))
@@ -123,11 +124,27 @@ def write_config(
 
 
 def preset_line(name: str, cfg: LearnerConfig) -> str:
-    """The line that says a run took its defaults from the env's preset."""
+    """The line that says a run took its defaults from the env's preset: the preset's own
+    budget and target, and this run's where a flag overrode them (issue 29: the line
+    printed the user's ``--total-env-steps`` as the preset's)."""
+    import tomllib
+
+    from zmq_rl.presets import preset_path
+
+    name = name.rpartition(":")[2]  # the env id "zmq_rl.envs:AtariPong-v0" -> its preset
+    own = tomllib.loads(preset_path(name).read_text()).get("learner", {})
+    steps = own.get("total_env_steps", LearnerConfig.total_env_steps)
+    target = float(own.get("target_return", LearnerConfig.target_return))
+    changed = []
+    if cfg.total_env_steps != steps:
+        changed.append(f"{cfg.total_env_steps:,} steps")
+    if cfg.target_return != target:
+        changed.append(f"target return {cfg.target_return:g}")
+    here = f" (this run: {', '.join(changed)})" if changed else ""
     return (
         f"using preset {name} (zmq_rl/presets/{name}.toml: tuned settings, "
-        f"{cfg.total_env_steps:,} steps, target return {cfg.target_return:g}); "
-        "flags override it, --no-preset ignores it"
+        f"{steps:,} steps, target return {target:g}); "
+        f"flags override it{here}, --no-preset ignores it"
     )
 
 
