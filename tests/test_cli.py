@@ -188,6 +188,30 @@ def test_an_abbreviated_flag_suggests_the_flags_it_begins(capsys) -> None:
         assert hint in capsys.readouterr().err
 
 
+def test_subcommand_help_has_no_rest_markup(capsys) -> None:
+    """``zmq-rl keys --help`` showed its docstring's raw ``code`` markup (issue 29)."""
+    parser = main_cli.build_parser()
+    for name in main_cli.SUBCOMMANDS:
+        text = main_cli.subparser(parser, name).format_help()
+        assert "``" not in text and ":func:" not in text and ":class:" not in text, name
+    assert "Write DIR/NAME.key and DIR/NAME.key_secret" in " ".join(
+        _help(main_cli.main, ["keys", "--help"], capsys).split()
+    )
+
+
+def test_export_to_an_uncreatable_path_is_one_error_line(tmp_path, capsys) -> None:
+    """A 30-line traceback before (issue 29 item 13): now ``error: --out ...`` and exit 1."""
+    from tests.test_export import saved_policy
+
+    saved_policy(tmp_path, "CartPole-v1")
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / "sub" / "policy.pt"
+    code = main_cli.main(["export", str(tmp_path), "--format", "torchscript", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"error: --out {out}: cannot write ") and "Not a directory" in err[0]
+
+
 # -- values, errors, TOML -------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ imported at the bottom of this file)::
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,13 +83,19 @@ def subcommand(
     def register(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
         if name in SUBCOMMANDS:
             raise ValueError(f"subcommand {name!r} is registered twice")
-        doc = (fn.__doc__ or "").strip()
+        doc = _plain_text((fn.__doc__ or "").strip())
         SUBCOMMANDS[name] = Subcommand(
             name, help, description or doc or help, args, fn, tuple(sections)
         )
         return fn
 
     return register
+
+
+def _plain_text(doc: str) -> str:
+    """A docstring as ``--help`` shows it: reST markup (``code``, :func:`name`) removed."""
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc)
+    return doc.replace("``", "")
 
 
 def build_parser(only: str | None = "") -> argparse.ArgumentParser:
@@ -368,6 +375,9 @@ def export_command(args: argparse.Namespace) -> int:
         path = export_policy(args.target, args.fmt, args.out, env_id=args.env)
     except (PolicyFileError, ExportUnavailable) as exc:
         raise CliFailure(str(exc)) from None
+    except OSError as exc:  # --out in a folder that cannot be created or written
+        where = exc.filename or args.out
+        raise CliFailure(f"--out {args.out}: cannot write {where}: {exc.strerror or exc}") from None
     print(f"wrote {path} ({args.fmt}, {path.stat().st_size:,} bytes)")
     return 0
 
