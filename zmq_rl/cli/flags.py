@@ -433,7 +433,12 @@ def _deprecated_action(old: str, new: str, base: Any) -> type[argparse.Action]:
 
     class Deprecated(parent):  # type: ignore[misc, valid-type]
         def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
-            sys.stderr.write(f"warning: {old} is deprecated; use {new}\n")
+            # A command parses its arguments up to three times with the same parser
+            # (parse_with_config: the config or preset, then the flags again): warn once.
+            warned = parser.__dict__.setdefault("_deprecations_warned", set())
+            if old not in warned:
+                warned.add(old)
+                sys.stderr.write(f"warning: {old} is deprecated; use {new}\n")
             super().__call__(parser, namespace, values, option)
 
     return Deprecated
