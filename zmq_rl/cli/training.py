@@ -260,6 +260,7 @@ def train(
         except OSError as exc:
             raise CliFailure(str(exc)) from None
         outcome.steps_at_start = learner.report.env_steps_consumed
+        progress.steps_at_start = outcome.steps_at_start
         progress.device = learner.report.device
         if wrap_learner is not None:
             learner = wrap_learner(learner)
@@ -267,7 +268,7 @@ def train(
         if around_run is not None:
             stack.enter_context(around_run(learner))
         try:
-            with progress, _graceful_stop(learner, outcome):
+            with progress, _graceful_stop(learner, outcome, quiet=console.quiet):
                 outcome.report = learner.run()
         except (LearnerStarved, LearnerRankLost, OSError) as exc:  # OSError: a run file
             raise CliFailure(str(exc)) from None
@@ -277,11 +278,12 @@ def train(
 
 
 @contextlib.contextmanager
-def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
+def _graceful_stop(learner: Any, outcome: TrainingOutcome, quiet: bool = False) -> Iterator[None]:
     """First Ctrl-C / SIGTERM / SIGHUP: ask the learner to stop after the current
     step (it shuts the actors down and writes its report and policy); a second
     Ctrl-C or SIGTERM raises :class:`KeyboardInterrupt` at once. A SIGHUP never
-    does: the terminal is gone, and closing one can send several."""
+    does: the terminal is gone, and closing one can send several. The line that says
+    so goes to stderr unless ``quiet`` (the Python API's ``verbose=False``)."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         hangup = signum == getattr(signal, "SIGHUP", None)
@@ -294,6 +296,8 @@ def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
         outcome.interrupted = True
         name = signal.Signals(signum).name
         learner.request_stop(f"interrupted ({name})")
+        if quiet:
+            return
         with contextlib.suppress(OSError):  # stderr may be a pipe whose reader is gone
             sys.stderr.write(
                 f"\n{name}: stopping after the current update "
@@ -339,7 +343,11 @@ def print_summary(
             (
                 "episodes",
                 f"{report.episodes_completed:,}, mean return of the last 100: "
-                f"{report.mean_recent_episode_reward(100):.1f}",
+                + (
+                    f"{report.mean_recent_episode_reward(100):.1f}"
+                    if report.episodes_completed
+                    else "- (no episode ended)"
+                ),
             )
         )
         if report.evaluations:

@@ -1,0 +1,119 @@
+"""Issue 29 item 13: small things a first hour trips over (output a user reads)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zmq_rl.cli import training
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 240
+
+
+QUIET_RUN = """
+import zmq_rl
+
+class Stop(zmq_rl.Callback):
+    def on_update(self, row):
+        return row["update"] < 2
+
+result = zmq_rl.train("CartPole-v1", total_env_steps=8192, num_actors=1, eval_episodes=1,
+                      verbose=False, callbacks=[Stop()])
+assert result.report.stop_reason == "callback Stop stopped the run", result.report.stop_reason
+"""
+
+
+def test_verbose_false_prints_nothing_when_a_callback_stops_the_run(tmp_path) -> None:
+    """``verbose=False`` printed ``stopping: callback Stop stopped the run``: a warning
+    that Python's last-resort handler writes when logging is not configured."""
+    done = subprocess.run(
+        [sys.executable, "-c", QUIET_RUN],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (done.stdout, done.stderr) == ("", "")
+
+
+class _FakeLearner:
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def request_stop(self, reason: str) -> None:
+        self.reasons.append(reason)
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_stop_line_of_a_signal_is_left_out_when_quiet(quiet: bool, capsys) -> None:
+    learner = _FakeLearner()
+    outcome = training.TrainingOutcome(training.LearnerConfig())
+    with training._graceful_stop(learner, outcome, quiet=quiet):
+        signal.raise_signal(signal.SIGTERM)
+    assert learner.reasons == ["interrupted (SIGTERM)"] and outcome.interrupted
+    err = capsys.readouterr().err
+    assert ("stopping after the current update" in err) is not quiet
+
+
+def _lines(rows: list[dict], steps_at_start: int = 0) -> list[str]:
+    from rich.console import Console
+
+    from zmq_rl.cli.progress import TrainingProgress
+
+    out = io.StringIO()
+    progress = TrainingProgress(10, Console(file=out, width=200), live=False)
+    progress.steps_at_start = steps_at_start
+    with progress:
+        for row in rows:
+            progress.update(row)
+    return out.getvalue().splitlines()
+
+
+def _row(update: int, steps: int, wall: float, episodes: int, mean: float) -> dict:
+    return {
+        "update": update,
+        "env_steps": steps,
+        "wall_seconds": wall,
+        "charts/SPS": steps / wall,  # as the learner computes it: the run's total steps
+        "charts/mean_return": mean,
+        "charts/episodes": episodes,
+        "charts/actors": 2,
+        "charts/policy_lag_mean": 0.0,
+    }
+
+
+def test_no_return_is_shown_before_an_episode_ended() -> None:
+    """Pong's returns are -21..21: a ``return 0.0`` before any episode ended reads as one."""
+    first, second = _lines([_row(1, 1024, 1.0, 0, 0.0), _row(2, 2048, 2.0, 3, -20.3)])
+    assert "return -  " in first and "return 0.0" not in first
+    assert "return -20.3  " in second
+
+
+def test_a_resumed_runs_speed_counts_only_this_sessions_steps() -> None:
+    """A resume at 830,000 steps showed 83,893 steps/s: the run's total over this
+    session's 10 s. 9,930 steps in those 10 s are 993 steps/s."""
+    (line,) = _lines([_row(1, 839_930, 10.0, 5, 1.0)], steps_at_start=830_000)
+    assert " 993 steps/s " in line and "83,993" not in line
+    (line,) = _lines([_row(1, 9_930, 10.0, 5, 1.0)])
+    assert " 993 steps/s " in line
+
+
+def test_the_summary_shows_no_mean_return_without_an_episode() -> None:
+    from rich.console import Console
+
+    from zmq_rl.report import LearnerReport
+
+    outcome = training.TrainingOutcome(training.LearnerConfig())
+    outcome.report = LearnerReport()
+    out = io.StringIO()
+    training.print_summary(Console(file=out, width=200), outcome)
+    assert "mean return of the last 100: - (no episode ended)" in out.getvalue()
