@@ -117,3 +117,50 @@ def test_the_summary_shows_no_mean_return_without_an_episode() -> None:
     out = io.StringIO()
     training.print_summary(Console(file=out, width=200), outcome)
     assert "mean return of the last 100: - (no episode ended)" in out.getvalue()
+
+
+RENDER = """
+import gymnasium as gym
+from zmq_rl.cli.evaluate import headless_sdl
+
+with headless_sdl():
+    env = gym.make("CartPole-v1", render_mode="rgb_array")
+    env.reset(seed=0)
+    print(env.render().shape)
+    import pygame
+    pygame.init()  # what SDL complained in: audio without a runtime dir
+    env.close()
+    pygame.quit()
+"""
+
+
+def test_rendering_for_a_video_prints_no_sdl_errors_without_a_desktop(tmp_path) -> None:
+    """``zmq-rl eval --video`` wrote a good video, then SDL printed ``error:
+    XDG_RUNTIME_DIR is invalid or not set`` and ALSA errors (issue 29 item 13)."""
+    pytest.importorskip("pygame")
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "SDL_AUDIODRIVER")}
+    done = subprocess.run(
+        [sys.executable, "-c", RENDER],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("(400, 600, 3)")
+    assert "XDG_RUNTIME_DIR" not in done.stderr and "ALSA" not in done.stderr, done.stderr
+
+
+def test_headless_sdl_restores_the_environment(monkeypatch) -> None:
+    from zmq_rl.cli.evaluate import headless_sdl
+
+    monkeypatch.delenv("SDL_AUDIODRIVER", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/nonexistent/xdg")
+    with headless_sdl():
+        lent = os.environ["XDG_RUNTIME_DIR"]
+        assert os.path.isdir(lent) and os.stat(lent).st_mode & 0o777 == 0o700
+        assert os.environ["SDL_AUDIODRIVER"] == "dummy"
+    assert not os.path.exists(lent)
+    assert os.environ["XDG_RUNTIME_DIR"] == "/nonexistent/xdg"
+    assert "SDL_AUDIODRIVER" not in os.environ
