@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,49 @@ def test_headless_sdl_restores_the_environment(monkeypatch) -> None:
     assert not os.path.exists(lent)
     assert os.environ["XDG_RUNTIME_DIR"] == "/nonexistent/xdg"
     assert "SDL_AUDIODRIVER" not in os.environ
+
+
+def _actor_pids(port: int) -> list[int]:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        alive = proc.info["status"] != psutil.STATUS_ZOMBIE
+        if alive and "zmq_rl.cli.actor" in cmdline and f"127.0.0.1:{port}" in cmdline:
+            found.append(proc.pid)
+    return found
+
+
+def test_actors_of_a_killed_run_say_why_and_exit_at_once(tmp_path) -> None:
+    """``kill -9`` of ``zmq-rl run``: its actors lingered 10 s and exited without a word
+    (issue 29 item 13). Each logs that the run (its learner) is gone and exits within
+    a few seconds."""
+    from tests.ports import free_port_block
+
+    port = free_port_block()
+    run_dir = tmp_path / "run"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "zmq_rl.cli.main", "run", "--env", "CartPole-v1"]
+        + ["--total-env-steps", "100000000", "--target-return", "inf", "--actors", "2"]
+        + ["--port", str(port), "--run-dir", str(run_dir), "--no-plot"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    logs = [run_dir / "logs" / f"actor-{i}.log" for i in range(2)]
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not all(p.is_file() and "collecting" in p.read_text() for p in logs):
+            assert run.poll() is None and time.monotonic() < deadline, "actors never collected"
+            time.sleep(0.2)
+        assert len(_actor_pids(port)) == 2
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+    deadline = time.monotonic() + 6.0  # PARENT_POLL_S, then a clean interrupt
+    while _actor_pids(port):
+        assert time.monotonic() < deadline, "actors still running 6 s after the kill"
+        time.sleep(0.1)
+    for path in logs:
+        assert f"(pid {run.pid}, its learner) is gone: exiting" in path.read_text(), path
