@@ -1,11 +1,23 @@
-# Sourced by bin/train and bin/test: make sure .venv holds zmq_rl and its test extras.
+# Sourced by bin/train and bin/test: make sure .venv holds zmq_rl, with the test extras
+# for bin/test.
 # shellcheck shell=bash
 
 ensure_venv() {
-    # Create .venv if missing; install torch 2.13.0 (the CPU wheel pip finds locally) first,
-    # so that zmq_rl's torch>=2.2 adds nothing, then zmq_rl itself (editable) with its test
-    # extras. Skipped when nothing changed since the last install.
-    local py=${PYTHON:-} stamp=.venv/.zmq_rl-installed
+    # ensure_venv train|test. Create .venv if missing; install torch 2.13.0 (the CPU wheel
+    # pip finds locally) first, so that zmq_rl's torch>=2.2 adds nothing, then zmq_rl
+    # itself (editable): for "train" only its runtime (what `zmq-rl run --env CartPole-v1`
+    # imports: pyzmq, msgpack, numpy, gymnasium, torch, matplotlib, rich), for "test" with
+    # the test extras (every env, export, tracking and cluster package the suite uses).
+    # Skipped when nothing changed since the last install of that level or above: the
+    # stamp file holds the level installed ("test" serves train; "train" does not serve
+    # test; an empty stamp, written before levels existed, was a test install).
+    local level=${1:?ensure_venv needs train or test} py=${PYTHON:-} stamp=.venv/.zmq_rl-installed
+    local target=. installed="" modules='"zmq_rl", "torch", "zmq", "gymnasium", "rich", "matplotlib"'
+    case "$level" in
+        train) ;;
+        test) target='.[test]'; modules+=', "pytest", "ruff", "psutil"' ;;
+        *) echo "ensure_venv: unknown level '$level' (train or test)" >&2; exit 2 ;;
+    esac
     if [ ! -x .venv/bin/python ]; then
         if [ -z "$py" ]; then
             for candidate in python3.11 python3 python; do
@@ -20,15 +32,23 @@ ensure_venv() {
         "$py" -m venv .venv
         rm -f "$stamp"
     fi
-    if [ -f "$stamp" ] && [ "$stamp" -nt setup.cfg ] && [ "$stamp" -nt pyproject.toml ] \
-        && .venv/bin/python -c 'import importlib.util as u, sys
-sys.exit(any(u.find_spec(m) is None for m in
-             ("zmq_rl", "torch", "zmq", "gymnasium", "rich", "pytest", "ruff", "psutil")))'
+    if [ -f "$stamp" ]; then
+        installed=$(head -n 1 "$stamp")
+        installed=${installed:-test}
+    fi
+    if [ -n "$installed" ] && { [ "$level" = train ] || [ "$installed" = test ]; } \
+        && [ "$stamp" -nt setup.cfg ] && [ "$stamp" -nt pyproject.toml ] \
+        && .venv/bin/python -c "import importlib.util as u, sys
+sys.exit(any(u.find_spec(m) is None for m in ($modules)))"
     then
         return 0
     fi
-    echo "installing torch 2.13.0 and zmq_rl[test] into .venv" >&2
+    # A test install keeps serving train after setup.cfg changes: reinstall what it had.
+    if [ "$installed" = test ]; then
+        level=test target='.[test]'
+    fi
+    echo "installing torch 2.13.0 and zmq_rl${target#.} ($level) into .venv" >&2
     .venv/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
-    touch "$stamp"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$target"
+    echo "$level" >"$stamp"
 }

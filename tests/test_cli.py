@@ -143,6 +143,75 @@ def test_python_dash_m_zmq_rl_is_zmq_rl() -> None:
     assert "run" in result.stdout and "plot" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["bogus"], ["run", "--total", "5"], ["keys", "--help"]]
+)
+def test_help_and_usage_errors_do_not_import_torch(argv) -> None:
+    """Issue 29 item 9: ``zmq-rl --help`` or a typo answered in 1-2 s because building
+    every subcommand's flags imported torch (through conformance); only the flags of the
+    command that runs are built now."""
+    probe = (
+        "import sys\n"
+        "from zmq_rl.cli.main import main\n"
+        "try:\n"
+        f"    code = main({argv!r})\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print('code', code, 'torch' in sys.modules, 'gymnasium' in sys.modules)\n"
+    )
+    result = _python("-c", probe, timeout=60)
+    expected = 0 if "--help" in argv else 2
+    assert result.stdout.splitlines()[-1] == f"code {expected} False False", result
+
+
+def test_full_parser_still_has_every_subcommands_flags() -> None:
+    """``build_parser()`` (docs, tests, resume) keeps building all of them."""
+    parser = main_cli.build_parser()
+    assert "--total-env-steps" in main_cli.subparser(parser, "run").format_help()
+    assert "actor" in main_cli.subparser(parser, "conformance").format_help()
+    assert (
+        "--total-env-steps"
+        not in main_cli.subparser(main_cli.build_parser(None), "run").format_help()
+    )
+
+
+def test_an_abbreviated_flag_suggests_the_flags_it_begins(capsys) -> None:
+    """``--total`` suggested ``--port`` (the closest spelling); a flag that begins
+    known ones names those."""
+    for argv, hint in (
+        (["run", "--total", "5"], "--total: did you mean --total-env-steps?"),
+        (["run", "--learning-rat", "3"], "--learning-rat: did you mean --learning-rate?"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main_cli.main(argv)
+        assert exit_info.value.code == 2
+        assert hint in capsys.readouterr().err
+
+
+def test_subcommand_help_has_no_rest_markup(capsys) -> None:
+    """``zmq-rl keys --help`` showed its docstring's raw ``code`` markup (issue 29)."""
+    parser = main_cli.build_parser()
+    for name in main_cli.SUBCOMMANDS:
+        text = main_cli.subparser(parser, name).format_help()
+        assert "``" not in text and ":func:" not in text and ":class:" not in text, name
+    assert "Write DIR/NAME.key and DIR/NAME.key_secret" in " ".join(
+        _help(main_cli.main, ["keys", "--help"], capsys).split()
+    )
+
+
+def test_export_to_an_uncreatable_path_is_one_error_line(tmp_path, capsys) -> None:
+    """A 30-line traceback before (issue 29 item 13): now ``error: --out ...`` and exit 1."""
+    from tests.test_export import saved_policy
+
+    saved_policy(tmp_path, "CartPole-v1")
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / "sub" / "policy.pt"
+    code = main_cli.main(["export", str(tmp_path), "--format", "torchscript", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"error: --out {out}: cannot write ") and "Not a directory" in err[0]
+
+
 # -- values, errors, TOML -------------------------------------------------------------
 
 
@@ -179,12 +248,15 @@ def test_renamed_learner_flag_and_toml_key_still_work_with_a_warning(tmp_path, c
     TOML key are accepted, say they are deprecated, and set the new field."""
     _, cfg, _, _ = learner_cli.resolve(["--envs-per-actor", "3", "--run-dir", ""])
     assert cfg.num_envs == 3
-    assert "--envs-per-actor is deprecated; use --num-envs" in capsys.readouterr().err
+    # once (issue 29: three times, one per parse of the same arguments)
+    assert capsys.readouterr().err.count("--envs-per-actor is deprecated; use --num-envs") == 1
+    assert main_cli.main(["run", "--envs-per-actor", "3", "--total-env-steps", "1"]) == 2
+    assert capsys.readouterr().err.count("--envs-per-actor is deprecated; use --num-envs") == 1
     config = tmp_path / "old.toml"
     config.write_text("[learner]\nenvs_per_actor = 5\n")
     _, cfg, _, _ = learner_cli.resolve(["--config", str(config), "--run-dir", ""])
     assert cfg.num_envs == 5
-    assert "'envs_per_actor' is deprecated; use 'num_envs'" in capsys.readouterr().err
+    assert capsys.readouterr().err.count("'envs_per_actor' is deprecated; use 'num_envs'") == 1
     with pytest.warns(DeprecationWarning, match="use num_envs"):
         assert LearnerConfig(envs_per_actor=2).num_envs == 2
     help_text = subprocess.run(

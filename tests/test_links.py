@@ -421,6 +421,51 @@ def test_learner_advises_a_fitting_lead_once_per_actor(ctx, learner_port, caplog
         learner.close()
 
 
+@pytest.mark.parametrize(
+    ("case", "changes", "busy", "rtts"),
+    [
+        # A local MinAtar-like run on a busy 2-core box: 128-row rollouts, 0.5 s updates;
+        # heartbeats often wait for a CPU (smoothed round trip ~200 ms), but some are
+        # answered at once: the path itself costs 2 ms.
+        ("busy local", {"num_steps": 128, "fragment_length": 32}, 0.5, [0.3, 0.25, 0.35, 0.002]),
+        # A fast loopback link cut once for 1 s, at the fifth heartbeat.
+        ("one cut", {}, 0.02, [0.001] * 4 + [1.0] + [0.001] * 10),
+    ],
+)
+def test_no_lead_warning_when_the_link_is_fast(
+    ctx, learner_port, caplog, case, changes, busy, rtts
+):
+    """Issue 29 item 13: the advice appeared as WARNINGs in a plain local MinAtar run and
+    after one transient 1 s link cut on a fast link. The link's round-trip floor (the
+    least of its recent samples) needs no lead of its own: one INFO line, no WARNING."""
+    learner = small_learner(learner_port, ctx, **changes)
+    try:
+        ingest = learner.ingest
+        rec, _ = ingest.members.register(
+            b"peer", stub_hello(), version=0, started=True, default_envs=1, now=0.0
+        )
+        ingest.started = True
+        ingest._cycle_busy.extend([busy] * 3)
+        ingest._after_busy = False
+        caplog.set_level(logging.INFO, logger="zmq_rl.ingest")
+        now = 1000.0
+        for i in range(15):
+            now += 1.0
+            rec.steps_received += 800  # 2,000 steps/s while running 0.4 s of each second
+            rtt = rtts[i % len(rtts)]
+            beat = Heartbeat(
+                rec.actor_id, learner.run_id, sent_at=now, echo=now - rtt - 0.01, held=0.01,
+                paused=0.6,
+            )  # fmt: skip
+            ingest._on_heartbeat(rec, beat, now)
+        advice = [r for r in caplog.records if "max-lead-steps" in r.getMessage()]
+        assert [r.levelno for r in advice] == [logging.INFO], [r.getMessage() for r in advice]
+        assert "not the link" in advice[0].getMessage(), case
+        assert rec.link.rtt_floor == pytest.approx(min(rtts), abs=1e-6)
+    finally:
+        learner.close()
+
+
 def test_advice_to_many_actors_warns_a_few_times_then_informs(ctx, learner_port, caplog):
     """256 actors on one slow learner must not print 256 warnings: the first
     ADVICE_WARNINGS actors' advice is a WARNING (the last of them says where the rest

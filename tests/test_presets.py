@@ -28,7 +28,7 @@ from tests.conftest import STUB_ENV_ID
 from zmq_rl.cli import learner as learner_cli
 from zmq_rl.cli import main as main_cli
 from zmq_rl.cli import plot as plot_cli
-from zmq_rl.cli.flags import load_toml, parse_with_config
+from zmq_rl.cli.flags import load_toml, parse_with_config, preset_for
 from zmq_rl.cli.learner import LEARNER_SECTIONS
 from zmq_rl.cli.main import subparser
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig, replace
@@ -241,6 +241,58 @@ def test_run_help_says_how_to_use_presets(capsys) -> None:
     assert "preset:NAME" in out and "--config preset:LunarLander-v3" in out
     for name in EXPECTED:
         assert name in out
+
+
+ATARI = "zmq_rl.envs:AtariPong-v0"
+
+
+def test_atari_preset_is_rl_zoos_ppo_atari() -> None:
+    """Issue 29 item 11: Pong ran at num_steps 32 (the learner's default). The preset
+    is rl-zoo's atari.yml PPO, for the module id and the bare one alike."""
+    for env in (ATARI, "AtariPong-v0"):
+        args, cfg, ppo, policy = learner_cli.resolve(["--env", env, "--run-dir", ""])
+        assert args.applied_preset == env and cfg.env_id == env
+        assert (cfg.num_actors * cfg.num_envs, cfg.num_steps) == (8, 128)
+        assert (cfg.gamma, cfg.gae_lambda, cfg.total_env_steps) == (0.99, 0.95, 10_000_000)
+        assert (ppo.num_epochs, ppo.minibatch_size) == (4, 256)
+        assert (ppo.learning_rate, ppo.anneal_lr) == (2.5e-4, True)
+        assert (ppo.clip_range, ppo.anneal_clip_range) == (0.1, True)
+        assert (ppo.ent_coef, ppo.vf_coef) == (0.01, 0.5)
+        assert policy.factory == "zmq_rl.cnn:nature_cnn"
+        cfg.validate(), ppo.validate(), policy.validate()
+    assert preset_for("zmq_rl.envs:AtariBreakout-v0") is None  # not Pong's env
+    assert preset_for("other.module:AtariPong-v0") is None
+    _, cfg, _, _ = learner_cli.resolve(["--env", ATARI, "--num-steps", "64", "--run-dir", ""])
+    assert cfg.num_steps == 64  # flags still win
+
+
+def test_atari_preset_env_builds() -> None:
+    if importlib.util.find_spec("ale_py") is None:
+        pytest.skip("ale-py is not installed (pip install 'zmq_rl[atari]')")
+    from zmq_rl.envs import make_env
+
+    env = make_env(learner_cli.resolve(["--env", ATARI, "--run-dir", ""])[1].env_id)
+    try:
+        assert env.observation_space.shape == (4, 84, 84)
+    finally:
+        env.close()
+
+
+def test_the_preset_line_gives_the_presets_budget_and_this_runs_override() -> None:
+    """Issue 29 item 13: ``--total-env-steps 20000`` was printed as the preset's budget."""
+    from zmq_rl.cli.training import preset_line
+
+    _, cfg, _, _ = learner_cli.resolve(["--env", "CartPole-v1", "--run-dir", ""])
+    line = preset_line("CartPole-v1", cfg)
+    assert "100,000 steps, target return 475)" in line and "this run" not in line
+    _, cfg, _, _ = learner_cli.resolve(
+        ["--env", "CartPole-v1", "--total-env-steps", "20000", "--run-dir", ""]
+    )
+    line = preset_line("CartPole-v1", cfg)
+    assert "100,000 steps, target return 475)" in line
+    assert "(this run: 20,000 steps)" in line
+    line = preset_line(ATARI, learner_cli.resolve(["--env", ATARI, "--run-dir", ""])[1])
+    assert line.startswith("using preset AtariPong-v0 (zmq_rl/presets/AtariPong-v0.toml")
 
 
 def test_setup_cfg_ships_the_presets() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -212,6 +213,85 @@ def test_run_settings_carry_env_kwargs_and_wrappers() -> None:
             RunSettings.from_map({**wire, key: value})
 
 
+def test_wrappers_take_keyword_arguments() -> None:
+    """Issue 29 item 11: ``TimeLimit`` needs ``max_episode_steps``; a wrapper spec carries
+    keyword arguments (``module:Name(key=value,...)``, rl-zoo's dotted path too), and the
+    spec still passes the protocol's ``module:Name`` check (one ':')."""
+    for spec in (
+        "gymnasium.wrappers:TimeLimit(max_episode_steps=7)",
+        "gymnasium.wrappers.TimeLimit(max_episode_steps=7)",
+        {"gymnasium.wrappers.TimeLimit": {"max_episode_steps": 7}},
+    ):
+        cfg = LearnerConfig(wrappers=[spec]).validate()
+        assert cfg.wrappers == ("gymnasium.wrappers:TimeLimit(max_episode_steps=7)",), spec
+        env = make_env("CartPole-v1", {}, cfg.wrappers)
+        env.reset(seed=0)
+        steps, done = 0, False
+        while not done:  # alternate pushes: CartPole lasts longer than 7 steps
+            steps += 1
+            _, _, terminated, truncated, _ = env.step(steps % 2)
+            done = terminated or truncated
+        assert (steps, truncated) == (7, True)
+    from tests.test_protocol import make_run_settings
+
+    settings = dataclasses.replace(make_run_settings(), wrappers=list(cfg.wrappers))
+    assert RunSettings.from_map(settings.to_map()).wrappers == list(cfg.wrappers)
+    for bad, reason in (
+        ("gymnasium.wrappers:TimeLimit(max_episode_steps=7", "must end with"),
+        ("gymnasium.wrappers:TimeLimit(7)", "not key=value"),
+        ('m:W(mode="a:b")', "one ':'"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(reason)) as info:
+            LearnerConfig(wrappers=[bad]).validate()
+        assert info.value.field == "wrappers"
+    with pytest.raises(EnvBuildError, match="max_episode_stepz"):
+        make_env("CartPole-v1", {}, ["gymnasium.wrappers:TimeLimit(max_episode_stepz=7)"])
+
+
+@pytest.mark.parametrize("name", ["NormalizeReward", "NormalizeObservation"])
+def test_stateful_normalisation_wrappers_are_refused(name: str, capsys) -> None:
+    """Each actor and the evaluator would keep its own running statistics (train -0.4,
+    eval -38.9 in issue 29): refused, pointing at the learner's own normalisation."""
+    flag = {"NormalizeReward": "--normalize-reward", "NormalizeObservation": "--normalize-obs"}
+    for spec in (f"gymnasium.wrappers:{name}", f"gymnasium.wrappers.{name}(epsilon=1e-6)"):
+        with pytest.raises(ConfigError, match=re.escape(flag[name])) as info:
+            LearnerConfig(wrappers=[spec]).validate()
+        assert info.value.field == "wrappers"
+        with pytest.raises(EnvBuildError, match=re.escape(flag[name])):
+            make_env("CartPole-v1", {}, [spec])
+    from zmq_rl.cli import main as main_cli
+
+    assert main_cli.main(["run", "--wrapper", f"gymnasium.wrappers:{name}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"error: wrappers='gymnasium.wrappers:{name}': ")
+    assert flag[name] in err[0]
+
+
+def test_toml_takes_env_kwargs_and_wrappers_as_tables(tmp_path: Path) -> None:
+    """``env_kwargs = {target = 18.0}`` was refused ("must be a string"), at the top level
+    and in ``[learner]``; wrappers may be tables ``{"module:Name" = {key = value}}``."""
+    from zmq_rl.cli.flags import ConfigFileError, load_toml
+    from zmq_rl.cli.learner import LEARNER_SECTIONS
+
+    for text in (
+        "env_kwargs = {target = 18.0, xs = [1, 2], on = true}\n"
+        'wrappers = [{"gymnasium.wrappers.TimeLimit" = {max_episode_steps = 5}}, "m:W"]\n',
+        "[learner]\nenv_kwargs = {target = 18.0, xs = [1, 2], on = true}\n"
+        'wrappers = ["gymnasium.wrappers:TimeLimit(max_episode_steps=5)", "m:W"]\n',
+    ):
+        path = tmp_path / "run.toml"
+        path.write_text(text)
+        values = load_toml(path, LEARNER_SECTIONS)
+        cfg = LearnerConfig(
+            env_kwargs=values["learner.env_kwargs"], wrappers=values["learner.wrappers"]
+        ).validate()
+        assert cfg.env_kwargs_map() == {"target": 18.0, "xs": [1, 2], "on": True}
+        assert cfg.wrappers == ("gymnasium.wrappers:TimeLimit(max_episode_steps=5)", "m:W")
+    path.write_text("env_kwargs = {nested = {a = 1}}\n")
+    with pytest.raises(ConfigFileError, match="run.toml: env_kwargs=.*nested"):
+        load_toml(path, LEARNER_SECTIONS)
+
+
 # -- real processes ---------------------------------------------------------------------
 
 
@@ -303,3 +383,18 @@ def test_wrapper_and_env_kwargs_flags_and_toml(tmp_path: Path) -> None:
     assert cfg.wrappers == ("h:I",)
     with pytest.raises(ConfigError, match="wrappers"):
         resolve(["--no-preset", "--run-dir", "", "--wrapper", "nocolon"])
+
+
+def test_a_toml_run_with_table_env_kwargs_and_a_time_limit_wrapper(user_dir: Path) -> None:
+    """From one TOML file with both tables: every actor's episode and every evaluation is
+    cut at 5 steps of a 30-step corridor (reward 1 per step), so each return is 5."""
+    (user_dir / "run.toml").write_text(
+        'env_id = "user_envs:Corridor"\n'
+        "env_kwargs = {length = 30}\n"
+        'wrappers = [{"gymnasium.wrappers.TimeLimit" = {max_episode_steps = 5}}]\n'
+    )
+    done = zmq_rl_run(user_dir, "--config", "run.toml")
+    assert done.returncode == 0, done.stderr[-3000:]
+    returns = episode_returns(user_dir)
+    assert len(returns) >= 20 and set(returns) == {5.0}
+    assert all(e["mean_return"] == 5.0 for e in report(user_dir)["evaluations"])

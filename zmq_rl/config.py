@@ -40,6 +40,9 @@ __all__ = [
     "ServeConfig",
     "check_device_name",
     "parse_env_kwargs",
+    "parse_wrapper",
+    "toml_env_value",
+    "wrapper_spec",
 ]
 
 OBJECTIVES = ("ppo", "decoupled", "impact")
@@ -112,6 +115,96 @@ def parse_env_kwargs(text: str, field_name: str = "env_kwargs") -> dict[str, Any
             f"value of {key!r} must be a number, string, bool, null or a list of them",
         )
     return out
+
+
+STATEFUL_WRAPPERS = {
+    "NormalizeObservation": "--normalize-obs (PolicyConfig.normalize_obs)",
+    "NormalizeReward": "--normalize-reward (PPOConfig.normalize_reward)",
+}
+"""gymnasium wrappers that keep running statistics in each process: every actor and the
+evaluator would normalise with its own (training and evaluation returns diverge,
+issue 29); the learner's own normalisation keeps one set and ships it with the weights."""
+
+
+def wrapper_spec(path: str, kwargs: Mapping[str, Any] | None = None) -> str:
+    """The text form of a wrapper: ``"module:Name"``, with keyword arguments
+    ``"module:Name(key=value,...)"`` (values as JSON). A dotted ``"module.Name"`` (rl-zoo's
+    form) becomes ``"module:Name"``. The form travels in the welcome's ``wrappers``."""
+    head, paren, tail = path.partition("(")
+    if ":" not in head and "." in head:
+        module, _, name = head.rpartition(".")
+        path = f"{module}:{name}{paren}{tail}"
+    if not kwargs:
+        return path
+    args = ",".join(
+        f"{key}={_json.dumps(value, separators=(',', ':'))}" for key, value in kwargs.items()
+    )
+    return f"{path}({args})"
+
+
+def parse_wrapper(spec: str, field_name: str = "wrappers") -> tuple[str, dict[str, Any]]:
+    """``"module.path:Name"`` or ``"module.path:Name(key=value,...)"`` -> (the import path,
+    the keyword arguments the wrapper is called with besides the env).
+
+    The arguments read as ``--env-kwargs`` does (:func:`parse_env_kwargs`, without its
+    JSON-object form: a spec holds exactly one ``:``, the protocol's ``module:Name``).
+    Refuses gymnasium's stateful normalisation wrappers (:data:`STATEFUL_WRAPPERS`) in
+    favour of the learner's. :class:`ConfigError` naming ``field_name`` and the spec.
+    """
+    if not isinstance(spec, str):
+        raise ConfigError(field_name, spec, "must be 'module.path:WrapperName' text")
+    path, paren, rest = spec.partition("(")
+    path = path.strip()
+    if paren and not rest.rstrip().endswith(")"):
+        raise ConfigError(field_name, spec, "arguments must end with ')': module:Name(key=value)")
+    if spec.count(":") != 1 or not all(part.strip() for part in path.split(":")) or ":" not in path:
+        raise ConfigError(
+            field_name,
+            spec,
+            "must be 'module.path:WrapperName' or 'module.path:WrapperName(key=value,...)' "
+            "(one ':'; argument values may not contain one)",
+        )
+    kwargs = parse_env_kwargs(rest.rstrip()[:-1], field_name) if paren else {}
+    module, _, name = path.partition(":")
+    if name in STATEFUL_WRAPPERS and module.split(".")[0] == "gymnasium":
+        raise ConfigError(
+            field_name,
+            spec,
+            "keeps running statistics in each actor and evaluator process, which then "
+            "normalise differently from each other (training and evaluation returns diverge); "
+            f"use the learner's {STATEFUL_WRAPPERS[name]}, one set of statistics for the run",
+        )
+    return path, kwargs
+
+
+def toml_env_value(key: str, value: Any) -> Any:
+    """A TOML value of ``env_kwargs`` or ``wrappers`` in the form the config holds:
+    a table of env kwargs becomes its JSON text; a wrapper given as a table
+    ``{"module:Name" = {key = value}}`` becomes :func:`wrapper_spec`'s text. Other
+    keys and values are returned as they are (checked by the caller)."""
+    if key == "env_kwargs" and isinstance(value, dict):
+        text = _json.dumps(value)
+        parse_env_kwargs(text)  # values the welcome can carry: scalars and lists
+        return text
+    if key == "wrappers":
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(item, dict) for item in items):
+            out = []
+            for item in items:
+                if isinstance(item, dict):
+                    for path, kwargs in item.items():
+                        if not isinstance(kwargs, dict):
+                            raise ConfigError(
+                                "wrappers",
+                                item,
+                                "a wrapper table maps 'module:Name' to a table "
+                                "of its keyword arguments",
+                            )
+                        out.append(wrapper_spec(path, kwargs))
+                else:
+                    out.append(item)
+            return out
+    return value
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -409,8 +502,10 @@ class LearnerConfig:
     )
     wrappers: tuple[str, ...] = _f(
         (),
-        "gymnasium wrapper 'module:Wrapper' applied to the env on actors and evaluator "
-        "alike; repeat the flag to stack them (applied in order)",
+        "gymnasium wrapper 'module:Wrapper', or 'module:Wrapper(key=value,...)' with keyword "
+        "arguments, applied to the env on actors and evaluator alike; repeat the flag to "
+        "stack them (applied in order). Stateful NormalizeReward/NormalizeObservation are "
+        "refused: use --normalize-reward / --normalize-obs",
         metavar="MODULE:NAME",
     )
     num_envs: int = _f(
@@ -489,9 +584,18 @@ class LearnerConfig:
     def __post_init__(self, envs_per_actor: int | None) -> None:
         if isinstance(self.env_kwargs, Mapping):  # the Python API passes a dict
             object.__setattr__(self, "env_kwargs", _json.dumps(dict(self.env_kwargs)))
-        if isinstance(self.wrappers, (list, str)):
-            wrappers = (self.wrappers,) if isinstance(self.wrappers, str) else self.wrappers
-            object.__setattr__(self, "wrappers", tuple(wrappers))
+        if isinstance(self.wrappers, (list, str, Mapping)):
+            wrappers = self.wrappers if isinstance(self.wrappers, list) else [self.wrappers]
+            object.__setattr__(self, "wrappers", tuple(toml_env_value("wrappers", wrappers)))
+        if isinstance(self.wrappers, tuple):  # rl-zoo's dotted "module.Name" -> "module:Name"
+            object.__setattr__(
+                self,
+                "wrappers",
+                tuple(
+                    wrapper_spec(w) if isinstance(w, str) and ":" not in w else w
+                    for w in self.wrappers
+                ),
+            )
         if envs_per_actor is not None:
             warnings.warn(
                 "LearnerConfig(envs_per_actor=...) is deprecated; use num_envs",
@@ -534,15 +638,13 @@ class LearnerConfig:
         _require(isinstance(self.env_kwargs, str), "env_kwargs", self.env_kwargs, "must be text")
         parse_env_kwargs(self.env_kwargs)
         _require(
-            isinstance(self.wrappers, tuple)
-            and all(
-                isinstance(w, str) and w.count(":") == 1 and all(w.split(":"))
-                for w in self.wrappers
-            ),
+            isinstance(self.wrappers, tuple),
             "wrappers",
             self.wrappers,
             "must be a list of 'module.path:WrapperName'",
         )
+        for spec in self.wrappers:
+            parse_wrapper(spec)
         _require(
             type(self.port) is int and 1 <= self.port <= 65533,
             "port",

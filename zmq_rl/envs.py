@@ -45,7 +45,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .config import ConfigError, parse_env_kwargs
+from .config import ConfigError, parse_env_kwargs, parse_wrapper, wrapper_spec
 
 __all__ = [
     "FRAME_STACK",
@@ -91,15 +91,19 @@ def _import_attr(spec: str, field: str, env_label: str) -> tuple[Any, Any]:
     return module, getattr(module, name, None)
 
 
-def _load_wrapper(spec: str) -> Any:
-    if spec.count(":") != 1 or not all(spec.split(":")):
-        raise EnvBuildError("wrappers", spec, "must be 'module.path:WrapperName'")
-    _, wrapper = _import_attr(spec, "wrappers", spec)
+def _load_wrapper(spec: str) -> tuple[Any, dict[str, Any]]:
+    """The wrapper of ``spec`` (``module:Name`` or ``module:Name(key=value,...)``, see
+    :func:`~zmq_rl.config.parse_wrapper`) and the keyword arguments it is called with."""
+    try:
+        path, kwargs = parse_wrapper(wrapper_spec(spec) if isinstance(spec, str) else spec)
+    except ConfigError as exc:
+        raise EnvBuildError("wrappers", spec, exc.reason) from None
+    _, wrapper = _import_attr(path, "wrappers", spec)
     if wrapper is None:
-        raise EnvBuildError("wrappers", spec, f"the module has no attribute {spec.split(':')[1]!r}")
+        raise EnvBuildError("wrappers", spec, f"the module has no attribute {path.split(':')[1]!r}")
     if not callable(wrapper):
         raise EnvBuildError("wrappers", spec, "is not a class or callable taking an env")
-    return wrapper
+    return wrapper, kwargs
 
 
 def make_env(
@@ -122,7 +126,9 @@ def make_env(
     ``env_kwargs``: a mapping, or the text form of ``--env-kwargs`` (JSON object or
     ``key=value,...``, see :func:`~zmq_rl.config.parse_env_kwargs`); ``make_kwargs``
     (e.g. ``render_mode``) are added to them. ``wrappers``: ``"module:Wrapper"``
-    specs, each called as ``Wrapper(env)``, in order. Raises :class:`EnvBuildError`
+    specs, each called as ``Wrapper(env)``, in order; ``"module:Wrapper(key=value,...)"``
+    calls ``Wrapper(env, key=value, ...)`` (e.g.
+    ``"gymnasium.wrappers:TimeLimit(max_episode_steps=200)"``). Raises :class:`EnvBuildError`
     naming the env id (or the wrapper) and the reason when anything fails.
     """
     kwargs = parse_env_kwargs(env_kwargs) if isinstance(env_kwargs, str) else dict(env_kwargs or {})
@@ -162,9 +168,9 @@ def make_env(
             f"{env_id.partition(':')[2]}(...) returned a {type(env).__name__}, not a gymnasium.Env",
         )
     for spec in wrappers:
-        wrapper = _load_wrapper(spec)
+        wrapper, wrapper_kwargs = _load_wrapper(spec)
         try:
-            wrapped = wrapper(env)
+            wrapped = wrapper(env, **wrapper_kwargs)
         except Exception as exc:  # noqa: BLE001
             env.close()
             raise EnvBuildError(

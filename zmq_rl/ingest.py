@@ -195,6 +195,7 @@ class Ingest:
         self._busy = 0.0  # seconds outside pump since the last broadcast
         self._cycle_busy: deque[float] = deque(maxlen=CYCLE_WINDOW)
         self._advised: set[int] = set()  # actor ids told which max_lead_steps fits
+        self._informed: set[int] = set()  # ... told at INFO that the learner holds them
         self._advice_warnings = 0  # advice given at WARNING (ADVICE_WARNINGS at most)
         # While serve_during runs its work, forget_slots calls wait here: the work (a
         # PPO update) owns the trainer's per-slot state until it returns.
@@ -640,9 +641,37 @@ class Ingest:
             cycle_time=cycle,
         )
 
+    def _link_bound(self, rec: ActorRecord) -> bool:
+        """Whether the link, not the learner, holds ``rec``: its round-trip floor
+        (:attr:`~zmq_rl.membership.LinkEstimate.rtt_floor`) needs more than one fragment
+        of lead of its own. A local run's actors wait for a busy learner's updates
+        (MinAtar: seconds), and one transient link cut lifts the smoothed round trip for
+        a while; neither is a link that a larger ``--max-lead-steps`` would serve, and
+        both drew the WARNING before (issue 29)."""
+        link, cycle = rec.link, self.cycle_time()
+        floor = link.rtt_floor
+        if floor is None or link.step_rate is None or cycle is None:
+            return False
+        need = fitting_max_lead_steps(
+            steps_per_broadcast=self.settings.steps_per_broadcast,
+            fragment_length=1,
+            step_rate=link.step_rate,
+            round_trip=floor,
+            cycle_time=cycle,
+        ) - fitting_max_lead_steps(
+            steps_per_broadcast=self.settings.steps_per_broadcast,
+            fragment_length=1,
+            step_rate=link.step_rate,
+            round_trip=0.0,
+            cycle_time=cycle,
+        )
+        return need > self.settings.fragment_length
+
     def _maybe_advise(self, rec: ActorRecord) -> None:
-        """Once per actor: when its valve holds it more than PAUSED_ADVICE_SHARE of the
-        time, log which ``max_lead_steps`` would fit its round trip."""
+        """When an actor's valve holds it more than PAUSED_ADVICE_SHARE of the time:
+        once, at WARNING (the first ADVICE_WARNINGS actors), which ``max_lead_steps``
+        would fit its round trip, if the link holds it (:meth:`_link_bound`);
+        otherwise once at INFO that the learner (or a passing stall) does."""
         link, suggested = rec.link, rec.link.suggested_max_lead_steps
         if (
             rec.actor_id in self._advised
@@ -651,16 +680,19 @@ class Ingest:
             or (link.paused_share or 0.0) <= PAUSED_ADVICE_SHARE
         ):
             return
-        self._advised.add(rec.actor_id)
         current = self.settings.max_lead_steps
+        warn = self._link_bound(rec) and suggested > current + self.settings.fragment_length
+        if not warn and rec.actor_id in self._informed:
+            return
         facts = (
             f"actor {rec.actor_id} ({rec.host} pid {rec.pid}) is held paused by the staleness "
             f"valve {100 * (link.paused_share or 0.0):.0f}% of the time; round trip "
-            f"{1e3 * (link.rtt or 0.0):.0f} ms, {link.step_rate or 0.0:,.0f} steps/s per slot "
-            f"while running, learner busy {1e3 * (self.cycle_time() or 0.0):.0f} ms per "
-            f"broadcast cycle"
+            f"{1e3 * (link.rtt or 0.0):.0f} ms (at least {1e3 * (link.rtt_floor or 0.0):.0f} "
+            f"ms), {link.step_rate or 0.0:,.0f} steps/s per slot while running, learner busy "
+            f"{1e3 * (self.cycle_time() or 0.0):.0f} ms per broadcast cycle"
         )
-        if suggested > current + self.settings.fragment_length:  # more than rounding
+        if warn:
+            self._advised.add(rec.actor_id)
             self._advice_warnings += 1
             loud = self._advice_warnings <= ADVICE_WARNINGS
             last = self._advice_warnings == ADVICE_WARNINGS
@@ -677,12 +709,13 @@ class Ingest:
                 else "",
             )
         else:
+            self._informed.add(rec.actor_id)
             log.info(
-                "%s: --max-lead-steps %d already covers its round trip (%d would do); "
-                "the learner, not the link, holds it",
+                "%s: the learner's updates (or a passing stall), not the link, hold it; "
+                "--max-lead-steps %d (now %d) would only train on staler rows",
                 facts,
-                current,
                 suggested,
+                current,
             )
 
     def link_stats(self) -> dict[str, float]:

@@ -250,9 +250,9 @@ class Learner:
             self.ingest.serve_during(runlog.finish_background)
             if not runlog.evaluated_last_update():
                 self.ingest.serve_during(lambda: runlog.evaluate(self.policy))
-        except StopRequested as stop:
-            stop_reason = str(stop)
-            log.warning("stopping: %s", stop_reason)
+        except StopRequested as stop:  # asked for (Ctrl-C, a callback): not a warning,
+            stop_reason = str(stop)  # which Python prints even with logging unconfigured
+            log.info("stopping: %s", stop_reason)
         except LearnerRankLost as exc:
             lost, stop_reason = exc, str(exc)
             log.error("stopping: %s", stop_reason)

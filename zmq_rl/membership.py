@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,9 @@ SHARE_GAIN = 0.1
 last ten heartbeats, ten seconds by default."""
 MAX_RTT_S = 60.0
 """Round-trip samples outside [0, MAX_RTT_S] are ignored (a peer's clock is not ours)."""
+RTT_FLOOR_SAMPLES = 8
+"""Round-trip samples whose minimum is the link's floor (:attr:`LinkEstimate.rtt_floor`):
+what the path costs, which one transient stall (a 1 s link cut) does not raise."""
 
 
 @dataclass
@@ -54,6 +58,8 @@ class LinkEstimate:
     window with running time was seen)."""
     suggested_max_lead_steps: int | None = None
     """The lead that would cover its round trip (set by the learner's Ingest)."""
+    recent_rtts: deque[float] = field(default_factory=lambda: deque(maxlen=RTT_FLOOR_SAMPLES))
+    """The newest raw round-trip samples (seconds), for :attr:`rtt_floor`."""
     last_at: float | None = None
     last_steps: int = 0
     window_steps: float = 0.0
@@ -65,6 +71,13 @@ class LinkEstimate:
             return
         self.rtt = sample if self.rtt is None else self.rtt + RTT_GAIN * (sample - self.rtt)
         self.rtt_samples += 1
+        self.recent_rtts.append(sample)
+
+    @property
+    def rtt_floor(self) -> float | None:
+        """The smallest of the last :data:`RTT_FLOOR_SAMPLES` round trips (None before
+        one): the link's own delay, without the stalls the smoothed ``rtt`` still holds."""
+        return min(self.recent_rtts) if self.recent_rtts else None
 
     def add_paused(self, now: float, paused: float, steps_received: int, num_envs: int) -> None:
         """A heartbeat's ``paused`` share, read at ``now``, when the learner had received

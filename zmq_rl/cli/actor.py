@@ -13,9 +13,10 @@ are parsed, so ``--help`` and usage errors answer at once.
 
 from __future__ import annotations
 
-import _thread
 import argparse
+import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -83,12 +84,21 @@ def resolve(
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """Interrupt this process (a clean exit) once ``parent_pid`` is no longer its parent."""
+    """Interrupt this process (a clean exit) once ``parent_pid`` is no longer its parent,
+    saying so in one log line: the ``zmq-rl run`` that started it, and its learner, are
+    gone (killed with ``kill -9``, say), and nothing else would tell the actor why it
+    stops (issue 29: actors lingered 10 s without a word)."""
 
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(PARENT_POLL_S)
-        _thread.interrupt_main()
+        logging.getLogger("zmq_rl.actor").warning(
+            "the zmq-rl run that started this actor (pid %d, its learner) is gone: exiting",
+            parent_pid,
+        )
+        # SIGTERM raises KeyboardInterrupt in the main thread (sigterm_as_interrupt) even
+        # inside a blocking call, where interrupt_main waits for the call to return.
+        os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(PARENT_GONE_GRACE_S)
         os._exit(EXIT_INTERRUPTED)  # the clean exit did not happen in time
 

@@ -11,8 +11,12 @@ primitive values. Any other file is refused in one line.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
+import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +91,31 @@ def evaluate(loaded: LoadedPolicy, episodes: int, seed: int) -> tuple[float, flo
     )
 
 
+@contextlib.contextmanager
+def headless_sdl() -> Iterator[None]:
+    """Let pygame (the renderer of the classic-control and box2d envs) start without a
+    desktop session: SDL's audio goes to its dummy driver and, where
+    ``XDG_RUNTIME_DIR`` is unset or not a folder, a private one (mode 0700) is lent
+    for the duration. Without them SDL prints ``error: XDG_RUNTIME_DIR is invalid or
+    not set`` and a page of ALSA errors after a video that was written fine (issue 29).
+    A driver the user chose is kept; the variables are restored afterwards."""
+    before = {name: os.environ.get(name) for name in ("SDL_AUDIODRIVER", "XDG_RUNTIME_DIR")}
+    with contextlib.ExitStack() as stack:
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+        if not os.path.isdir(os.environ.get("XDG_RUNTIME_DIR", "")):
+            os.environ["XDG_RUNTIME_DIR"] = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="zmq_rl-xdg-")  # mkdtemp: mode 0700
+            )
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
 def record_episodes(
     loaded: LoadedPolicy, episodes: int, seed: int, video_dir: Path
 ) -> tuple[float, float]:
@@ -101,6 +130,11 @@ def record_episodes(
             "(classic-control envs such as CartPole also need pygame to render: "
             "pip install 'zmq_rl[video]' installs both)"
         )
+    with headless_sdl():
+        return _record(loaded, episodes, seed, video_dir)
+
+
+def _record(loaded: LoadedPolicy, episodes: int, seed: int, video_dir: Path) -> tuple[float, float]:
     import gymnasium as gym
     import numpy as np
 

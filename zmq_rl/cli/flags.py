@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zmq_rl.config import ConfigError
+from zmq_rl.config import ConfigError, toml_env_value
 
 __all__ = [
     "LOG_LEVELS",
@@ -154,15 +154,20 @@ class CliParser(argparse.ArgumentParser):
 
 
 def _suggest_flags(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
-    """`` (did you mean --x?)`` for unknown flags close to one of ``parser``'s."""
+    """`` (did you mean --x?)`` for unknown flags close to one of ``parser``'s.
+
+    A flag that begins one or more known flags (``--total`` of ``--total-env-steps``:
+    an abbreviation, which the parsers do not expand) names those, else the closest
+    spelling (difflib) is offered."""
     known = _option_strings(parser)
     hints = []
     for word in unknown:
         flag = word.split("=", 1)[0]
         if flag.startswith("--"):
-            close = difflib.get_close_matches(flag, known, n=1)
+            close = sorted({k for k in known if k.startswith(flag)}, key=len)[:3]
+            close = close or difflib.get_close_matches(flag, known, n=1)
             if close:
-                hints.append(f"{flag}: did you mean {close[0]}?")
+                hints.append(f"{flag}: did you mean {' or '.join(close)}?")
     return f" ({'; '.join(hints)})" if hints else ""
 
 
@@ -428,7 +433,12 @@ def _deprecated_action(old: str, new: str, base: Any) -> type[argparse.Action]:
 
     class Deprecated(parent):  # type: ignore[misc, valid-type]
         def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
-            sys.stderr.write(f"warning: {old} is deprecated; use {new}\n")
+            # A command parses its arguments up to three times with the same parser
+            # (parse_with_config: the config or preset, then the flags again): warn once.
+            warned = parser.__dict__.setdefault("_deprecations_warned", set())
+            if old not in warned:
+                warned.add(old)
+                sys.stderr.write(f"warning: {old} is deprecated; use {new}\n")
             super().__call__(parser, namespace, values, option)
 
     return Deprecated
@@ -514,12 +524,13 @@ def load_toml(path: Path, sections: Sequence[Section]) -> dict[str, Any]:
                 f"{path}: unknown key {key!r} in {where}{_suggest(key, kinds[section.name])}"
             )
         try:
+            value = toml_env_value(key, value)  # env_kwargs / wrappers given as tables
             values[section.dest(key)] = coerce(kinds[section.name][key], key, value)
         except ConfigError as exc:
             raise ConfigFileError(f"{path}: {exc}") from None
 
     for key, value in data.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and (key in by_name or key not in owner):
             section = by_name.get(key)
             if section is None:
                 raise ConfigFileError(
@@ -577,10 +588,18 @@ def dump_toml(configs: Mapping[str, Any], header: str = "", commented: Iterable[
 
 
 def preset_for(env_id: str) -> Path | None:
-    """The shipped preset of ``env_id`` (:mod:`zmq_rl.presets`), or None if it has none."""
+    """The shipped preset of ``env_id`` (:mod:`zmq_rl.presets`), or None if it has none.
+
+    A preset is named after its env id without the module (``AtariPong-v0`` holds
+    ``env_id = "zmq_rl.envs:AtariPong-v0"``): it applies to that id and to the bare name."""
     from zmq_rl.presets import available, preset_path
 
-    return preset_path(env_id) if env_id in available() else None
+    name = env_id.rpartition(":")[2]
+    if name not in available():
+        return None
+    path = preset_path(name)
+    own = str(tomllib.loads(path.read_text()).get("learner", {}).get("env_id", name))
+    return path if env_id in (own, own.rpartition(":")[2]) else None
 
 
 PRESET_ENV_DEST = "learner.env_id"

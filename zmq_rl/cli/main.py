@@ -17,6 +17,7 @@ imported at the bottom of this file)::
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,7 +83,7 @@ def subcommand(
     def register(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
         if name in SUBCOMMANDS:
             raise ValueError(f"subcommand {name!r} is registered twice")
-        doc = (fn.__doc__ or "").strip()
+        doc = _plain_text((fn.__doc__ or "").strip())
         SUBCOMMANDS[name] = Subcommand(
             name, help, description or doc or help, args, fn, tuple(sections)
         )
@@ -91,9 +92,21 @@ def subcommand(
     return register
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _plain_text(doc: str) -> str:
+    """A docstring as ``--help`` shows it: reST markup (``code``, :func:`name`) removed."""
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc)
+    return doc.replace("``", "")
+
+
+def build_parser(only: str | None = "") -> argparse.ArgumentParser:
     """The ``zmq-rl`` parser with one subparser per registered subcommand (all
-    :class:`~zmq_rl.cli.flags.CliParser`: no prefix matching, one-line errors)."""
+    :class:`~zmq_rl.cli.flags.CliParser`: no prefix matching, one-line errors).
+
+    ``only``: the one subcommand whose flags are added (``None``: none, ``""``: all).
+    The others are listed with their help, which is all ``zmq-rl --help`` and an
+    unknown command need: a subcommand's flags may import heavy modules (conformance
+    imports torch), and ``main`` adds only the flags of the command that runs.
+    """
     parser = CliParser(
         prog="zmq-rl",
         description="Distributed PPO over ZeroMQ. 'zmq-rl run' trains with local actors; "
@@ -109,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=sub.description,
             formatter_class=HelpFormatter,
         )
-        for spec in sub.args:
+        for spec in sub.args if only in ("", sub.name) else ():
             if isinstance(spec, Arg):
                 sp.add_argument(*spec.names, **spec.kwargs)
             else:
@@ -233,7 +246,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     resume = None
     if args.resume is not None:
-        run_parser = subparser(build_parser(), "run")
+        run_parser = subparser(build_parser("run"), "run")
         defaults = {a.dest: a.default for a in run_parser._actions}
         cfg, ppo, policy, overrides = resume_configs(args.resume, args, defaults, LEARNER_SECTIONS)
         resume = (cfg.run_dir, overrides)
@@ -365,6 +378,9 @@ def export_command(args: argparse.Namespace) -> int:
         path = export_policy(args.target, args.fmt, args.out, env_id=args.env)
     except (PolicyFileError, ExportUnavailable) as exc:
         raise CliFailure(str(exc)) from None
+    except OSError as exc:  # --out in a folder that cannot be created or written
+        where = exc.filename or args.out
+        raise CliFailure(f"--out {args.out}: cannot write {where}: {exc.strerror or exc}") from None
     print(f"wrote {path} ({args.fmt}, {path.stat().st_size:,} bytes)")
     return 0
 
@@ -481,9 +497,17 @@ def conformance_command(args: argparse.Namespace) -> int:
 # -- entry point ----------------------------------------------------------------------
 
 
+def _command_named(argv: Sequence[str]) -> str | None:
+    """The registered subcommand ``argv`` names (its first word), else ``None``: the
+    only one whose flags ``main`` builds, so that ``zmq-rl --help`` and a mistyped
+    command answer without importing torch."""
+    first = next((word for word in argv if not word.startswith("-")), None)
+    return first if first in SUBCOMMANDS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``zmq-rl``; returns the exit code."""
-    parser = build_parser()
+    parser = build_parser(_command_named(sys.argv[1:] if argv is None else argv))
 
     def body() -> int:
         args = parser.parse_args(argv)

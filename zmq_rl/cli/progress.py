@@ -38,13 +38,23 @@ def _get(row: Mapping[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
-def format_row(row: Mapping[str, Any]) -> str:
+def format_row(row: Mapping[str, Any], steps_at_start: int = 0) -> str:
     """One line of the facts a person watches: speed, return, actors, lag, evaluation,
     and, when the learner measured them, the worst actor's round trip and the largest
-    share of time an actor's staleness valve held it paused."""
+    share of time an actor's staleness valve held it paused.
+
+    The return reads ``-`` until an episode has ended (``charts/episodes`` 0: the row's
+    0.0 is no return). ``steps_at_start``: the env steps a resumed run had before this
+    session; the speed is then this session's steps over this session's time
+    (``wall_seconds``), not the run's total over it."""
+    sps = _get(row, "charts/SPS")
+    if steps_at_start and _get(row, "wall_seconds") > 0:
+        sps = (_get(row, "env_steps") - steps_at_start) / _get(row, "wall_seconds")
+    ended = _get(row, "charts/episodes") != 0  # nan (no count in the row): show the value
+    mean_return = f"{_get(row, 'charts/mean_return'):.1f}" if ended else "-"
     text = (
-        f"{_get(row, 'charts/SPS'):,.0f} steps/s  "
-        f"return {_get(row, 'charts/mean_return'):.1f}  "
+        f"{sps:,.0f} steps/s  "
+        f"return {mean_return}  "
         f"actors {int(_get(row, 'charts/actors')) if 'charts/actors' in row else '?'}  "
         f"lag {_get(row, 'charts/policy_lag_mean'):.2f}"
     )
@@ -80,6 +90,8 @@ class TrainingProgress:
         self._every = max(1, total_updates // 10)
         self.device = ""
         """The learner's device (``LearnerReport.device``), shown on every line once set."""
+        self.steps_at_start = 0
+        """Env steps before this session (a resumed run's): the speed counts only the rest."""
 
     def __enter__(self) -> TrainingProgress:
         if self._waiting:
@@ -106,7 +118,7 @@ class TrainingProgress:
         evaluated = "eval/mean_return" in row
         if evaluated:
             self.last_eval = _get(row, "eval/mean_return")
-        stats = format_row(row)
+        stats = format_row(row, self.steps_at_start)
         if not evaluated and not math.isnan(self.last_eval):
             stats += f"  eval {self.last_eval:.1f}"
         if self.device:

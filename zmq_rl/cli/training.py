@@ -107,9 +107,10 @@ def write_config(
     if not cfg.run_dir:
         return None
     path = Path(cfg.run_dir) / CONFIG_NAME
+    name = (preset or "").rpartition(":")[2]
     header = (
         f"zmq_rl run config, written {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
-        + (f"Defaults from preset {preset} (zmq_rl/presets/{preset}.toml).\n" if preset else "")
+        + (f"Defaults from preset {preset} (zmq_rl/presets/{name}.toml).\n" if preset else "")
         + f"Repeat the run with: {command} --config {path}"
     )
     text = dump_toml({"learner": cfg, "ppo": ppo, "policy": policy}, header, commented=("run_dir",))
@@ -123,11 +124,27 @@ def write_config(
 
 
 def preset_line(name: str, cfg: LearnerConfig) -> str:
-    """The line that says a run took its defaults from the env's preset."""
+    """The line that says a run took its defaults from the env's preset: the preset's own
+    budget and target, and this run's where a flag overrode them (issue 29: the line
+    printed the user's ``--total-env-steps`` as the preset's)."""
+    import tomllib
+
+    from zmq_rl.presets import preset_path
+
+    name = name.rpartition(":")[2]  # the env id "zmq_rl.envs:AtariPong-v0" -> its preset
+    own = tomllib.loads(preset_path(name).read_text()).get("learner", {})
+    steps = own.get("total_env_steps", LearnerConfig.total_env_steps)
+    target = float(own.get("target_return", LearnerConfig.target_return))
+    changed = []
+    if cfg.total_env_steps != steps:
+        changed.append(f"{cfg.total_env_steps:,} steps")
+    if cfg.target_return != target:
+        changed.append(f"target return {cfg.target_return:g}")
+    here = f" (this run: {', '.join(changed)})" if changed else ""
     return (
         f"using preset {name} (zmq_rl/presets/{name}.toml: tuned settings, "
-        f"{cfg.total_env_steps:,} steps, target return {cfg.target_return:g}); "
-        "flags override it, --no-preset ignores it"
+        f"{steps:,} steps, target return {target:g}); "
+        f"flags override it{here}, --no-preset ignores it"
     )
 
 
@@ -243,6 +260,7 @@ def train(
         except OSError as exc:
             raise CliFailure(str(exc)) from None
         outcome.steps_at_start = learner.report.env_steps_consumed
+        progress.steps_at_start = outcome.steps_at_start
         progress.device = learner.report.device
         if wrap_learner is not None:
             learner = wrap_learner(learner)
@@ -250,7 +268,7 @@ def train(
         if around_run is not None:
             stack.enter_context(around_run(learner))
         try:
-            with progress, _graceful_stop(learner, outcome):
+            with progress, _graceful_stop(learner, outcome, quiet=console.quiet):
                 outcome.report = learner.run()
         except (LearnerStarved, LearnerRankLost, OSError) as exc:  # OSError: a run file
             raise CliFailure(str(exc)) from None
@@ -260,11 +278,12 @@ def train(
 
 
 @contextlib.contextmanager
-def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
+def _graceful_stop(learner: Any, outcome: TrainingOutcome, quiet: bool = False) -> Iterator[None]:
     """First Ctrl-C / SIGTERM / SIGHUP: ask the learner to stop after the current
     step (it shuts the actors down and writes its report and policy); a second
     Ctrl-C or SIGTERM raises :class:`KeyboardInterrupt` at once. A SIGHUP never
-    does: the terminal is gone, and closing one can send several."""
+    does: the terminal is gone, and closing one can send several. The line that says
+    so goes to stderr unless ``quiet`` (the Python API's ``verbose=False``)."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         hangup = signum == getattr(signal, "SIGHUP", None)
@@ -277,6 +296,8 @@ def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
         outcome.interrupted = True
         name = signal.Signals(signum).name
         learner.request_stop(f"interrupted ({name})")
+        if quiet:
+            return
         with contextlib.suppress(OSError):  # stderr may be a pipe whose reader is gone
             sys.stderr.write(
                 f"\n{name}: stopping after the current update "
@@ -322,7 +343,11 @@ def print_summary(
             (
                 "episodes",
                 f"{report.episodes_completed:,}, mean return of the last 100: "
-                f"{report.mean_recent_episode_reward(100):.1f}",
+                + (
+                    f"{report.mean_recent_episode_reward(100):.1f}"
+                    if report.episodes_completed
+                    else "- (no episode ended)"
+                ),
             )
         )
         if report.evaluations:

@@ -4,7 +4,9 @@ Each ``<EnvId>.toml`` in this package is a config file for ``--config``; the
 command line names one as ``--config preset:<EnvId>`` (``zmq-rl run --config
 preset:LunarLander-v3``), and flags given after it still override its values.
 ``zmq-rl run`` and ``zmq-learner`` also apply the env's preset by themselves when
-no ``--config`` is given (``--no-preset`` turns that off). Each preset's
+no ``--config`` is given (``--no-preset`` turns that off); a file is named after its
+env id without the module (``AtariPong-v0.toml`` holds ``zmq_rl.envs:AtariPong-v0``)
+and applies to that id and to the bare name. Each preset's
 ``target_return`` is the target of docs/learning-quality.md.
 The hyperparameters start from rl-baselines3-zoo's PPO settings, mapped onto this
 package's fields (zoo ``n_envs`` -> ``num_actors * num_envs`` with 2 actors,
