@@ -36,6 +36,8 @@ SCRIPTS = (
     "inference_latency",
     "ingest_ab",
     "learner_ranks",
+    "learner_ceiling",
+    "scaling",
 )
 TIMEOUT_S = 150.0
 
@@ -327,3 +329,35 @@ def test_learner_ranks_smoke(smoke: SmokeRuns) -> None:
         assert row["steps_per_s"] > 0 and row["updates"] > 0, row
         assert not [k for k in row["counters"] if k.startswith("rejected")], row["counters"]
     assert data["median_ratio"] == pytest.approx(rows[1]["steps_per_s"] / rows[0]["steps_per_s"])
+
+
+def test_learner_ceiling_smoke(smoke: SmokeRuns) -> None:
+    """The ceiling row: a real learner fed by one replayer at the preset's rollout
+    (1 actor x 8 envs x 256 steps), its busy share a share, the env-only rate beside."""
+    data = smoke.result("learner_ceiling")
+    (row,) = data["rows"]
+    assert row["actors"] == 1 and row["rows_per_update"] == 8 * 256
+    assert row["steps_per_s"] > 0 and row["updates"] >= 2, row
+    assert 0.0 < row["learner_busy_share"] <= 1.05, row
+    assert data["env_only_steps_per_s"] > 0
+
+
+def test_scaling_smoke(smoke: SmokeRuns) -> None:
+    """One CartPole run to its smoke target: solved, with the ratio to the env-only
+    time of the steps it took computed from the figures it prints."""
+    data = smoke.result("scaling")
+    (row,) = data["rows"]
+    assert row["solved"] and row["steps_at_score"] > 0, row
+    env_only = row["steps_at_score"] / data["env_only_steps_per_s"]
+    assert row["env_only_s"] == pytest.approx(env_only)
+    assert row["ratio"] == pytest.approx(row["time_to_score_s"] / env_only)
+    assert 0.0 < row["learner_busy_share"] <= 1.05, row
+
+
+@pytest.mark.parametrize(
+    ("cores", "counts"), [(2, [1, 2]), (16, [1, 2, 4, 8, 14]), (8, [1, 2, 4, 6])]
+)
+def test_scaling_actor_counts_reach_the_cores(cores: int, counts: list[int]) -> None:
+    import scaling
+
+    assert scaling.default_actor_counts(cores) == counts
