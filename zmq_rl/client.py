@@ -47,7 +47,7 @@ import socket as pysocket
 import time
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 import numpy as np
@@ -142,6 +142,7 @@ class LearnerConnection:
         learner_timeout: float = 60.0,
         max_message_bytes: int = 0,
         curve: CurveClientKeys | None = None,
+        weights_check: Callable[[Weights], None] | None = None,
     ) -> None:
         self.host, self.control_port = parse_learner_address(learner)
         self.env_id = env_id
@@ -154,6 +155,14 @@ class LearnerConnection:
         self.needs_reregister = False
         self.registrations = 0
         self.curve = curve
+        self.weights_check = weights_check
+        """Called with weights of this run before the client adopts their version (a
+        broadcast, or the welcome of a registration again into the same run); raising
+        (``WeightsMismatch``, ``ValueError``) refuses them: counted as
+        ``weights:wrong_tensors``, logged, and the version does not move. The
+        :class:`~zmq_rl.agent.Agent` and the inference server check against their
+        network (:func:`zmq_rl.policy.check_weights`)."""
+        self._welcome_refused = False
         self._monitor: zmq.Socket | None = None
         self._version_before = 0
         self.max_message_bytes = int(max_message_bytes)
@@ -164,6 +173,7 @@ class LearnerConnection:
         self.run_id = ""
         self.version = 0
         self.learner_version = 0  # the newest version the learner's heartbeats announced
+        self._announced = 0  # the same, from this registration's heartbeats only
         self.settings: RunSettings | None = None
         self.heartbeat_interval = 1.0
         self.shutdown_requested = False
@@ -300,6 +310,13 @@ class LearnerConnection:
         return sock
 
     def _accept(self, welcome: Welcome) -> None:
+        # A welcome back into the same run whose weights do not fit: registered, but
+        # the loaded weights and their version stay (as for a refused broadcast).
+        self._welcome_refused = (
+            self.registrations > 0
+            and welcome.run_id == self.run_id
+            and not self._weights_fit(welcome.weights)
+        )
         self.welcome = welcome
         self.registrations += 1
         self.needs_reregister = False
@@ -311,7 +328,9 @@ class LearnerConnection:
         if self.observation_space is None:
             self.observation_space = settings.observation_space
             self.action_space = settings.action_space
-        self.version = welcome.weights.version
+        if not self._welcome_refused:
+            self._version_before = self.version
+            self.version = welcome.weights.version
         self.num_envs = settings.num_envs
         self.heartbeat_interval = settings.heartbeat_interval
         self.last_heard = now = time.monotonic()
@@ -334,7 +353,7 @@ class LearnerConnection:
             observation_space=self.observation_space,
             action_space=self.action_space,
         )
-        self.learner_version = self.version
+        self.learner_version, self._announced = self.version, 0
         self.subscriber.max_message_bytes = self._weights_limit(settings)
         endpoint = tcp_endpoint(self.host, welcome.weights_port)
         self.subscriber.start(
@@ -428,7 +447,8 @@ class LearnerConnection:
         self._poll_control()
         if self.needs_reregister:
             self._log_reregister()
-            return self.register().weights
+            welcome = self.register()
+            return None if self._welcome_refused else welcome.weights
         self._check_link(time.monotonic())
         self._check_learner_alive("no message from the learner")
         self._maybe_heartbeat()
@@ -443,7 +463,7 @@ class LearnerConnection:
         if weights is None:
             return None
         self.last_heard = time.monotonic()
-        if weights.version <= self.version:
+        if weights.version <= self.version or not self._weights_fit(weights):
             return None
         if (
             self._link_checks
@@ -475,12 +495,29 @@ class LearnerConnection:
 
     def reject_weights(self, weights: Weights, error: Exception) -> None:
         """Undo accepting ``weights`` the policy could not load (wrong tensors): the
-        client goes back to the version it had, counts and logs the rejection."""
+        client goes back to the version it had, counts and logs the rejection. (A
+        client given a ``weights_check`` refuses such weights before it adopts them.)"""
         if self.version == weights.version:
             self.version = self._version_before
             self.stats["policy_updates_received"] -= 1
             self.stats["last_policy_version"] = self.version
+            self.learner_version = min(self.learner_version, max(self.version, self._announced))
         self._reject("weights", ProtocolError("wrong_tensors", str(error)))
+
+    def _weights_fit(self, weights: Weights) -> bool:
+        """Run :attr:`weights_check` on ``weights``; False (counted and logged as
+        ``weights:wrong_tensors``, naming the version) when it refuses them."""
+        if self.weights_check is None:
+            return True
+        try:
+            self.weights_check(weights)
+        except (ValueError, TypeError) as exc:  # WeightsMismatch is a ValueError
+            self._reject(
+                "weights",
+                ProtocolError("wrong_tensors", f"weights version {weights.version}: {exc}"),
+            )
+            return False
+        return True
 
     def _poll_control(self) -> None:
         sock = self._control
@@ -514,6 +551,7 @@ class LearnerConnection:
             return
         self._last_control = now
         self.learner_version = max(self.learner_version, message.version)
+        self._announced = max(self._announced, message.version)
         if message.base_version is not None:
             self.sender.rebase(message.base_version)
         if message.sent_at is not None:

@@ -31,6 +31,8 @@ import zmq
 from .agent import PolicyRunner
 from .client import ActorClient, LearnerLost, LearnerRefused, LearnerUnreachable
 from .config import ServeConfig
+from .policy import check_weights
+from .protocol import Weights
 from .spaces import (
     Value,
     decode_value,
@@ -286,6 +288,7 @@ class InferenceServer:
             context=self.ctx,
             register_timeout=self.cfg.register_timeout,
             learner_timeout=self.cfg.learner_timeout,
+            weights_check=self._check_weights,
         )
         try:
             welcome = client.register()
@@ -324,9 +327,16 @@ class InferenceServer:
                 seed = welcome.settings.seed + 1 + client.actor_id
             self.runner = PolicyRunner(welcome, seed)
             self.shutdown_seen = False
-        else:
-            self.runner.load(welcome.weights)
+        elif not self.runner.load(welcome.weights):
+            client.reject_weights(welcome.weights, ValueError("weights do not fit the network"))
         return self.runner
+
+    def _check_weights(self, weights: Weights) -> None:
+        """Every registration's ``weights_check``: weights of the shared network's run
+        must fit it exactly, else they are refused before the version moves."""
+        runner = self.runner
+        if runner is not None and weights.run_id == runner.run_id:
+            check_weights(runner.policy, weights.tensors)
 
     def _on_detach(self, address: list[bytes], body: dict[str, Any]) -> None:
         session = self.sessions.get(address[0])
