@@ -24,6 +24,8 @@ import numpy as np
 from .protocol import MAX_SEQ_GAP, TOKEN_BYTES, Fragment, Hello
 from .rollout import SlotKey
 from .spaces import space_from_spec, value_problem
+from .wire import MAX_ABS_VALUE as MAX_ABS_VALUE  # re-exported (it was defined here)
+from .wire import magnitude_problem
 
 RunSpaces = tuple[gym.Space, gym.Space]
 """The run's ``(observation_space, action_space)`` (gymnasium spaces)."""
@@ -403,11 +405,6 @@ class Membership:
         return rec, fragment.seq - expected
 
 
-MAX_ABS_VALUE = 1e9
-"""Rewards, values and log-probs beyond this magnitude are rejected: finite but
-absurd numbers would otherwise overflow the loss."""
-
-
 @dataclass(frozen=True)
 class MembershipLimits:
     """The most actors, slots per actor and slots in total a learner registers
@@ -501,9 +498,9 @@ def _fit_problem(fragment: Fragment, rec: ActorRecord, spaces: RunSpaces) -> tup
     if problem:
         return "bad_obs", f"{problem} (observation space {observation_space})"
     for name in ("rewards", "values", "log_probs"):
-        array = getattr(fragment, name)
-        if float(np.abs(array).max()) > MAX_ABS_VALUE:
-            return "out_of_range", f"|{name}| exceeds {MAX_ABS_VALUE:g}"
+        problem = magnitude_problem(getattr(fragment, name), name)
+        if problem:
+            return "out_of_range", problem
     problem = action_problem(action_space, fragment.actions)
     if problem:
         return "bad_actions", problem

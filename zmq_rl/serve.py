@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,10 +47,13 @@ from .spaces import (
 from .transport import SocketOptions, make_socket
 from .wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_ABS_VALUE,
     MAX_ENVS_PER_ACTOR,
     PROTOCOL_VERSION,
     ProtocolError,
     decode_array,
+    finite_problem,
+    magnitude_problem,
     unpack_map,
 )
 
@@ -115,7 +119,37 @@ def _observations(body: dict[str, Any], name: str, n: int, space: Any, context: 
     problem = value_problem(space, value, field, 1)
     if problem:
         raise RequestError("bad_field", problem + context)
+    _refuse_unsendable(value, field)
     return value
+
+
+def _refuse_unsendable(value: Value, where: str, magnitude: bool = False) -> None:
+    """RequestError ``not_finite`` (and, with ``magnitude``, ``out_of_range``) naming
+    the field and the first slot, when a leaf of ``value`` (rows are slots) holds what
+    the learner would refuse a whole fragment for: its own limits
+    (:func:`zmq_rl.wire.finite_problem`, :func:`~zmq_rl.wire.magnitude_problem`),
+    checked before anything is recorded, so that no good row travels with it."""
+    checks = [("not_finite", finite_problem)]
+    if magnitude:
+        checks.append(("out_of_range", magnitude_problem))
+    for name, leaf in _named_leaves(value, where):
+        for code, check in checks:
+            problem = check(leaf, name)
+            if problem:
+                rows = leaf.reshape(len(leaf), -1).astype(np.float64)
+                bad = ~np.isfinite(rows) if code == "not_finite" else np.abs(rows) > MAX_ABS_VALUE
+                slot = int(np.flatnonzero(bad.any(axis=1))[0])
+                raise RequestError(code, f"{problem} (slot {slot}: {rows[slot].tolist()[:8]})")
+
+
+def _named_leaves(value: Value, where: str) -> list[tuple[str, np.ndarray]]:
+    """The leaves of a structured value with their field paths (``infer.obs.pos``,
+    ``infer.obs[1]``)."""
+    if isinstance(value, dict):
+        return [pair for k, v in value.items() for pair in _named_leaves(v, f"{where}.{k}")]
+    if isinstance(value, tuple):
+        return [pair for i, v in enumerate(value) for pair in _named_leaves(v, f"{where}[{i}]")]
+    return [(where, value)]
 
 
 def _field_array(body: dict[str, Any], name: str, dtypes: tuple[str, ...], shape: tuple) -> Any:
@@ -170,6 +204,7 @@ class InferenceServer:
         }
         self.shutdown_seen = False
         self._stop = False
+        self._error_counts: Counter[str] = Counter()
         self.socket = make_socket(
             self.ctx,
             zmq.ROUTER,
@@ -236,7 +271,8 @@ class InferenceServer:
                     self._on_detach(address, body)
             except RequestError as exc:
                 self.stats["errors"] += 1
-                count = self.stats["errors"]
+                self._error_counts[exc.code] += 1
+                count = self._error_counts[exc.code]  # each code logged sparsely
                 log.log(
                     logging.WARNING if count in (1, 10, 100, 1000) else logging.DEBUG,
                     "request refused (%s): %s",
@@ -383,8 +419,9 @@ class InferenceServer:
         if "reward" not in body:
             raise RequestError("bad_field", "infer.reward: missing (the previous step's outcome)")
         rewards = _field_array(body, "reward", ("float32", "float64"), (n,))
-        if not np.isfinite(rewards).all():
-            raise RequestError("bad_field", "infer.reward: holds NaN or inf")
+        with np.errstate(over="ignore"):  # float64 past float32's range: inf, refused
+            rewards = rewards.astype(np.float32)
+        _refuse_unsendable(rewards, "infer.reward", magnitude=True)
         terminated = _field_array(body, "terminated", ("bool",), (n,))
         truncated = _field_array(body, "truncated", ("bool",), (n,))
         needs = np.flatnonzero(truncated & ~terminated)
@@ -416,7 +453,7 @@ class InferenceServer:
         session.client.step(
             prev_obs,
             actions,
-            rewards.astype(np.float32),
+            rewards,
             terminated,
             truncated,
             values,

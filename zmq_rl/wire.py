@@ -37,6 +37,10 @@ MAX_ENVS_PER_ACTOR = 4096
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+MAX_ABS_VALUE = 1e9
+"""Rewards, values and log-probs beyond this magnitude are refused (the learner's
+``out_of_range``): finite but absurd numbers would otherwise overflow the loss."""
+
 
 class ProtocolError(ValueError):
     """A frame is not a valid message of this protocol version.
@@ -148,3 +152,24 @@ def unpack_map(frame: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_B
     if not isinstance(body, dict):
         raise ProtocolError("not_a_map", f"message is a {type(body).__name__}, not a map")
     return body
+
+
+# --------------------------------------------------------------------------- limits
+
+
+def finite_problem(array: np.ndarray, where: str) -> str | None:
+    """``"<where>: holds NaN or inf"`` when a float array holds one, else None: what a
+    learner refuses as ``not_finite`` (docs/protocol.md section 4.1). The one definition
+    every sender checks against before its rows leave (actor, inference server)."""
+    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+        return f"{where}: holds NaN or inf"
+    return None
+
+
+def magnitude_problem(array: np.ndarray, where: str) -> str | None:
+    """``"|<where>| exceeds 1e+09"`` when a value's magnitude passes
+    :data:`MAX_ABS_VALUE` (rewards, values, log-probs), else None: what a learner
+    refuses as ``out_of_range``."""
+    if array.size and float(np.abs(array).max()) > MAX_ABS_VALUE:
+        return f"|{where}| exceeds {MAX_ABS_VALUE:g}"
+    return None
