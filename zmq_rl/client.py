@@ -87,6 +87,7 @@ from .transport import (
     readable,
     tcp_endpoint,
 )
+from .wire import finite_problem, first_bad_row, magnitude_problem, named_leaves
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,23 @@ class LearnerRefused(RuntimeError):
         super().__init__(f"learner refused registration ({code}): {reason}")
         self.code = code
         self.reason = reason
+
+
+class BadExperience(ValueError):
+    """A step holds a value the learner would refuse the whole fragment for (NaN or
+    inf anywhere, a reward, value or log-prob past ``MAX_ABS_VALUE``: its
+    ``not_finite`` / ``out_of_range``). Raised by :meth:`ActorClient.step` and
+    :meth:`ActorClient.send_fragment` before anything is buffered; ``field``,
+    ``slot`` and ``step`` (the slot's step since the welcome, from 1) say where."""
+
+    def __init__(self, field: str, slot: int, step: int, problem: str) -> None:
+        super().__init__(
+            f"slot {slot}, step {step} since the welcome: {problem}; the learner would "
+            f"refuse the whole fragment (not_finite / out_of_range), so it is not sent"
+        )
+        self.field = field
+        self.slot = slot
+        self.step = step
 
 
 class LearnerUnreachable(TimeoutError):
@@ -719,6 +737,10 @@ class ActorClient(LearnerConnection):
         """
         # Not coerced: the sender's buffer converts each row as it stores it.
         steps = StepArrays(obs, actions, rewards, terminated, truncated, values, log_probs)
+        base = self.sender.slot_steps + 1
+        self._check_sendable(steps, next_obs, lambda row: (row, int(base[row])))
+        for slot, last in (final_obs or {}).items():
+            self._check_sendable(None, last, lambda _, s=int(slot): (s, int(base[s])), True)
         self.sender.step(steps, next_obs, final_obs, self.version, state)
 
     def flush(self) -> None:
@@ -748,7 +770,43 @@ class ActorClient(LearnerConnection):
         if len(arrays) > len(names) or set(given) != set(names):
             raise TypeError(f"send_fragment takes slot and the arrays {', '.join(names)}")
         steps = StepArrays.coerce(*(given[name] for name in StepArrays.STEP_FIELDS))
+        base = int(self.sender.slot_steps[slot]) + 1 if self.sender.slot_steps.size > slot else 1
+        self._check_sendable(steps, None, lambda row: (slot, base + row))
+        self._check_sendable(None, given["next_obs"], lambda _: (slot, base + steps.length), False)
+        for row, last in (final_obs or {}).items():
+            self._check_sendable(None, last, lambda _, r=int(row): (slot, base + r), True)
         self.sender.send_fragment(slot, steps, given["next_obs"], final_obs, self.version, state)
+
+    @staticmethod
+    def _check_sendable(
+        steps: StepArrays | None,
+        next_obs: Any,
+        where: Callable[[int], tuple[int, int]],
+        single: bool = False,
+    ) -> None:
+        """Raise :class:`BadExperience` when a value would make the learner refuse the
+        fragment (the learner's own limits, :mod:`zmq_rl.wire`): ``where(row)`` gives
+        the slot and step of a bad row; ``single``: ``next_obs`` is one observation
+        (a final observation), not rows."""
+        fields: list[tuple[str, Any, bool]] = []
+        if steps is not None:
+            fields += [("obs", steps.obs, False), ("actions", steps.actions, False)]
+            fields += [(n, getattr(steps, n), True) for n in ("rewards", "values", "log_probs")]
+        if next_obs is not None:
+            fields.append(("final_obs" if single else "next_obs", next_obs, False))
+        for field, value, magnitude in fields:
+            for name, leaf in named_leaves(value, field):
+                if leaf.dtype.kind != "f":
+                    continue
+                rows = leaf[None] if single else leaf
+                problem = finite_problem(rows, name) or (
+                    magnitude_problem(rows, name) if magnitude else None
+                )
+                if problem:
+                    row = max(0, first_bad_row(rows, magnitude))
+                    slot, step = where(row)
+                    shown = np.asarray(rows[row]).ravel()[:8].tolist()
+                    raise BadExperience(field, slot, step, f"{problem} ({shown})")
 
     def _wait_for_room(self) -> bool:
         """While PUSH is full: serve control and heartbeats; False (give up on the

@@ -47,13 +47,14 @@ from .spaces import (
 from .transport import SocketOptions, make_socket
 from .wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
-    MAX_ABS_VALUE,
     MAX_ENVS_PER_ACTOR,
     PROTOCOL_VERSION,
     ProtocolError,
     decode_array,
     finite_problem,
+    first_bad_row,
     magnitude_problem,
+    named_leaves,
     unpack_map,
 )
 
@@ -129,27 +130,12 @@ def _refuse_unsendable(value: Value, where: str, magnitude: bool = False) -> Non
     the learner would refuse a whole fragment for: its own limits
     (:func:`zmq_rl.wire.finite_problem`, :func:`~zmq_rl.wire.magnitude_problem`),
     checked before anything is recorded, so that no good row travels with it."""
-    checks = [("not_finite", finite_problem)]
-    if magnitude:
-        checks.append(("out_of_range", magnitude_problem))
-    for name, leaf in _named_leaves(value, where):
-        for code, check in checks:
-            problem = check(leaf, name)
+    for name, leaf in named_leaves(value, where):
+        for code, check in (("not_finite", finite_problem), ("out_of_range", magnitude_problem)):
+            problem = check(leaf, name) if magnitude or code == "not_finite" else None
             if problem:
-                rows = leaf.reshape(len(leaf), -1).astype(np.float64)
-                bad = ~np.isfinite(rows) if code == "not_finite" else np.abs(rows) > MAX_ABS_VALUE
-                slot = int(np.flatnonzero(bad.any(axis=1))[0])
-                raise RequestError(code, f"{problem} (slot {slot}: {rows[slot].tolist()[:8]})")
-
-
-def _named_leaves(value: Value, where: str) -> list[tuple[str, np.ndarray]]:
-    """The leaves of a structured value with their field paths (``infer.obs.pos``,
-    ``infer.obs[1]``)."""
-    if isinstance(value, dict):
-        return [pair for k, v in value.items() for pair in _named_leaves(v, f"{where}.{k}")]
-    if isinstance(value, tuple):
-        return [pair for i, v in enumerate(value) for pair in _named_leaves(v, f"{where}[{i}]")]
-    return [(where, value)]
+                slot = first_bad_row(leaf, magnitude=code == "out_of_range")
+                raise RequestError(code, f"{problem} (slot {slot}: {leaf[slot].tolist()})")
 
 
 def _field_array(body: dict[str, Any], name: str, dtypes: tuple[str, ...], shape: tuple) -> Any:

@@ -173,3 +173,26 @@ def magnitude_problem(array: np.ndarray, where: str) -> str | None:
     if array.size and float(np.abs(array).max()) > MAX_ABS_VALUE:
         return f"|{where}| exceeds {MAX_ABS_VALUE:g}"
     return None
+
+
+def named_leaves(value: Any, where: str) -> list[tuple[str, np.ndarray]]:
+    """The arrays of a value (an array, or maps and lists of them: a structured
+    space's value) with their field paths: ``obs``, ``obs.pos``, ``obs[1]``."""
+    if isinstance(value, dict):
+        return [pair for k, v in value.items() for pair in named_leaves(v, f"{where}.{k}")]
+    if isinstance(value, (tuple, list)):
+        return [pair for i, v in enumerate(value) for pair in named_leaves(v, f"{where}[{i}]")]
+    return [(where, np.asarray(value))]
+
+
+def first_bad_row(array: np.ndarray, magnitude: bool = False) -> int:
+    """The first row (leading index) of ``array`` holding NaN or inf (``magnitude``:
+    or a magnitude past :data:`MAX_ABS_VALUE`); -1 when none does."""
+    rows = np.asarray(array, np.float64).reshape(len(array), -1) if np.ndim(array) else None
+    if rows is None:
+        return -1
+    bad = ~np.isfinite(rows)
+    if magnitude:
+        bad |= np.abs(np.nan_to_num(rows)) > MAX_ABS_VALUE
+    hits = np.flatnonzero(bad.any(axis=1))
+    return int(hits[0]) if hits.size else -1
