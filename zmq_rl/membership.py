@@ -21,11 +21,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .protocol import MAX_SEQ_GAP, TOKEN_BYTES, Fragment, Hello
+from .protocol import MAX_SEQ_GAP, TOKEN_BYTES, Fragment, Hello, Refuse
 from .rollout import SlotKey
 from .spaces import space_from_spec, value_problem
 from .wire import MAX_ABS_VALUE as MAX_ABS_VALUE  # re-exported (it was defined here)
-from .wire import magnitude_problem
+from .wire import PROTOCOL_VERSION, ProtocolError, magnitude_problem, unpack_map
 
 RunSpaces = tuple[gym.Space, gym.Space]
 """The run's ``(observation_space, action_space)`` (gymnasium spaces)."""
@@ -450,6 +450,30 @@ def check_hello(
     if limits is not None:
         return _over_limits(membership, routing_id, hello, limits, default_envs)
     return None
+
+
+MAX_REFUSE_REASON = 4096
+"""The longest ``refuse.reason`` (docs/protocol.md section 4.5)."""
+
+
+def invalid_hello_refusal(
+    frame: bytes | memoryview, error: ProtocolError, max_bytes: int
+) -> Refuse | None:
+    """The ``refuse bad_hello`` that answers a control frame which failed to decode
+    with ``error`` but is a protocol-2 ``hello`` (a map whose ``proto`` is 2 and
+    ``type`` is ``"hello"``: a field missing, of the wrong type or out of range), so
+    that the actor reads why instead of waiting out its registration timeout
+    (docs/protocol.md section 4.5); None for any other frame (still rejected in
+    silence: only a hello waits for an answer)."""
+    try:
+        body = unpack_map(frame, max_bytes)
+    except ProtocolError:
+        return None
+    proto = body.get("proto")
+    if body.get("type") != "hello" or type(proto) is not int or proto != PROTOCOL_VERSION:
+        return None
+    reason = f"invalid hello ({error.reason}): {error}"
+    return Refuse("bad_hello", reason[:MAX_REFUSE_REASON])
 
 
 def _over_limits(
