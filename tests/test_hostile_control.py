@@ -96,9 +96,7 @@ def test_protocol_version_mismatch_is_refused_naming_both_versions(
     assert logged and "peer speaks 1" in logged[0]
 
 
-def test_hello_with_an_out_of_range_field_is_refused_not_ignored(
-    ctx, learner_port, start_learner
-):
+def test_hello_with_an_out_of_range_field_is_refused_not_ignored(ctx, learner_port, start_learner):
     """Issue 29, item 14: a protocol-2 hello with a field out of range (or of the wrong
     type) used to be counted and dropped: the actor waited out its registration
     timeout. It is answered ``refuse bad_hello`` naming the field and the value (and
