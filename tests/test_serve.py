@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import gymnasium as gym
 import msgpack
@@ -22,6 +23,7 @@ import zmq
 from tests.helpers import STUB_ENV_ID, CheckedBackground, stub_learner_config
 from zmq_rl.config import LearnerConfig, ServeConfig
 from zmq_rl.inference import InferenceClient, InferenceError, RunOver
+from zmq_rl.protocol import encode
 from zmq_rl.serve import InferenceServer
 
 TIMEOUT = 120.0
@@ -310,3 +312,43 @@ def test_recurrent_state_per_simulator_slot_across_batches(ctx, start_learner, l
         serving.join(TIMEOUT)
         learner.request_stop("test over")
         run.join(TIMEOUT)
+
+
+def test_a_row_is_tagged_with_the_weights_that_chose_its_action(ctx, learner_port):
+    """Issue 29, item 14: weights v1 arrive between the ``action`` (chosen by v0) and
+    the ``infer`` that brings its outcome. The row goes to the learner tagged 0, the
+    version that acted (it used to leave tagged 1: newer than the weights that acted,
+    against docs/protocol.md section 4.1.2); the next rows carry 1."""
+    from tests.test_hostile_actor import FAKE_RUN, FakeLearner, stub_policy, stub_weights
+    from zmq_rl.protocol import Bye, Hello
+
+    fake = FakeLearner(ctx, learner_port)
+    server, serving = start_server(ctx, learner_port)
+    sim = InferenceClient(server.endpoint, ctx, timeout=TIMEOUT)
+    try:
+        attaching = CheckedBackground(lambda: sim.attach(1, env_id=STUB_ENV_ID))
+        routing_id, _ = fake.recv_control(Hello)
+        fake.welcome(routing_id, stub_weights(stub_policy(1), 0))
+        fake.wait_subscription()
+        attaching.join(TIMEOUT)
+        obs = np.ones((1, 2), np.float32)
+        sim.infer(obs)
+        assert sim.version == 0
+        session = next(iter(server.sessions.values()))
+        deadline = time.monotonic() + TIMEOUT
+        while session.client.version < 1:  # PUB drops what nobody takes yet: resend
+            assert time.monotonic() < deadline, "the server did not load version 1"
+            fake.pub.send(encode(stub_weights(stub_policy(2), 1, FAKE_RUN)))
+            time.sleep(0.05)
+        sim.infer(obs + 1, [1.0], [False], [False])  # the outcome of v0's action
+        assert sim.version == 1
+        sim.infer(obs + 2, [1.0], [False], [False])  # the outcome of v1's action
+        sim.detach()
+        fake.recv_control(Bye)
+    finally:
+        sim.close()
+        server.stop()
+        serving.join(TIMEOUT)
+        fake.close()
+    rows = [(f.version, float(o[0])) for f in fake.fragments for o in f.obs]
+    assert rows == [(0, 1.0), (1, 2.0)], rows

@@ -724,6 +724,7 @@ class ActorClient(LearnerConnection):
         next_obs: np.ndarray,
         final_obs: Mapping[int, np.ndarray] | None = None,
         state: np.ndarray | None = None,
+        version: int | None = None,
     ) -> None:
         """Record one step of every slot (arrays with leading dim ``num_envs``).
 
@@ -733,7 +734,11 @@ class ActorClient(LearnerConnection):
         episode was truncated (not terminated) to the true last observation of that
         episode. ``state`` (recurrent policies only: ``[num_envs, state_size]``) is
         the policy state each slot acted from. The buffered rows of every slot are
-        sent once ``fragment_length`` steps are buffered.
+        sent once ``fragment_length`` steps are buffered. ``version`` is the policy
+        version that chose ``actions`` when that is older than the loaded one (weights
+        arrived between acting and recording, as in ``zmq-rl serve``): the step is then
+        sent at once, tagged with it, since a row's version is never newer than the
+        weights that acted (docs/protocol.md section 4.1.2).
         """
         # Not coerced: the sender's buffer converts each row as it stores it.
         steps = StepArrays(obs, actions, rewards, terminated, truncated, values, log_probs)
@@ -741,6 +746,11 @@ class ActorClient(LearnerConnection):
         self._check_sendable(steps, next_obs, lambda row: (row, int(base[row])))
         for slot, last in (final_obs or {}).items():
             self._check_sendable(None, last, lambda _, s=int(slot): (s, int(base[s])), True)
+        if version is not None and version < self.version:
+            self.sender.flush(self.version)
+            self.sender.step(steps, next_obs, final_obs, version, state)
+            self.sender.flush(version)
+            return
         self.sender.step(steps, next_obs, final_obs, self.version, state)
 
     def flush(self) -> None:

@@ -162,6 +162,7 @@ class Session:
     state: np.ndarray
     last_seen: float
     pending: tuple[Value, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    acted_version: int = 0  # the version of the weights that chose the pending actions
     request: Value | None = None  # observations of a request not answered yet
     requests: int = 0
     extra: dict[str, float] = field(default_factory=dict)
@@ -433,6 +434,10 @@ class InferenceServer:
             }
         prev_obs, actions, values, log_probs, state = session.pending
         session.pending = None
+        # The row's version: the weights that chose its actions, or this registration's
+        # loaded version when that is older (never newer than what acted, §4.1.2).
+        acted = session.acted_version
+        older = {"version": acted} if acted < session.client.version else {}
         ended = terminated | truncated
         if session.state.shape[1]:
             session.state[ended] = 0.0
@@ -447,6 +452,7 @@ class InferenceServer:
             obs,
             final_obs,
             state if session.state.shape[1] else None,
+            **older,
         )
 
     def _say_shutdown(self, key: bytes) -> None:
@@ -507,6 +513,7 @@ class InferenceServer:
             start = rows.stop
             mine = actions[rows]
             session.pending = (session.request, mine, values[rows], log_probs[rows], session.state)
+            session.acted_version = runner.version
             if next_state is not None:
                 session.state = next_state[rows].copy()
             session.request = None
