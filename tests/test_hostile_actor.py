@@ -620,3 +620,33 @@ def test_actor_facing_a_newer_learner_is_told_both_versions(ctx, learner_port):
     finally:
         client.close()
         router.close()
+
+
+def test_welcome_with_other_slots_than_asked_is_invalid(ctx, learner_port):
+    """docs/protocol.md section 4.3 (issue 29, item 14): a welcome whose num_envs (1)
+    differs from the non-zero num_envs of the hello (2) is invalid, counted as
+    ``control:bad_field`` and not accepted: the client does not change its slots."""
+    from zmq_rl.client import LearnerUnreachable
+
+    fake = FakeLearner(ctx, learner_port)
+    client = ActorClient(
+        f"127.0.0.1:{learner_port}",
+        env_id=STUB_ENV_ID,
+        observation_space=OBS_SPACE,
+        action_space=ACT_SPACE,
+        num_envs=2,
+        context=ctx,
+        register_timeout=3.0,
+    )
+    try:
+        attempt = CheckedBackground(client.register)
+        routing_id, hello = fake.recv_control(Hello)
+        assert hello.num_envs == 2
+        fake.welcome(routing_id, stub_weights(stub_policy(1), 0))  # num_envs 1
+        attempt.thread.join(TIMEOUT)
+        assert isinstance(attempt.error, LearnerUnreachable), repr(attempt.error)
+        assert client.rejects["control:bad_field"] == 1
+        assert client.num_envs == 2 and client.welcome is None
+    finally:
+        client.close()
+        fake.close()

@@ -316,6 +316,17 @@ class LearnerConnection:
             if isinstance(message, Refuse) and message.code != "reregister":
                 raise LearnerRefused(message.code, message.reason)
             if isinstance(message, Welcome):
+                slots = message.settings.num_envs
+                if hello.num_envs and slots != hello.num_envs:  # docs/protocol.md 4.3
+                    self._reject(
+                        "control",
+                        ProtocolError(
+                            "bad_field",
+                            f"welcome.config.num_envs: {slots}, the hello asked for "
+                            f"{hello.num_envs} (a learner gives exactly that or refuses)",
+                        ),
+                    )
+                    continue
                 self._accept(message)
                 return message
             # Heartbeats, a stale shutdown, or a "reregister" answering an earlier
