@@ -87,7 +87,13 @@ from .transport import (
     readable,
     tcp_endpoint,
 )
-from .wire import finite_problem, first_bad_row, magnitude_problem, named_leaves
+from .wire import (
+    MAX_ABS_VALUE,
+    finite_problem,
+    first_bad_row,
+    magnitude_problem,
+    named_leaves,
+)
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +121,22 @@ class LearnerRefused(RuntimeError):
         super().__init__(f"learner refused registration ({code}): {reason}")
         self.code = code
         self.reason = reason
+
+
+def _plainly_sendable(steps: StepArrays, next_obs: Any) -> bool:
+    """The per-step fast path of the send-side check: True when ``steps`` and
+    ``next_obs`` are plain arrays whose values the learner accepts (finite, rewards,
+    values and log-probs within ``MAX_ABS_VALUE``); False sends the step through the
+    full check (:meth:`ActorClient._check_sendable`), which names what is wrong."""
+    for array in (steps.rewards, steps.values, steps.log_probs):
+        if type(array) is not np.ndarray or not np.abs(array).max(initial=0) <= MAX_ABS_VALUE:
+            return False  # NaN compares False
+    for array in (steps.obs, steps.actions, next_obs):
+        if type(array) is not np.ndarray:
+            return False
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            return False
+    return True
 
 
 class BadExperience(ValueError):
@@ -754,7 +776,8 @@ class ActorClient(LearnerConnection):
         # Not coerced: the sender's buffer converts each row as it stores it.
         steps = StepArrays(obs, actions, rewards, terminated, truncated, values, log_probs)
         base = self.sender.slot_steps + 1
-        self._check_sendable(steps, next_obs, lambda row: (row, int(base[row])))
+        if not _plainly_sendable(steps, next_obs):
+            self._check_sendable(steps, next_obs, lambda row: (row, int(base[row])))
         for slot, last in (final_obs or {}).items():
             self._check_sendable(None, last, lambda _, s=int(slot): (s, int(base[s])), True)
         if version is not None and version < self.version:
