@@ -34,10 +34,10 @@ class SpaceMismatch(RuntimeError):
 
 
 class BadEnvValue(ValueError):
-    """An env returned NaN or inf (or a reward past the learner's limit): the actor
-    stops instead of sending rows the learner would refuse. The message names the env
-    id, the slot, the step of the episode and the field (observation, reward, final
-    observation)."""
+    """An env returned NaN or inf (or a reward past the learner's limit), or the policy
+    produced such a value or log-prob: the actor stops instead of sending rows the
+    learner would refuse. The message names the env id, the slot, the step of the
+    episode and the field (observation, reward, final observation)."""
 
 
 ENV_FIELDS = {
@@ -162,6 +162,8 @@ class GymActor:
         """The error naming the env, slot, episode step and field of ``exc``; a reset
         observation (of an episode that just ended) is named as such."""
         slot, field = exc.slot, ENV_FIELDS.get(exc.field, exc.field)
+        if exc.field not in ENV_FIELDS:  # values, log-probs, actions: the policy's
+            return BadEnvValue(f"the policy acting on env {env_id} produced {exc}")
         if exc.field == "next_obs" and ended[slot]:
             field, step = "reset observation", 0
         else:

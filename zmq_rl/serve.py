@@ -30,7 +30,13 @@ import numpy as np
 import zmq
 
 from .agent import PolicyRunner
-from .client import ActorClient, LearnerLost, LearnerRefused, LearnerUnreachable
+from .client import (
+    ActorClient,
+    BadExperience,
+    LearnerLost,
+    LearnerRefused,
+    LearnerUnreachable,
+)
 from .config import ServeConfig
 from .policy import check_weights
 from .protocol import Weights
@@ -433,7 +439,6 @@ class InferenceServer:
                 int(s): map_value(lambda a, i=i: a[i], finals) for i, s in enumerate(index)
             }
         prev_obs, actions, values, log_probs, state = session.pending
-        session.pending = None
         # The row's version: the weights that chose its actions, or this registration's
         # loaded version when that is older (never newer than what acted, §4.1.2).
         acted = session.acted_version
@@ -441,19 +446,24 @@ class InferenceServer:
         ended = terminated | truncated
         if session.state.shape[1]:
             session.state[ended] = 0.0
-        session.client.step(
-            prev_obs,
-            actions,
-            rewards,
-            terminated,
-            truncated,
-            values,
-            log_probs,
-            obs,
-            final_obs,
-            state if session.state.shape[1] else None,
-            **older,
-        )
+        try:
+            session.client.step(
+                prev_obs,
+                actions,
+                rewards,
+                terminated,
+                truncated,
+                values,
+                log_probs,
+                obs,
+                final_obs,
+                state if session.state.shape[1] else None,
+                **older,
+            )
+        except BadExperience as exc:  # the network's own values / log-probs: never sent
+            code = "out_of_range" if "exceeds" in str(exc) else "not_finite"
+            raise RequestError(code, f"{exc.field} of the server's policy: {exc}") from None
+        session.pending = None
 
     def _say_shutdown(self, key: bytes) -> None:
         session = self.sessions[key]
