@@ -775,11 +775,10 @@ class ActorClient(LearnerConnection):
         """
         # Not coerced: the sender's buffer converts each row as it stores it.
         steps = StepArrays(obs, actions, rewards, terminated, truncated, values, log_probs)
-        base = self.sender.slot_steps + 1
         if not _plainly_sendable(steps, next_obs):
-            self._check_sendable(steps, next_obs, lambda row: (row, int(base[row])))
+            self._check_sendable(steps, next_obs, self._slot_step)
         for slot, last in (final_obs or {}).items():
-            self._check_sendable(None, last, lambda _, s=int(slot): (s, int(base[s])), True)
+            self._check_sendable(None, last, lambda _, s=int(slot): self._slot_step(s), True)
         if version is not None and version < self.version:
             self.sender.flush(self.version)
             self.sender.step(steps, next_obs, final_obs, version, state)
@@ -820,6 +819,11 @@ class ActorClient(LearnerConnection):
         for row, last in (final_obs or {}).items():
             self._check_sendable(None, last, lambda _, r=int(row): (slot, base + r), True)
         self.sender.send_fragment(slot, steps, given["next_obs"], final_obs, self.version, state)
+
+    def _slot_step(self, slot: int) -> tuple[int, int]:
+        """``(slot, the number of the step being recorded on it since the welcome)``."""
+        done = self.sender.slot_steps
+        return slot, int(done[slot]) + 1 if 0 <= slot < done.size else 0
 
     @staticmethod
     def _check_sendable(
