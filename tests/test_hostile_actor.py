@@ -560,6 +560,41 @@ def test_forged_weights_with_wrong_tensors_are_rejected_not_fatal(welcomed_actor
     assert stats["last_policy_version"] == 2 and stats["policy_updates_received"] == 1
 
 
+def test_refused_welcome_at_a_huge_version_moves_nothing(welcomed_actor, caplog):
+    """Issue 29, item 6: a learner makes the actor register again and welcomes it
+    into the same run with a scalar ``[]`` for the ``[1]`` tensor ``value_head.bias``
+    at version 10**12. The weights are refused and logged naming the tensor and both
+    shapes; neither the actor's version nor the version it believes the learner has
+    moves (before: the latter stuck at 10**12, so the actor re-subscribed every five
+    intervals and lost later broadcasts); every later legitimate broadcast loads."""
+    fake, actor, routing_id, client, _, policy_next = welcomed_actor
+    fake.router.send_multipart([routing_id, encode(Refuse("reregister", "forgot you"))])
+    routing_id, _ = fake.recv_control(Hello)
+    fake.welcome(routing_id, forged_weights(policy_next, 10**12)[5])
+    fake.wait_subscription()
+    wait_until(
+        lambda: client.rejects["weights:wrong_tensors"] >= 1 or not actor.alive(),
+        TIMEOUT,
+        "the welcome's weights to be refused",
+    )
+    assert actor.alive(), f"the actor died: {actor.error!r}"
+    assert client.version == 0 and client.learner_version < 10**12
+    assert any(
+        "value_head.bias" in r.getMessage() and "(1,)" in r.getMessage() and "()" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+    for version in (2, 3):
+        fake.pub.send(encode(stub_weights(policy_next, version)))
+        wait_until(lambda v=version: client.version == v or not actor.alive(), 10.0, f"v{version}")
+    fake.router.send_multipart([routing_id, encode(Shutdown("done", run_id=FAKE_RUN))])
+    _, bye = fake.recv_control(Bye, timeout=10.0)
+    stats = actor.join(10.0)
+    assert stats["last_policy_version"] == 3 and client.rejects["weights:wrong_tensors"] == 1
+    assert client.rejects["weights:behind"] == 0
+    fake.drain_fragments()
+    assert all(f.version < 10**12 for f in fake.fragments)
+
+
 def test_actor_facing_a_newer_learner_is_told_both_versions(ctx, learner_port):
     """A learner of protocol 2 answers the hello with a refusal in protocol 2: the
     actor stops at once (not after register_timeout) with
@@ -585,3 +620,33 @@ def test_actor_facing_a_newer_learner_is_told_both_versions(ctx, learner_port):
     finally:
         client.close()
         router.close()
+
+
+def test_welcome_with_other_slots_than_asked_is_invalid(ctx, learner_port):
+    """docs/protocol.md section 4.3 (issue 29, item 14): a welcome whose num_envs (1)
+    differs from the non-zero num_envs of the hello (2) is invalid, counted as
+    ``control:bad_field`` and not accepted: the client does not change its slots."""
+    from zmq_rl.client import LearnerUnreachable
+
+    fake = FakeLearner(ctx, learner_port)
+    client = ActorClient(
+        f"127.0.0.1:{learner_port}",
+        env_id=STUB_ENV_ID,
+        observation_space=OBS_SPACE,
+        action_space=ACT_SPACE,
+        num_envs=2,
+        context=ctx,
+        register_timeout=3.0,
+    )
+    try:
+        attempt = CheckedBackground(client.register)
+        routing_id, hello = fake.recv_control(Hello)
+        assert hello.num_envs == 2
+        fake.welcome(routing_id, stub_weights(stub_policy(1), 0))  # num_envs 1
+        attempt.thread.join(TIMEOUT)
+        assert isinstance(attempt.error, LearnerUnreachable), repr(attempt.error)
+        assert client.rejects["control:bad_field"] == 1
+        assert client.num_envs == 2 and client.welcome is None
+    finally:
+        client.close()
+        fake.close()

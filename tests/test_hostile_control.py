@@ -96,6 +96,39 @@ def test_protocol_version_mismatch_is_refused_naming_both_versions(
     assert logged and "peer speaks 1" in logged[0]
 
 
+def test_hello_with_an_out_of_range_field_is_refused_not_ignored(ctx, learner_port, start_learner):
+    """Issue 29, item 14: a protocol-2 hello with a field out of range (or of the wrong
+    type) used to be counted and dropped: the actor waited out its registration
+    timeout. It is answered ``refuse bad_hello`` naming the field and the value (and
+    still counted under ``rejected/control/bad_field``); other frames that fail to
+    decode still get no answer."""
+    learner, run = start_learner(stub_learner_config(learner_port))
+    dealer = raw_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{learner_port}")
+    cases = [
+        ("num_envs", 5000, "hello.num_envs: expected an int in [0, 4096], got 5000"),
+        ("actor_id", 2**31, "hello.actor_id"),
+        ("env_id", "x" * 300, "hello.env_id"),
+        ("pid", -1, "hello.pid"),
+    ]
+    for name, value, named in cases:
+        body = body_of(stub_hello())
+        body[name] = value
+        start = time.monotonic()
+        dealer.send(pack(body))
+        refusal = recv_message(dealer)
+        assert isinstance(refusal, Refuse) and refusal.code == "bad_hello", refusal
+        assert named in refusal.reason and time.monotonic() - start < 5.0
+    beat = body_of(Heartbeat(actor_id=0, run_id="", token=bytes(16)))
+    beat["version"] = -1  # not a hello: rejected, no answer
+    dealer.send(pack(beat))
+    assert not dealer.poll(500)
+    learner.request_stop("test over")
+    report = run.join()
+    dealer.close()
+    assert report.counters["rejected/control/bad_field"] == len(cases) + 1
+    assert "registered" not in report.counters
+
+
 def test_hello_with_an_unusable_space_is_refused_and_the_run_goes_on(
     ctx, learner_port, start_learner
 ):

@@ -15,6 +15,7 @@ from zmq_rl.policy import (
     ActorCritic,
     WeightsMismatch,
     build_policy,
+    check_weights,
     export_weights,
     import_weights,
 )
@@ -363,6 +364,27 @@ def test_import_rejects_mismatches_and_leaves_module_unchanged(kind, pattern):
     assert isinstance(info.value, ValueError)
     for name, tensor in target.state_dict().items():
         assert torch.equal(tensor, before[name]), name  # atomic: nothing was copied
+
+
+def test_scalar_and_one_element_tensors_never_stand_for_each_other():
+    """A ``[]`` array for a ``[1]`` tensor (value_head.bias) and the reverse are
+    refused by check_weights and import_weights (no broadcasting, no reshaping:
+    docs/protocol.md section 4.2), naming the tensor and both shapes."""
+    source = export_weights(make(CARTPOLE, seed=1))
+    target = make(CARTPOLE, seed=2)
+    assert dict(source)["value_head.bias"].shape == (1,)
+    scalar = [(n, a.reshape(()) if n == "value_head.bias" else a) for n, a in source]
+    with pytest.raises(WeightsMismatch, match=r"'value_head\.bias'.*\(1,\).*shape \(\)"):
+        check_weights(target, scalar)
+    with pytest.raises(WeightsMismatch, match=r"'value_head\.bias'"):
+        import_weights(target, scalar)
+    flat = torch.nn.Linear(2, 1)
+    flat.bias = torch.nn.Parameter(torch.zeros(()))  # a scalar parameter, sent as [1]
+    with pytest.raises(WeightsMismatch, match=r"'bias'.*shape \(\).*\(1,\)"):
+        check_weights(
+            flat, [("weight", np.zeros((1, 2), np.float32)), ("bias", np.zeros(1, np.float32))]
+        )
+    assert check_weights(target, source).keys() == target.state_dict().keys()
 
 
 def test_import_rejects_weights_of_another_architecture():

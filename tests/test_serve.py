@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import gymnasium as gym
 import msgpack
@@ -22,6 +23,7 @@ import zmq
 from tests.helpers import STUB_ENV_ID, CheckedBackground, stub_learner_config
 from zmq_rl.config import LearnerConfig, ServeConfig
 from zmq_rl.inference import InferenceClient, InferenceError, RunOver
+from zmq_rl.protocol import encode
 from zmq_rl.serve import InferenceServer
 
 TIMEOUT = 120.0
@@ -166,6 +168,75 @@ def test_refusals_are_error_replies_naming_the_field(ctx, start_learner, learner
     assert server.stats["errors"] == 13  # every refused call above
 
 
+def run_steps(client: InferenceClient, obs: np.ndarray, steps: int) -> None:
+    """``steps`` well-formed steps of a stub simulator (reward 1, no episode end) from
+    ``obs`` (its first infer already answered), then detach."""
+    for _ in range(steps):
+        obs = obs + 1.0
+        client.infer(obs, [1.0, 1.0], [False, False], [False, False])
+    client.detach()
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_rows_the_learner_would_refuse_are_refused_and_no_good_row_is_lost(
+    ctx, start_learner, learner_port, caplog
+):
+    """Issue 29, item 5: NaN / inf observations, a NaN final observation and rewards the
+    learner refuses (NaN, 1e30 > MAX_ABS_VALUE) get an ``error`` reply naming the field
+    and the slot (codes ``not_finite`` / ``out_of_range``, the learner's own limits) and
+    are never forwarded: the learner rejects no fragment, and every row of both
+    simulators (the refused step resent well formed, and the other simulator's rows
+    batched with them) reaches it."""
+    learner, run = start_learner(
+        stub_learner_config(learner_port, num_actors=2, num_envs=2, total_env_steps=10**6)
+    )
+    server, serving = start_server(ctx, learner_port)
+    good, bad = (InferenceClient(server.endpoint, ctx, timeout=TIMEOUT) for _ in range(2))
+    try:
+        obs = np.ones((2, 2), np.float32)
+        for sim in (good, bad):
+            sim.attach(2, env_id=STUB_ENV_ID)
+            sim.infer(obs)
+        nan, inf = obs.copy(), obs.copy()
+        nan[1, 0], inf[0, 1] = np.nan, np.inf
+        ok = ([1.0, 1.0], [False, False], [False, False])
+        cases = [
+            ("not_finite", r"infer\.obs: holds NaN or inf \(slot 1", (nan, *ok)),
+            ("not_finite", r"infer\.obs: holds NaN or inf \(slot 0", (inf, *ok)),
+            ("not_finite", r"infer\.reward: holds NaN or inf \(slot 0",
+             (obs, [np.nan, 1.0], *ok[1:])),
+            ("out_of_range", r"\|infer\.reward\| exceeds 1e\+09 \(slot 1",
+             (obs, [1.0, 1e30], *ok[1:])),
+            ("not_finite", r"infer\.final_obs: holds NaN or inf \(slot 0",
+             (obs, [1.0, 1.0], [False, False], [False, True], {1: nan[1]})),
+        ]  # fmt: skip
+        for code, match, call in cases:
+            with pytest.raises(InferenceError, match=match) as info:
+                bad.infer(*call)
+            assert info.value.code == code
+        # The refused step, well formed, is accepted: nothing of it was recorded.
+        bad.infer(obs, [1.0, 1.0], [False, False], [False, True], {1: obs[1]})
+        sims = [CheckedBackground(lambda c=c: run_steps(c, obs, 15)) for c in (good, bad)]
+        for sim in sims:
+            sim.join(TIMEOUT)
+    finally:
+        good.close()
+        bad.close()
+        server.stop()
+        serving.join(TIMEOUT)
+        learner.request_stop("test over")
+    report = run.join(TIMEOUT)
+    assert not any(k.startswith("rejected/") for k in report.counters), report.counters
+    sent = sorted(a["actor/steps_sent"] for a in report.actor_stats.values())
+    assert sent == [2 * 15, 2 * 16], report.actor_stats  # the refused step, resent, counts
+    for actor in report.actor_stats.values():
+        assert actor["steps_received"] == actor["actor/steps_sent"]
+    assert server.stats["errors"] == len(cases)
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    for code in ("not_finite", "out_of_range"):  # the first of each code is logged
+        assert any(f"request refused ({code})" in m and "infer." in m for m in logged), logged
+
+
 def test_serve_command_help_and_config_errors(capsys):
     from zmq_rl.cli import main as main_cli
 
@@ -241,3 +312,43 @@ def test_recurrent_state_per_simulator_slot_across_batches(ctx, start_learner, l
         serving.join(TIMEOUT)
         learner.request_stop("test over")
         run.join(TIMEOUT)
+
+
+def test_a_row_is_tagged_with_the_weights_that_chose_its_action(ctx, learner_port):
+    """Issue 29, item 14: weights v1 arrive between the ``action`` (chosen by v0) and
+    the ``infer`` that brings its outcome. The row goes to the learner tagged 0, the
+    version that acted (it used to leave tagged 1: newer than the weights that acted,
+    against docs/protocol.md section 4.1.2); the next rows carry 1."""
+    from tests.test_hostile_actor import FAKE_RUN, FakeLearner, stub_policy, stub_weights
+    from zmq_rl.protocol import Bye, Hello
+
+    fake = FakeLearner(ctx, learner_port)
+    server, serving = start_server(ctx, learner_port)
+    sim = InferenceClient(server.endpoint, ctx, timeout=TIMEOUT)
+    try:
+        attaching = CheckedBackground(lambda: sim.attach(1, env_id=STUB_ENV_ID))
+        routing_id, _ = fake.recv_control(Hello)
+        fake.welcome(routing_id, stub_weights(stub_policy(1), 0))
+        fake.wait_subscription()
+        attaching.join(TIMEOUT)
+        obs = np.ones((1, 2), np.float32)
+        sim.infer(obs)
+        assert sim.version == 0
+        session = next(iter(server.sessions.values()))
+        deadline = time.monotonic() + TIMEOUT
+        while session.client.version < 1:  # PUB drops what nobody takes yet: resend
+            assert time.monotonic() < deadline, "the server did not load version 1"
+            fake.pub.send(encode(stub_weights(stub_policy(2), 1, FAKE_RUN)))
+            time.sleep(0.05)
+        sim.infer(obs + 1, [1.0], [False], [False])  # the outcome of v0's action
+        assert sim.version == 1
+        sim.infer(obs + 2, [1.0], [False], [False])  # the outcome of v1's action
+        sim.detach()
+        fake.recv_control(Bye)
+    finally:
+        sim.close()
+        server.stop()
+        serving.join(TIMEOUT)
+        fake.close()
+    rows = [(f.version, float(o[0])) for f in fake.fragments for o in f.obs]
+    assert rows == [(0, 1.0), (1, 2.0)], rows

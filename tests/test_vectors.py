@@ -140,6 +140,38 @@ def test_invalid_vector_is_rejected_with_its_reason(path):
         assert problem is not None and problem[0] == vector["reason"], problem
 
 
+def test_the_welcome_vector_is_a_network_an_actor_can_build_and_load():
+    """Issue 29, item 14: the welcome's policy had ``hidden_sizes = []``, which section
+    6.1 did not cover and zmq_rl refuses; it is now a real network (one hidden layer
+    of 2) whose weights, and the broadcast's, load exactly by name."""
+    from zmq_rl.policy import check_weights, policy_from_welcome
+
+    welcome = decode(bytes.fromhex(load(VECTORS / "welcome.json")["hex"]))
+    policy = policy_from_welcome(welcome)
+    assert welcome.settings.policy["hidden_sizes"] == [2]
+    weights = decode(bytes.fromhex(load(VECTORS / "weights.json")["hex"]))
+    check_weights(policy, weights.tensors)
+
+
+def test_a_hello_that_does_not_decode_is_answered_bad_hello():
+    """Issue 29, item 14: the out-of-range hello vector is refused bad_hello (not
+    ignored), and no other control vector that fails to decode gets that answer."""
+    from zmq_rl.membership import invalid_hello_refusal
+
+    for path in INVALID:
+        vector = load(path)
+        if vector["socket"] != "control" or vector["stage"] != "decode":
+            continue
+        frame = bytes.fromhex(vector["hex"])
+        with pytest.raises(ProtocolError) as info:
+            decode(frame, SOCKET_TYPES["control"])
+        refusal = invalid_hello_refusal(frame, info.value, 1 << 20)
+        want = vector["refuse"] if vector["refuse"] == "bad_hello" else None
+        assert (refusal.code if refusal else None) == want, path.name
+    out_of_range = load(VECTORS / "invalid" / "hello-num_envs-out-of-range.json")
+    assert out_of_range["refuse"] == "bad_hello" and out_of_range["reason"] == "bad_field"
+
+
 def test_the_unmutated_base_of_the_admit_vectors_is_admitted():
     """Each admit vector differs from an accepted fragment only by its defect."""
     worked = load(VECTORS / "fragment-cartpole-worked.json")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .agent import PAUSE_WAIT_S, Agent
-from .client import ActorClient
+from .client import ActorClient, BadExperience
 from .config import ActorConfig
 from .envs import make_env
 from .policy import Policy, WeightsMismatch, import_weights
@@ -31,6 +31,22 @@ log = logging.getLogger(__name__)
 
 class SpaceMismatch(RuntimeError):
     """The actor's env spaces differ from the learner's."""
+
+
+class BadEnvValue(ValueError):
+    """An env returned NaN or inf (or a reward past the learner's limit), or the policy
+    produced such a value or log-prob: the actor stops instead of sending rows the
+    learner would refuse. The message names the env id, the slot, the step of the
+    episode and the field (observation, reward, final observation)."""
+
+
+ENV_FIELDS = {
+    "next_obs": "observation",
+    "final_obs": "final observation (of a truncated episode)",
+    "rewards": "reward",
+    "obs": "observation",
+}
+"""What the env returned, by the client's field name (for :class:`BadEnvValue`)."""
 
 
 def curve_client_keys(cfg: ActorConfig) -> CurveClientKeys | None:
@@ -117,20 +133,47 @@ class GymActor:
         rewards = np.zeros(len(envs), np.float32)
         terminated = np.zeros(len(envs), bool)
         truncated = np.zeros(len(envs), bool)
+        episode_steps = np.zeros(len(envs), np.int64)  # steps of each slot's episode
         while not agent.shutdown_requested:
             actions = agent.act(obs)
             final_obs, next_obs = {}, []
             for j, env in enumerate(envs):
                 action = actions[j].item() if actions[j].ndim == 0 else actions[j]
                 o, rewards[j], terminated[j], truncated[j], _ = env.step(action)
+                episode_steps[j] += 1
                 if terminated[j] or truncated[j]:
                     if not terminated[j]:
                         final_obs[j] = o
                     o, _ = env.reset()
                 next_obs.append(o)
             obs = stack(next_obs)
-            agent.observe(rewards, terminated, truncated, obs, final_obs)
+            try:
+                agent.observe(rewards, terminated, truncated, obs, final_obs)
+            except BadExperience as exc:
+                ended = terminated | truncated
+                raise self._bad_env_value(exc, env_id, episode_steps, ended) from None
+            episode_steps[terminated | truncated] = 0
         return dict(agent.stats)
 
+    @staticmethod
+    def _bad_env_value(
+        exc: BadExperience, env_id: str, episode_steps: np.ndarray, ended: np.ndarray
+    ) -> BadEnvValue:
+        """The error naming the env, slot, episode step and field of ``exc``; a reset
+        observation (of an episode that just ended) is named as such."""
+        slot, field = exc.slot, ENV_FIELDS.get(exc.field, exc.field)
+        if exc.field not in ENV_FIELDS:  # values, log-probs, actions: the policy's
+            return BadEnvValue(f"the policy acting on env {env_id} produced {exc}")
+        if exc.field == "next_obs" and ended[slot]:
+            field, step = "reset observation", 0
+        else:
+            step = int(episode_steps[slot])
+        detail = str(exc).split(": ", 1)[1]
+        return BadEnvValue(
+            f"env {env_id} returned a non-finite or out-of-range {field} in slot {slot} at "
+            f"step {step} of its episode ({exc.step} steps of that slot since the welcome): "
+            f"{detail}"
+        )
 
-__all__ = ["PAUSE_WAIT_S", "GymActor", "SpaceMismatch", "env_seeds", "load_weights"]
+
+__all__ = ["PAUSE_WAIT_S", "BadEnvValue", "GymActor", "SpaceMismatch", "env_seeds", "load_weights"]

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .client import ActorClient
-from .policy import Policy, WeightsMismatch, import_weights, policy_from_welcome
+from .policy import Policy, WeightsMismatch, check_weights, import_weights, policy_from_welcome
 from .protocol import Weights, Welcome
 from .spaces import Value, as_value, env_actions, wire_dtype
 
@@ -153,6 +153,9 @@ class Agent:
         **client_options: Any,
     ) -> None:
         client_options.setdefault("env_id", "")
+        # Weights that do not fit the network are refused before the client adopts
+        # their version (docs/protocol.md section 4.2).
+        client_options.setdefault("weights_check", self._check_weights)
         self.client = ActorClient(
             learner,
             observation_space=observation_space,
@@ -291,6 +294,13 @@ class Agent:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _check_weights(self, weights: Weights) -> None:
+        """Raise :class:`~zmq_rl.policy.WeightsMismatch` when ``weights`` (of the
+        current run) do not fit the network exactly (the client's ``weights_check``)."""
+        runner = getattr(self, "runner", None)
+        if runner is not None and weights.run_id == runner.run_id:
+            check_weights(runner.policy, weights.tensors)
 
     def _load(self, weights: Weights | None) -> None:
         if weights is None:

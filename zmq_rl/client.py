@@ -47,7 +47,7 @@ import socket as pysocket
 import time
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 import numpy as np
@@ -87,6 +87,13 @@ from .transport import (
     readable,
     tcp_endpoint,
 )
+from .wire import (
+    MAX_ABS_VALUE,
+    finite_problem,
+    first_bad_row,
+    magnitude_problem,
+    named_leaves,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +123,39 @@ class LearnerRefused(RuntimeError):
         self.reason = reason
 
 
+def _plainly_sendable(steps: StepArrays, next_obs: Any) -> bool:
+    """The per-step fast path of the send-side check: True when ``steps`` and
+    ``next_obs`` are plain arrays whose values the learner accepts (finite, rewards,
+    values and log-probs within ``MAX_ABS_VALUE``); False sends the step through the
+    full check (:meth:`ActorClient._check_sendable`), which names what is wrong."""
+    for array in (steps.rewards, steps.values, steps.log_probs):
+        if type(array) is not np.ndarray or not np.abs(array).max(initial=0) <= MAX_ABS_VALUE:
+            return False  # NaN compares False
+    for array in (steps.obs, steps.actions, next_obs):
+        if type(array) is not np.ndarray:
+            return False
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            return False
+    return True
+
+
+class BadExperience(ValueError):
+    """A step holds a value the learner would refuse the whole fragment for (NaN or
+    inf anywhere, a reward, value or log-prob past ``MAX_ABS_VALUE``: its
+    ``not_finite`` / ``out_of_range``). Raised by :meth:`ActorClient.step` and
+    :meth:`ActorClient.send_fragment` before anything is buffered; ``field``,
+    ``slot`` and ``step`` (the slot's step since the welcome, from 1) say where."""
+
+    def __init__(self, field: str, slot: int, step: int, problem: str) -> None:
+        super().__init__(
+            f"slot {slot}, step {step} since the welcome: {problem}; the learner would "
+            f"refuse the whole fragment (not_finite / out_of_range), so it is not sent"
+        )
+        self.field = field
+        self.slot = slot
+        self.step = step
+
+
 class LearnerUnreachable(TimeoutError):
     """No answer from the learner within the allowed time."""
 
@@ -142,6 +182,7 @@ class LearnerConnection:
         learner_timeout: float = 60.0,
         max_message_bytes: int = 0,
         curve: CurveClientKeys | None = None,
+        weights_check: Callable[[Weights], None] | None = None,
     ) -> None:
         self.host, self.control_port = parse_learner_address(learner)
         self.env_id = env_id
@@ -154,6 +195,14 @@ class LearnerConnection:
         self.needs_reregister = False
         self.registrations = 0
         self.curve = curve
+        self.weights_check = weights_check
+        """Called with weights of this run before the client adopts their version (a
+        broadcast, or the welcome of a registration again into the same run); raising
+        (``WeightsMismatch``, ``ValueError``) refuses them: counted as
+        ``weights:wrong_tensors``, logged, and the version does not move. The
+        :class:`~zmq_rl.agent.Agent` and the inference server check against their
+        network (:func:`zmq_rl.policy.check_weights`)."""
+        self._welcome_refused = False
         self._monitor: zmq.Socket | None = None
         self._version_before = 0
         self.max_message_bytes = int(max_message_bytes)
@@ -164,6 +213,7 @@ class LearnerConnection:
         self.run_id = ""
         self.version = 0
         self.learner_version = 0  # the newest version the learner's heartbeats announced
+        self._announced = 0  # the same, from this registration's heartbeats only
         self.settings: RunSettings | None = None
         self.heartbeat_interval = 1.0
         self.shutdown_requested = False
@@ -288,6 +338,17 @@ class LearnerConnection:
             if isinstance(message, Refuse) and message.code != "reregister":
                 raise LearnerRefused(message.code, message.reason)
             if isinstance(message, Welcome):
+                slots = message.settings.num_envs
+                if hello.num_envs and slots != hello.num_envs:  # docs/protocol.md 4.3
+                    self._reject(
+                        "control",
+                        ProtocolError(
+                            "bad_field",
+                            f"welcome.config.num_envs: {slots}, the hello asked for "
+                            f"{hello.num_envs} (a learner gives exactly that or refuses)",
+                        ),
+                    )
+                    continue
                 self._accept(message)
                 return message
             # Heartbeats, a stale shutdown, or a "reregister" answering an earlier
@@ -300,6 +361,13 @@ class LearnerConnection:
         return sock
 
     def _accept(self, welcome: Welcome) -> None:
+        # A welcome back into the same run whose weights do not fit: registered, but
+        # the loaded weights and their version stay (as for a refused broadcast).
+        self._welcome_refused = (
+            self.registrations > 0
+            and welcome.run_id == self.run_id
+            and not self._weights_fit(welcome.weights)
+        )
         self.welcome = welcome
         self.registrations += 1
         self.needs_reregister = False
@@ -311,7 +379,9 @@ class LearnerConnection:
         if self.observation_space is None:
             self.observation_space = settings.observation_space
             self.action_space = settings.action_space
-        self.version = welcome.weights.version
+        if not self._welcome_refused:
+            self._version_before = self.version
+            self.version = welcome.weights.version
         self.num_envs = settings.num_envs
         self.heartbeat_interval = settings.heartbeat_interval
         self.last_heard = now = time.monotonic()
@@ -334,7 +404,7 @@ class LearnerConnection:
             observation_space=self.observation_space,
             action_space=self.action_space,
         )
-        self.learner_version = self.version
+        self.learner_version, self._announced = self.version, 0
         self.subscriber.max_message_bytes = self._weights_limit(settings)
         endpoint = tcp_endpoint(self.host, welcome.weights_port)
         self.subscriber.start(
@@ -428,7 +498,8 @@ class LearnerConnection:
         self._poll_control()
         if self.needs_reregister:
             self._log_reregister()
-            return self.register().weights
+            welcome = self.register()
+            return None if self._welcome_refused else welcome.weights
         self._check_link(time.monotonic())
         self._check_learner_alive("no message from the learner")
         self._maybe_heartbeat()
@@ -443,7 +514,7 @@ class LearnerConnection:
         if weights is None:
             return None
         self.last_heard = time.monotonic()
-        if weights.version <= self.version:
+        if weights.version <= self.version or not self._weights_fit(weights):
             return None
         if (
             self._link_checks
@@ -475,12 +546,29 @@ class LearnerConnection:
 
     def reject_weights(self, weights: Weights, error: Exception) -> None:
         """Undo accepting ``weights`` the policy could not load (wrong tensors): the
-        client goes back to the version it had, counts and logs the rejection."""
+        client goes back to the version it had, counts and logs the rejection. (A
+        client given a ``weights_check`` refuses such weights before it adopts them.)"""
         if self.version == weights.version:
             self.version = self._version_before
             self.stats["policy_updates_received"] -= 1
             self.stats["last_policy_version"] = self.version
+            self.learner_version = min(self.learner_version, max(self.version, self._announced))
         self._reject("weights", ProtocolError("wrong_tensors", str(error)))
+
+    def _weights_fit(self, weights: Weights) -> bool:
+        """Run :attr:`weights_check` on ``weights``; False (counted and logged as
+        ``weights:wrong_tensors``, naming the version) when it refuses them."""
+        if self.weights_check is None:
+            return True
+        try:
+            self.weights_check(weights)
+        except (ValueError, TypeError) as exc:  # WeightsMismatch is a ValueError
+            self._reject(
+                "weights",
+                ProtocolError("wrong_tensors", f"weights version {weights.version}: {exc}"),
+            )
+            return False
+        return True
 
     def _poll_control(self) -> None:
         sock = self._control
@@ -514,6 +602,7 @@ class LearnerConnection:
             return
         self._last_control = now
         self.learner_version = max(self.learner_version, message.version)
+        self._announced = max(self._announced, message.version)
         if message.base_version is not None:
             self.sender.rebase(message.base_version)
         if message.sent_at is not None:
@@ -668,6 +757,7 @@ class ActorClient(LearnerConnection):
         next_obs: np.ndarray,
         final_obs: Mapping[int, np.ndarray] | None = None,
         state: np.ndarray | None = None,
+        version: int | None = None,
     ) -> None:
         """Record one step of every slot (arrays with leading dim ``num_envs``).
 
@@ -677,10 +767,23 @@ class ActorClient(LearnerConnection):
         episode was truncated (not terminated) to the true last observation of that
         episode. ``state`` (recurrent policies only: ``[num_envs, state_size]``) is
         the policy state each slot acted from. The buffered rows of every slot are
-        sent once ``fragment_length`` steps are buffered.
+        sent once ``fragment_length`` steps are buffered. ``version`` is the policy
+        version that chose ``actions`` when that is older than the loaded one (weights
+        arrived between acting and recording, as in ``zmq-rl serve``): the step is then
+        sent at once, tagged with it, since a row's version is never newer than the
+        weights that acted (docs/protocol.md section 4.1.2).
         """
         # Not coerced: the sender's buffer converts each row as it stores it.
         steps = StepArrays(obs, actions, rewards, terminated, truncated, values, log_probs)
+        if not _plainly_sendable(steps, next_obs):
+            self._check_sendable(steps, next_obs, self._slot_step)
+        for slot, last in (final_obs or {}).items():
+            self._check_sendable(None, last, lambda _, s=int(slot): self._slot_step(s), True)
+        if version is not None and version < self.version:
+            self.sender.flush(self.version)
+            self.sender.step(steps, next_obs, final_obs, version, state)
+            self.sender.flush(version)
+            return
         self.sender.step(steps, next_obs, final_obs, self.version, state)
 
     def flush(self) -> None:
@@ -710,7 +813,48 @@ class ActorClient(LearnerConnection):
         if len(arrays) > len(names) or set(given) != set(names):
             raise TypeError(f"send_fragment takes slot and the arrays {', '.join(names)}")
         steps = StepArrays.coerce(*(given[name] for name in StepArrays.STEP_FIELDS))
+        base = int(self.sender.slot_steps[slot]) + 1 if self.sender.slot_steps.size > slot else 1
+        self._check_sendable(steps, None, lambda row: (slot, base + row))
+        self._check_sendable(None, given["next_obs"], lambda _: (slot, base + steps.length), False)
+        for row, last in (final_obs or {}).items():
+            self._check_sendable(None, last, lambda _, r=int(row): (slot, base + r), True)
         self.sender.send_fragment(slot, steps, given["next_obs"], final_obs, self.version, state)
+
+    def _slot_step(self, slot: int) -> tuple[int, int]:
+        """``(slot, the number of the step being recorded on it since the welcome)``."""
+        done = self.sender.slot_steps
+        return slot, int(done[slot]) + 1 if 0 <= slot < done.size else 0
+
+    @staticmethod
+    def _check_sendable(
+        steps: StepArrays | None,
+        next_obs: Any,
+        where: Callable[[int], tuple[int, int]],
+        single: bool = False,
+    ) -> None:
+        """Raise :class:`BadExperience` when a value would make the learner refuse the
+        fragment (the learner's own limits, :mod:`zmq_rl.wire`): ``where(row)`` gives
+        the slot and step of a bad row; ``single``: ``next_obs`` is one observation
+        (a final observation), not rows."""
+        fields: list[tuple[str, Any, bool]] = []
+        if steps is not None:
+            fields += [("obs", steps.obs, False), ("actions", steps.actions, False)]
+            fields += [(n, getattr(steps, n), True) for n in ("rewards", "values", "log_probs")]
+        if next_obs is not None:
+            fields.append(("final_obs" if single else "next_obs", next_obs, False))
+        for field, value, magnitude in fields:
+            for name, leaf in named_leaves(value, field):
+                if leaf.dtype.kind != "f":
+                    continue
+                rows = leaf[None] if single else leaf
+                problem = finite_problem(rows, name) or (
+                    magnitude_problem(rows, name) if magnitude else None
+                )
+                if problem:
+                    row = max(0, first_bad_row(rows, magnitude))
+                    slot, step = where(row)
+                    shown = np.asarray(rows[row]).ravel()[:8].tolist()
+                    raise BadExperience(field, slot, step, f"{problem} ({shown})")
 
     def _wait_for_room(self) -> bool:
         """While PUSH is full: serve control and heartbeats; False (give up on the

@@ -33,6 +33,7 @@ from .membership import (
     Membership,
     MembershipLimits,
     check_hello,
+    invalid_hello_refusal,
 )
 from .protocol import (
     Bye,
@@ -441,6 +442,9 @@ class Ingest:
             return
         except ProtocolError as exc:
             self._reject("control", exc.reason, str(exc))
+            refusal = invalid_hello_refusal(frame.buffer, exc, self.control_max_bytes)
+            if refusal is not None:  # a hello waits for an answer: say why (section 4.5)
+                self._send_control(routing_id, refusal)
             return
         if isinstance(message, Hello):
             self._on_hello(routing_id, message, self._sender_key(frame))

@@ -22,9 +22,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .protocol import MAX_SEQ_GAP, TOKEN_BYTES, Fragment, Hello
+from .protocol import MAX_SEQ_GAP, TOKEN_BYTES, Fragment, Hello, Refuse
 from .rollout import SlotKey
 from .spaces import space_from_spec, value_problem
+from .wire import MAX_ABS_VALUE as MAX_ABS_VALUE  # re-exported (it was defined here)
+from .wire import PROTOCOL_VERSION, ProtocolError, magnitude_problem, unpack_map
 
 RunSpaces = tuple[gym.Space, gym.Space]
 """The run's ``(observation_space, action_space)`` (gymnasium spaces)."""
@@ -416,11 +418,6 @@ class Membership:
         return rec, fragment.seq - expected
 
 
-MAX_ABS_VALUE = 1e9
-"""Rewards, values and log-probs beyond this magnitude are rejected: finite but
-absurd numbers would otherwise overflow the loss."""
-
-
 @dataclass(frozen=True)
 class MembershipLimits:
     """The most actors, slots per actor and slots in total a learner registers
@@ -466,6 +463,30 @@ def check_hello(
     if limits is not None:
         return _over_limits(membership, routing_id, hello, limits, default_envs)
     return None
+
+
+MAX_REFUSE_REASON = 4096
+"""The longest ``refuse.reason`` (docs/protocol.md section 4.5)."""
+
+
+def invalid_hello_refusal(
+    frame: bytes | memoryview, error: ProtocolError, max_bytes: int
+) -> Refuse | None:
+    """The ``refuse bad_hello`` that answers a control frame which failed to decode
+    with ``error`` but is a protocol-2 ``hello`` (a map whose ``proto`` is 2 and
+    ``type`` is ``"hello"``: a field missing, of the wrong type or out of range), so
+    that the actor reads why instead of waiting out its registration timeout
+    (docs/protocol.md section 4.5); None for any other frame (still rejected in
+    silence: only a hello waits for an answer)."""
+    try:
+        body = unpack_map(frame, max_bytes)
+    except ProtocolError:
+        return None
+    proto = body.get("proto")
+    if body.get("type") != "hello" or type(proto) is not int or proto != PROTOCOL_VERSION:
+        return None
+    reason = f"invalid hello ({error.reason}): {error}"
+    return Refuse("bad_hello", reason[:MAX_REFUSE_REASON])
 
 
 def _over_limits(
@@ -514,9 +535,9 @@ def _fit_problem(fragment: Fragment, rec: ActorRecord, spaces: RunSpaces) -> tup
     if problem:
         return "bad_obs", f"{problem} (observation space {observation_space})"
     for name in ("rewards", "values", "log_probs"):
-        array = getattr(fragment, name)
-        if float(np.abs(array).max()) > MAX_ABS_VALUE:
-            return "out_of_range", f"|{name}| exceeds {MAX_ABS_VALUE:g}"
+        problem = magnitude_problem(getattr(fragment, name), name)
+        if problem:
+            return "out_of_range", problem
     problem = action_problem(action_space, fragment.actions)
     if problem:
         return "bad_actions", problem

@@ -25,7 +25,7 @@ weights with gain ``sqrt(2)`` in hidden layers, ``0.01`` on the policy head and
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import gymnasium
@@ -45,6 +45,7 @@ __all__ = [
     "Policy",
     "WeightsMismatch",
     "build_policy",
+    "check_weights",
     "export_weights",
     "import_weights",
     "is_recurrent",
@@ -502,17 +503,21 @@ def export_weights(module: nn.Module) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def import_weights(module: nn.Module, weights: Sequence[tuple[str, np.ndarray]]) -> None:
-    """Load ``(name, array)`` pairs (from :func:`export_weights`) into ``module`` in place.
-
-    Strict and atomic: the names must be exactly those of ``module.state_dict()``
-    (no missing, unexpected or duplicate ones) and each array must have the same
-    shape and dtype as the module's tensor, else :class:`WeightsMismatch` names the
-    tensor(s) and both shapes/dtypes and the module is left unchanged. Values are
-    copied without grad into the existing tensors on the module's device, so
-    optimiser references and the module's device stay valid. Never unpickles.
-    """
-    targets = module.state_dict()
+def check_weights(
+    module: nn.Module,
+    weights: Sequence[tuple[str, np.ndarray]],
+    targets: Mapping[str, torch.Tensor] | None = None,
+) -> dict[str, np.ndarray]:
+    """Check that ``(name, array)`` pairs would load into ``module`` (by
+    :func:`import_weights`), without touching it: the names exactly those of
+    ``module.state_dict()`` (no missing, unexpected or duplicate one), each a numpy
+    array of exactly the tensor's shape and dtype. No broadcasting and no reshaping:
+    a scalar ``[]`` is not a ``[1]`` tensor, nor the reverse (docs/protocol.md
+    section 4.2). Raises :class:`WeightsMismatch` naming the tensor and both shapes;
+    returns the arrays by name. Callers validate this way before they move anything
+    (an actor's version) so that a refused message changes nothing."""
+    if targets is None:
+        targets = module.state_dict()
     seen: dict[str, np.ndarray] = {}
     for entry in weights:
         name, array = entry
@@ -537,6 +542,21 @@ def import_weights(module: nn.Module, weights: Sequence[tuple[str, np.ndarray]])
                 f"tensor {name!r}: module has shape {tuple(target.shape)} dtype {want}, "
                 f"imported has shape {tuple(array.shape)} dtype {array.dtype}"
             )
+    return seen
+
+
+def import_weights(module: nn.Module, weights: Sequence[tuple[str, np.ndarray]]) -> None:
+    """Load ``(name, array)`` pairs (from :func:`export_weights`) into ``module`` in place.
+
+    Strict and atomic: the names must be exactly those of ``module.state_dict()``
+    (no missing, unexpected or duplicate ones) and each array must have the same
+    shape and dtype as the module's tensor, else :class:`WeightsMismatch` names the
+    tensor(s) and both shapes/dtypes and the module is left unchanged. Values are
+    copied without grad into the existing tensors on the module's device, so
+    optimiser references and the module's device stay valid. Never unpickles.
+    """
+    targets = module.state_dict()
+    seen = check_weights(module, weights, targets)
     with torch.no_grad():
         for name, target in targets.items():
             array = seen[name]

@@ -49,6 +49,7 @@ from .wire import (
     ProtocolVersionMismatch,
     decode_array,
     encode_array,
+    finite_problem,
     unpack_map,
 )
 
@@ -125,8 +126,9 @@ def _array(value: Any, where: str, dtypes: tuple[str, ...], ndim: int | None = N
 
 
 def _require_finite(array: np.ndarray, where: str) -> None:
-    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
-        raise ProtocolError("not_finite", f"{where}: holds NaN or inf")
+    problem = finite_problem(array, where)
+    if problem:
+        raise ProtocolError("not_finite", problem)
 
 
 # --------------------------------------------------------------------------- messages

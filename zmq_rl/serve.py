@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +30,16 @@ import numpy as np
 import zmq
 
 from .agent import PolicyRunner
-from .client import ActorClient, LearnerLost, LearnerRefused, LearnerUnreachable
+from .client import (
+    ActorClient,
+    BadExperience,
+    LearnerLost,
+    LearnerRefused,
+    LearnerUnreachable,
+)
 from .config import ServeConfig
+from .policy import check_weights
+from .protocol import Weights
 from .spaces import (
     Value,
     decode_value,
@@ -48,6 +57,10 @@ from .wire import (
     PROTOCOL_VERSION,
     ProtocolError,
     decode_array,
+    finite_problem,
+    first_bad_row,
+    magnitude_problem,
+    named_leaves,
     unpack_map,
 )
 
@@ -113,7 +126,22 @@ def _observations(body: dict[str, Any], name: str, n: int, space: Any, context: 
     problem = value_problem(space, value, field, 1)
     if problem:
         raise RequestError("bad_field", problem + context)
+    _refuse_unsendable(value, field)
     return value
+
+
+def _refuse_unsendable(value: Value, where: str, magnitude: bool = False) -> None:
+    """RequestError ``not_finite`` (and, with ``magnitude``, ``out_of_range``) naming
+    the field and the first slot, when a leaf of ``value`` (rows are slots) holds what
+    the learner would refuse a whole fragment for: its own limits
+    (:func:`zmq_rl.wire.finite_problem`, :func:`~zmq_rl.wire.magnitude_problem`),
+    checked before anything is recorded, so that no good row travels with it."""
+    for name, leaf in named_leaves(value, where):
+        for code, check in (("not_finite", finite_problem), ("out_of_range", magnitude_problem)):
+            problem = check(leaf, name) if magnitude or code == "not_finite" else None
+            if problem:
+                slot = first_bad_row(leaf, magnitude=code == "out_of_range")
+                raise RequestError(code, f"{problem} (slot {slot}: {leaf[slot].tolist()})")
 
 
 def _field_array(body: dict[str, Any], name: str, dtypes: tuple[str, ...], shape: tuple) -> Any:
@@ -140,6 +168,7 @@ class Session:
     state: np.ndarray
     last_seen: float
     pending: tuple[Value, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    acted_version: int = 0  # the version of the weights that chose the pending actions
     request: Value | None = None  # observations of a request not answered yet
     requests: int = 0
     extra: dict[str, float] = field(default_factory=dict)
@@ -168,6 +197,7 @@ class InferenceServer:
         }
         self.shutdown_seen = False
         self._stop = False
+        self._error_counts: Counter[str] = Counter()
         self.socket = make_socket(
             self.ctx,
             zmq.ROUTER,
@@ -234,7 +264,8 @@ class InferenceServer:
                     self._on_detach(address, body)
             except RequestError as exc:
                 self.stats["errors"] += 1
-                count = self.stats["errors"]
+                self._error_counts[exc.code] += 1
+                count = self._error_counts[exc.code]  # each code logged sparsely
                 log.log(
                     logging.WARNING if count in (1, 10, 100, 1000) else logging.DEBUG,
                     "request refused (%s): %s",
@@ -286,6 +317,7 @@ class InferenceServer:
             context=self.ctx,
             register_timeout=self.cfg.register_timeout,
             learner_timeout=self.cfg.learner_timeout,
+            weights_check=self._check_weights,
         )
         try:
             welcome = client.register()
@@ -324,9 +356,16 @@ class InferenceServer:
                 seed = welcome.settings.seed + 1 + client.actor_id
             self.runner = PolicyRunner(welcome, seed)
             self.shutdown_seen = False
-        else:
-            self.runner.load(welcome.weights)
+        elif not self.runner.load(welcome.weights):
+            client.reject_weights(welcome.weights, ValueError("weights do not fit the network"))
         return self.runner
+
+    def _check_weights(self, weights: Weights) -> None:
+        """Every registration's ``weights_check``: weights of the shared network's run
+        must fit it exactly, else they are refused before the version moves."""
+        runner = self.runner
+        if runner is not None and weights.run_id == runner.run_id:
+            check_weights(runner.policy, weights.tensors)
 
     def _on_detach(self, address: list[bytes], body: dict[str, Any]) -> None:
         session = self.sessions.get(address[0])
@@ -373,8 +412,9 @@ class InferenceServer:
         if "reward" not in body:
             raise RequestError("bad_field", "infer.reward: missing (the previous step's outcome)")
         rewards = _field_array(body, "reward", ("float32", "float64"), (n,))
-        if not np.isfinite(rewards).all():
-            raise RequestError("bad_field", "infer.reward: holds NaN or inf")
+        with np.errstate(over="ignore"):  # float64 past float32's range: inf, refused
+            rewards = rewards.astype(np.float32)
+        _refuse_unsendable(rewards, "infer.reward", magnitude=True)
         terminated = _field_array(body, "terminated", ("bool",), (n,))
         truncated = _field_array(body, "truncated", ("bool",), (n,))
         needs = np.flatnonzero(truncated & ~terminated)
@@ -399,22 +439,31 @@ class InferenceServer:
                 int(s): map_value(lambda a, i=i: a[i], finals) for i, s in enumerate(index)
             }
         prev_obs, actions, values, log_probs, state = session.pending
-        session.pending = None
+        # The row's version: the weights that chose its actions, or this registration's
+        # loaded version when that is older (never newer than what acted, §4.1.2).
+        acted = session.acted_version
+        older = {"version": acted} if acted < session.client.version else {}
         ended = terminated | truncated
         if session.state.shape[1]:
             session.state[ended] = 0.0
-        session.client.step(
-            prev_obs,
-            actions,
-            rewards.astype(np.float32),
-            terminated,
-            truncated,
-            values,
-            log_probs,
-            obs,
-            final_obs,
-            state if session.state.shape[1] else None,
-        )
+        try:
+            session.client.step(
+                prev_obs,
+                actions,
+                rewards,
+                terminated,
+                truncated,
+                values,
+                log_probs,
+                obs,
+                final_obs,
+                state if session.state.shape[1] else None,
+                **older,
+            )
+        except BadExperience as exc:  # the network's own values / log-probs: never sent
+            code = "out_of_range" if "exceeds" in str(exc) else "not_finite"
+            raise RequestError(code, f"{exc.field} of the server's policy: {exc}") from None
+        session.pending = None
 
     def _say_shutdown(self, key: bytes) -> None:
         session = self.sessions[key]
@@ -474,6 +523,7 @@ class InferenceServer:
             start = rows.stop
             mine = actions[rows]
             session.pending = (session.request, mine, values[rows], log_probs[rows], session.state)
+            session.acted_version = runner.version
             if next_state is not None:
                 session.state = next_state[rows].copy()
             session.request = None

@@ -37,6 +37,10 @@ MAX_ENVS_PER_ACTOR = 4096
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+MAX_ABS_VALUE = 1e9
+"""Rewards, values and log-probs beyond this magnitude are refused (the learner's
+``out_of_range``): finite but absurd numbers would otherwise overflow the loss."""
+
 
 class ProtocolError(ValueError):
     """A frame is not a valid message of this protocol version.
@@ -148,3 +152,47 @@ def unpack_map(frame: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_B
     if not isinstance(body, dict):
         raise ProtocolError("not_a_map", f"message is a {type(body).__name__}, not a map")
     return body
+
+
+# --------------------------------------------------------------------------- limits
+
+
+def finite_problem(array: np.ndarray, where: str) -> str | None:
+    """``"<where>: holds NaN or inf"`` when a float array holds one, else None: what a
+    learner refuses as ``not_finite`` (docs/protocol.md section 4.1). The one definition
+    every sender checks against before its rows leave (actor, inference server)."""
+    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+        return f"{where}: holds NaN or inf"
+    return None
+
+
+def magnitude_problem(array: np.ndarray, where: str) -> str | None:
+    """``"|<where>| exceeds 1e+09"`` when a value's magnitude passes
+    :data:`MAX_ABS_VALUE` (rewards, values, log-probs), else None: what a learner
+    refuses as ``out_of_range``."""
+    if array.size and float(np.abs(array).max()) > MAX_ABS_VALUE:
+        return f"|{where}| exceeds {MAX_ABS_VALUE:g}"
+    return None
+
+
+def named_leaves(value: Any, where: str) -> list[tuple[str, np.ndarray]]:
+    """The arrays of a value (an array, or maps and lists of them: a structured
+    space's value) with their field paths: ``obs``, ``obs.pos``, ``obs[1]``."""
+    if isinstance(value, dict):
+        return [pair for k, v in value.items() for pair in named_leaves(v, f"{where}.{k}")]
+    if isinstance(value, (tuple, list)):
+        return [pair for i, v in enumerate(value) for pair in named_leaves(v, f"{where}[{i}]")]
+    return [(where, np.asarray(value))]
+
+
+def first_bad_row(array: np.ndarray, magnitude: bool = False) -> int:
+    """The first row (leading index) of ``array`` holding NaN or inf (``magnitude``:
+    or a magnitude past :data:`MAX_ABS_VALUE`); -1 when none does."""
+    rows = np.asarray(array, np.float64).reshape(len(array), -1) if np.ndim(array) else None
+    if rows is None:
+        return -1
+    bad = ~np.isfinite(rows)
+    if magnitude:
+        bad |= np.abs(np.nan_to_num(rows)) > MAX_ABS_VALUE
+    hits = np.flatnonzero(bad.any(axis=1))
+    return int(hits[0]) if hits.size else -1

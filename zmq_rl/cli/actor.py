@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from zmq_rl.config import ActorConfig, ConfigError
 
 from .common import (
+    EXIT_CONFIG,
     EXIT_INTERRUPTED,
     CliFailure,
     check_env,
@@ -113,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, cfg = resolve(argv, parser)  # before the heavy imports: --help is instant
         import gymnasium as gym
 
-        from zmq_rl.actor import GymActor, SpaceMismatch
+        from zmq_rl.actor import BadEnvValue, GymActor, SpaceMismatch
         from zmq_rl.client import LearnerLost, LearnerRefused, LearnerUnreachable
 
         setup_logging(args.log_level)
@@ -135,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliFailure(f"{exc}; giving up (see --learner-timeout)") from None
         except SpaceMismatch as exc:
             raise CliFailure(str(exc)) from None
+        except BadEnvValue as exc:  # a restart would run into it again: not restarted
+            raise CliFailure(str(exc), EXIT_CONFIG) from None
         except gym.error.Error as exc:  # the learner's env id does not exist here
             raise CliFailure(f"cannot make the learner's env on this host: {exc}") from None
         summary = ", ".join(f"{k} {v:g}" for k, v in stats.items())

@@ -57,6 +57,12 @@ CLAUSES = {
         ),
         Clause("refuse-bad-hello", "4.5", "MUST", "a hello with one space is refused bad_hello"),
         Clause(
+            "refuse-invalid-hello",
+            "4.5",
+            "MUST",
+            "a hello with a field out of range (num_envs 5000) is refused bad_hello, not ignored",
+        ),
+        Clause(
             "welcome", "4.4", "MUST", "a hello is welcomed: token, ports, every setting, weights"
         ),
         Clause(
@@ -231,6 +237,7 @@ class LearnerScenario:
             "space_mismatch",
         )
         self.refuse_check("refuse-bad-hello", _hello(observation_space=odd), "bad_hello")
+        self.refuse_check("refuse-invalid-hello", _hello(num_envs=5000), "bad_hello")
         beat = Heartbeat(actor_id=0, token=bytes(16), run_id="", version=0)
         self.refuse_check(
             "refuse-reregister",

@@ -356,14 +356,24 @@ def cartpole_fragment() -> Fragment:
 
 
 def _tiny_weights(version: int) -> Weights:
+    """The weights of the welcome's network (``hidden_sizes = [2]``, separate trunks,
+    CartPole's 4 observations, 2 actions): every tensor §6.1 names, by its name."""
     rng = np.random.default_rng(5)
+
+    def normal(*shape: int) -> np.ndarray:
+        return rng.normal(0, 0.1, shape).astype(np.float32)
+
     return Weights(
         version=version,
         run_id=RUN_ID,
         tensors=[
-            ("policy_head.weight", rng.normal(0, 0.1, (2, 4)).astype(np.float32)),
+            ("actor_trunk.0.weight", normal(2, 4)),
+            ("actor_trunk.0.bias", np.zeros(2, np.float32)),
+            ("critic_trunk.0.weight", normal(2, 4)),
+            ("critic_trunk.0.bias", np.zeros(2, np.float32)),
+            ("policy_head.weight", normal(2, 2)),
             ("policy_head.bias", np.zeros(2, np.float32)),
-            ("value_head.weight", rng.normal(0, 0.1, (1, 4)).astype(np.float32)),
+            ("value_head.weight", normal(1, 2)),
             ("value_head.bias", np.zeros(1, np.float32)),
         ],
     )
@@ -377,7 +387,7 @@ def _settings() -> RunSettings:
         observation_space=_spaces()["box"],
         action_space=spaces.Discrete(2),
         policy={
-            "hidden_sizes": [],
+            "hidden_sizes": [2],
             "activation": "tanh",
             "shared_trunk": False,
             "ortho_init": True,
@@ -438,7 +448,7 @@ def _messages() -> list[tuple[str, str, Any]]:
         (
             "welcome",
             "the answer to 'hello': id, run id, session token, base version, ports, every "
-            "run setting, and the current weights (a tiny 4-tensor network)",
+            "run setting, and the current weights (a tiny network: one hidden layer of 2)",
             Welcome(
                 actor_id=0,
                 run_id=RUN_ID,
@@ -858,6 +868,10 @@ def _control_invalid() -> list[dict[str, Any]]:
         _invalid("hello-one-space", "a hello with an observation space but no action space",
                  pack({**only_one, **envelope, "type": "hello"}),
                  "control", "hello", "bad_hello", refuse="bad_hello"),
+        _invalid("hello-num_envs-out-of-range", "a hello asking for 5000 slots (over 4096): "
+                 "does not decode, answered refuse bad_hello naming the field",
+                 pack({**hello.to_map(), "num_envs": 5000, **envelope, "type": "hello"}),
+                 "control", "decode", "bad_field", refuse="bad_hello"),
     ]  # fmt: skip
 
 
