@@ -261,3 +261,66 @@ def test_an_evaluation_row_goes_to_tensorboard_and_wandb_at_its_own_step(tmp_pat
         {"eval/mean_return": 9.5, "eval/std_return": 0.5, "eval/env_steps": 64},
         128,
     )
+
+
+# -- evaluation is passive (issue 29, item 2) ---------------------------------------------
+
+
+def train_weights(port: int, first_actor: int, **eval_settings) -> list:
+    """Train a small CartPole policy with two actors registering in the order
+    ``first_actor`` first, then the other; the final weights. The valve's lead is
+    one broadcast cycle: each rollout is acted by exactly the version before it,
+    whatever the timing (a longer lead lets a slow actor's rows be acted by a newer
+    version, which is timing, not evaluation)."""
+    import time
+
+    from zmq_rl.policy import export_weights
+
+    cfg = stub_learner_config(
+        port,
+        env_id="CartPole-v1",
+        num_actors=2,
+        num_envs=2,
+        num_steps=16,
+        fragment_length=16,
+        max_lead_steps=16,
+        eval_episodes=3,
+        total_env_steps=16 * 4 * 8,
+        target_return=float("inf"),
+        **eval_settings,
+    )
+    ctx = zmq.Context()
+    learner = Learner(cfg, PPOConfig(num_epochs=2, minibatch_size=16), STUB_POLICY, context=ctx)
+    job = Background(learner.run)
+    actors = [gym_actor(ctx, port, env_id="CartPole-v1", num_envs=2, actor_id=first_actor)]
+    deadline = time.monotonic() + 60
+    while learner.members.get(first_actor) is None:  # registered: the other may come
+        assert time.monotonic() < deadline and job.alive(), "the first actor never registered"
+        time.sleep(0.01)
+    actors.append(gym_actor(ctx, port, env_id="CartPole-v1", num_envs=2, actor_id=1 - first_actor))
+    job.join(120)
+    for actor in actors:
+        actor.join()
+    weights = export_weights(learner.policy)
+    learner.close()
+    ctx.destroy(linger=0)
+    assert job.error is None, repr(job.error)
+    assert job.result.updates_completed == 8
+    return weights
+
+
+def test_evaluation_on_off_or_in_the_background_trains_the_same_weights():
+    """Same seed: no evaluation, background evaluation every update and in-loop
+    evaluation every update train bit-identical weights, whichever actor registered
+    first (on main the rollout's columns followed the registration order, a race)."""
+    off = train_weights(free_port_block(), first_actor=0, eval_every=0)
+    background = train_weights(
+        free_port_block(), first_actor=1, eval_every=1, eval_in_background=True
+    )
+    in_loop = train_weights(
+        free_port_block(), first_actor=0, eval_every=1, eval_in_background=False
+    )
+    for name, array in off:
+        assert any(array.any() for _, array in off)
+        assert (dict(background)[name] == array).all(), f"background evaluation changed {name}"
+        assert (dict(in_loop)[name] == array).all(), f"in-loop evaluation changed {name}"

@@ -169,6 +169,10 @@ class BackgroundEvaluator:
         with _main_module_hidden():
             self._process.start()
         child.close()
+        # Niced now, before its imports (seconds of CPU): on a machine with few cores
+        # they would otherwise slow the actors and change the versions they act with.
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, self._process.pid, 19)
 
     def _send(self, tag: Any, weights: list[tuple[str, np.ndarray]]) -> None:
         self._conn.send((tag, weights))
