@@ -324,3 +324,75 @@ def test_evaluation_on_off_or_in_the_background_trains_the_same_weights():
         assert any(array.any() for _, array in off)
         assert (dict(background)[name] == array).all(), f"background evaluation changed {name}"
         assert (dict(in_loop)[name] == array).all(), f"in-loop evaluation changed {name}"
+
+
+# -- Ctrl-C (issue 29, item 8) --------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("program", ["zmq-rl run", "zmq-learner"])
+def test_ctrl_c_in_a_terminal_stops_the_run_without_a_traceback(tmp_path, program):
+    """Ctrl-C in a terminal sends SIGINT to its whole process group: the learner,
+    the background evaluator it spawned (and zmq-rl run's actors). The run stops
+    cleanly (rc 130) and nothing prints a traceback (on main the evaluator printed
+    a KeyboardInterrupt traceback of 17 lines)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    port, run_dir = free_port_block(), tmp_path / "run"
+    common = [
+        *("--env-id", "CartPole-v1", "--total-env-steps", "10000000", "--target-return", "inf"),
+        *("--eval-every", "1", "--eval-episodes", "2", "--port", str(port)),
+        *("--run-dir", str(run_dir)),
+    ]
+    python = [sys.executable, "-m"]
+    if program == "zmq-rl run":
+        command = [*python, "zmq_rl.cli.main", "run", *common, "--no-plot"]
+    else:
+        command = [*python, "zmq_rl.cli.learner", *common, "--num-actors", "1"]
+    root = Path(__file__).resolve().parents[1]
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root)
+    proc = subprocess.Popen(command, start_new_session=True, **pipes)  # its own "terminal"
+    helpers = []
+    if program == "zmq-learner":  # an actor elsewhere: not in the signalled group
+        actor = [*python, "zmq_rl.cli.actor", "--learner", f"127.0.0.1:{port}"]
+        helpers.append(subprocess.Popen(actor, start_new_session=True, **pipes))
+    try:
+        deadline = time.monotonic() + 180
+        metrics = run_dir / "metrics.jsonl"
+        while not (
+            evaluator_processes_of(proc.pid)
+            and metrics.is_file()
+            and "eval/mean_return" in metrics.read_text()
+        ):  # an evaluator that has evaluated: it is past its start-up
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no background evaluation within 180 s"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        for p in [proc, *helpers]:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert (
+        "interrupted (SIGINT)" in json.loads((run_dir / "report.json").read_text())["stop_reason"]
+    )
+
+
+def evaluator_processes_of(pid: int) -> list[psutil.Process]:
+    """The spawned evaluator processes under ``pid``."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
