@@ -200,7 +200,8 @@ def _sigint_ignored() -> Any:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if previous is not None:  # None: a handler not set from Python, left as is
+            signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ The learner appends every update's row to ``metrics.jsonl`` in its run directory
 ``on_update`` hook that adds a spreadsheet-friendly CSV and TensorBoard event files::
 
     with MetricsWriter(run_dir) as metrics:
-        Learner(cfg, on_update=metrics.write).run()
+        Learner(cfg, on_update=metrics.write, on_evaluation=metrics.write).run()
 
 CSV columns are the keys of the first row, in order; a key that first appears in
 a later row (``eval/mean_return`` appears only in evaluation rows) is appended
