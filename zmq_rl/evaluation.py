@@ -193,15 +193,17 @@ def _sigint_ignored() -> Any:
     one (where signal handlers cannot be changed) the child ignores it itself, a
     moment later (:func:`_evaluate_forever`).
     """
-    if threading.current_thread() is not threading.main_thread():
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is None  # set outside Python: not restorable
+    ):
         yield
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
-        if previous is not None:  # None: a handler not set from Python, left as is
-            signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
