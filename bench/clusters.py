@@ -52,9 +52,11 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
     if path.exists():
         for line in path.read_text().splitlines():
             try:
-                out.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 break
+            if "eval/mean_return" not in row:  # update rows only, not evaluations
+                out.append(row)
     return out
 
 

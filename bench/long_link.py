@@ -281,11 +281,12 @@ class Bench:
 def _rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
-    return [
+    rows = [
         json.loads(line)
         for line in path.read_text().splitlines(keepends=True)
         if line.endswith("\n")
     ]
+    return [row for row in rows if "eval/mean_return" not in row]  # update rows only
 
 
 def one_round(bench: Bench, smoke: bool, round_no: int) -> list[dict[str, Any]]:

@@ -158,7 +158,7 @@ def test_cnn_trains_a_few_updates_on_pong(tmp_path, capsys) -> None:
     final = report["evaluations"][-1]
     assert -21.0 <= final["mean_return"] <= 21.0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for row in rows:
+    for row in [r for r in rows if "eval/mean_return" not in r]:  # the update rows
         assert np.isfinite(row["losses/policy_loss"]) and np.isfinite(row["losses/value_loss"])
     actor = report["actor_stats"]["0"]
     assert actor["actor/policy_updates_received"] >= 1

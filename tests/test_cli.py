@@ -496,7 +496,13 @@ def test_run_end_to_end(finished_run) -> None:
     assert "summary" in result.stdout and str(run_dir) in result.stdout
     assert "update 4/4" in result.stdout  # the plain progress lines (stdout is a pipe)
     with open(run_dir / "metrics.csv", newline="") as f:
-        assert len(list(csv.DictReader(f))) == report["updates_completed"]
+        rows = list(csv.DictReader(f))
+    # One row per update, and one per evaluation at the env step it measured.
+    evaluations = [r for r in rows if r.get("eval/mean_return")]
+    assert len(rows) - len(evaluations) == report["updates_completed"]
+    assert [(int(r["env_steps"]), float(r["eval/mean_return"])) for r in evaluations] == [
+        (e["env_steps"], e["mean_return"]) for e in report["evaluations"]
+    ]
     assert (run_dir / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
     # No actor left behind: neither by the pids the learner saw, nor by command line.
     pids = [int(stats["pid"]) for stats in report["actor_stats"].values()]

@@ -135,4 +135,5 @@ def test_learner_and_two_actor_processes_train_and_shut_down_cleanly(tmp_path, l
         assert summary["steps_received"] >= summary["steps_consumed"]
         assert summary["actor/policy_updates_received"] >= 1
         assert summary["pid"] in {procs["actor0"].pid, procs["actor1"].pid}
-    assert (run_dir / "metrics.jsonl").read_text().count("\n") == 16
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert sum("eval/mean_return" not in json.loads(line) for line in lines) == 16  # updates

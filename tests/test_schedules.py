@@ -67,6 +67,7 @@ def run_and_read_metrics(port: int, run_dir: Path, ppo: PPOConfig) -> list[dict[
     assert not actor.is_alive() and not errors, errors
     assert report.updates_completed == UPDATES
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "eval/mean_return" not in r]  # the update rows
     assert [r["update"] for r in rows] == list(range(1, UPDATES + 1))
     return rows
 

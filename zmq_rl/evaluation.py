@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -166,13 +168,42 @@ class BackgroundEvaluator:
         env = (self.env_id, self.env_kwargs, self.wrappers)
         args = (child, env, self.episodes, self.seed, config_dict(self.policy_cfg))
         self._process = ctx.Process(target=_evaluate_forever, args=args, daemon=True)
-        with _main_module_hidden():
+        with _main_module_hidden(), _sigint_ignored():
             self._process.start()
         child.close()
+        # Niced now, before its imports (seconds of CPU): on a machine with few cores
+        # they would otherwise slow the actors and change the versions they act with.
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, self._process.pid, 19)
 
     def _send(self, tag: Any, weights: list[tuple[str, np.ndarray]]) -> None:
         self._conn.send((tag, weights))
         self._busy = True
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Any:
+    """Start a child that ignores SIGINT from its first instruction on.
+
+    The evaluator is in the terminal's process group: Ctrl-C reaches it as well as
+    the learner, and a ``KeyboardInterrupt`` traceback from it would read as a
+    crash while the learner stops cleanly (and stops the evaluator: :meth:`close`).
+    An ignored SIGINT is inherited across exec (Python keeps it ignored), so even
+    the child's start-up imports are covered; from a thread other than the main
+    one (where signal handlers cannot be changed) the child ignores it itself, a
+    moment later (:func:`_evaluate_forever`).
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is None  # set outside Python: not restorable
+    ):
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
@@ -203,7 +234,9 @@ def _main_module_hidden() -> Any:
 def _evaluate_forever(
     conn: Any, env: tuple[str, dict, list], episodes: int, seed: int, policy: dict
 ) -> None:
-    """The evaluator process: evaluate each snapshot received, send the result back."""
+    """The evaluator process: evaluate each snapshot received, send the result back.
+    Ctrl-C is ignored: the learner stops this process (see :func:`_sigint_ignored`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from .config import PolicyConfig
     from .policy import build_policy, import_weights
 

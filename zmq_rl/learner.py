@@ -127,9 +127,12 @@ class Learner:
         policy_cfg: PolicyConfig | None = None,
         context: zmq.Context | None = None,
         on_update: Callable[[dict[str, Any]], None] | None = None,
+        on_evaluation: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """Bind the sockets and build the trainer; ``on_update(row)`` is called after
-        every update with the metrics row (for progress displays)."""
+        every update with the metrics row (for progress displays), and
+        ``on_evaluation(row)`` with every evaluation's row when its result is known
+        (:func:`~zmq_rl.runlog.evaluation_row`: at the env step it measured)."""
         self.cfg = cfg.validate()
         self.ppo_cfg = (ppo or PPOConfig()).validate()
         self.policy_cfg = (policy_cfg or PolicyConfig()).validate()
@@ -149,7 +152,7 @@ class Learner:
         self.report = LearnerReport(run_id=self.run_id, device=str(self.trainer.device))
         self.counters: Counter[str] = Counter()
         self._stop_reason = ""
-        self.runlog = RunLog(cfg, self.report, on_update, self.policy_cfg)
+        self.runlog = RunLog(cfg, self.report, on_update, self.policy_cfg, on_evaluation)
         # Data-parallel learner ranks (num_learners > 1): this is rank 0; the others
         # are started (or joined, under torchrun) when the run starts.
         self.spec: RankSpec | None = rank_spec(cfg.num_learners, cfg.host, cfg.rendezvous_port())
@@ -194,6 +197,11 @@ class Learner:
         return self.runlog.on_update
 
     @property
+    def on_evaluation(self) -> Callable[[dict[str, Any]], None] | None:
+        """The hook called with every evaluation's row (:attr:`RunLog.on_evaluation`)."""
+        return self.runlog.on_evaluation
+
+    @property
     def queues(self) -> SlotQueues:
         """The per-slot queues of received rows (:attr:`Ingest.queues`)."""
         return self.ingest.queues
@@ -231,9 +239,7 @@ class Learner:
                 metrics = self._one_update() if self.ranks is None else self.ranks.update()
                 if metrics is None:
                     break
-                solved = self.ingest.serve_during(
-                    lambda m=metrics: runlog.maybe_evaluate(self.policy, m)
-                )
+                solved = self.ingest.serve_during(lambda: runlog.maybe_evaluate(self.policy))
                 metrics.update(self.ingest.link_stats())  # round trips, valve shares
                 runlog.record(metrics, self.version, sum(1 for r in self.members if r.member))
                 if (
@@ -484,6 +490,7 @@ class Learner:
         run_dir: str | Path,
         context: zmq.Context | None = None,
         on_update: Callable[[dict[str, Any]], None] | None = None,
+        on_evaluation: Callable[[dict[str, Any]], None] | None = None,
         **learner_overrides: Any,
     ) -> Learner:
         """A learner continuing the newest checkpoint in ``run_dir``: same configs
@@ -492,7 +499,9 @@ class Learner:
         run id tells the actors that the learner restarted, so they re-register."""
         path, state = newest_readable_checkpoint(run_dir)
         cfg, ppo, policy_cfg = checkpoint_configs(state, path, run_dir, **learner_overrides)
-        learner = cls(cfg, ppo, policy_cfg, context=context, on_update=on_update)
+        learner = cls(
+            cfg, ppo, policy_cfg, context=context, on_update=on_update, on_evaluation=on_evaluation
+        )
         learner.trainer.load_state_dict(state)
         restore_run_state(state, learner.report, learner.counters)
         learner.report.resumed_from = str(path)

@@ -204,8 +204,10 @@ class Membership:
         return rec
 
     def member_slots(self) -> list[SlotKey]:
-        """Every slot the rollout being filled needs rows from."""
-        return [key for rec in self.actors.values() if rec.member for key in rec.slots()]
+        """Every slot the rollout being filled needs rows from, in key order (actor id,
+        then slot): the rollout's column order, so it must not depend on which actor
+        happened to register first (a fixed seed trains the same weights every time)."""
+        return sorted(key for rec in self.actors.values() if rec.member for key in rec.slots())
 
     def register(
         self,

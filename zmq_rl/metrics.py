@@ -5,10 +5,10 @@ The learner appends every update's row to ``metrics.jsonl`` in its run directory
 ``on_update`` hook that adds a spreadsheet-friendly CSV and TensorBoard event files::
 
     with MetricsWriter(run_dir) as metrics:
-        Learner(cfg, on_update=metrics.write).run()
+        Learner(cfg, on_update=metrics.write, on_evaluation=metrics.write).run()
 
 CSV columns are the keys of the first row, in order; a key that first appears in
-a later row (``eval/mean_return`` appears only on evaluation updates) is appended
+a later row (``eval/mean_return`` appears only in evaluation rows) is appended
 as a new column and the file is rewritten once with that header, so the CSV
 always holds every key seen, with empty cells where a row had no value. A CSV
 already in the run directory is appended to (as the learner does with its JSONL).
@@ -17,6 +17,15 @@ TensorBoard scalars go to event files in the run directory itself (so
 ``tensorboard --logdir runs`` shows every run), with the env-step count as the
 step, when the ``tensorboard`` package is importable (``pip install
 zmq_rl[tensorboard]``).
+
+Rows are of two kinds. An update row (``charts/...``, ``losses/...``) is one PPO
+update at its env step. An evaluation row (:func:`is_evaluation_row`: it holds
+``eval/mean_return``; :func:`zmq_rl.runlog.evaluation_row`) is one evaluation at
+the update, env step and wall time of the policy it *measured*, written when the
+result is known: a background evaluation's row follows the update rows trained
+meanwhile, and the final evaluation's row follows the last update row. Its
+``eval/`` scalars go to TensorBoard and W&B at its own env step (W&B, whose step
+only moves forward, draws ``eval/*`` against ``eval/env_steps``).
 
 Weights & Biases (``--wandb-project NAME``, ``pip install 'zmq_rl[wandb]'``): the
 same scalars against env steps, the run's configs as the W&B config, files under
@@ -37,7 +46,13 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JsonlMetrics", "MetricsWriter", "WandbUnavailable", "tensorboard_available"]
+__all__ = [
+    "JsonlMetrics",
+    "MetricsWriter",
+    "WandbUnavailable",
+    "is_evaluation_row",
+    "tensorboard_available",
+]
 
 
 class WandbUnavailable(ImportError):
@@ -49,6 +64,15 @@ JSONL_NAME = "metrics.jsonl"
 STEP_KEY = "env_steps"
 """The x axis of TensorBoard scalars."""
 _NOT_SCALARS = frozenset({"update", STEP_KEY})
+EVAL_PREFIX = "eval/"
+EVAL_STEP_KEY = "eval/env_steps"
+"""The x axis of the ``eval/*`` charts in W&B (the env step each evaluation measured)."""
+
+
+def is_evaluation_row(row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` is an evaluation's row (not an update's): it has
+    ``eval/mean_return``."""
+    return "eval/mean_return" in row
 
 
 class JsonlMetrics:
@@ -116,6 +140,7 @@ class MetricsWriter:
             self._tb = SummaryWriter(log_dir=str(self.run_dir))
             log.info("writing TensorBoard events to %s", self.run_dir)
         self._wandb: Any = None
+        self._wandb_step = 0
         if wandb_project:
             self._wandb = _start_wandb(self.run_dir, wandb_project, wandb_config or {})
 
@@ -125,7 +150,9 @@ class MetricsWriter:
         return self._tb is not None
 
     def write(self, row: Mapping[str, Any]) -> None:
-        """Append one row (one update's metrics) to the CSV and TensorBoard."""
+        """Append one row (one update's metrics, or one evaluation's) to the CSV,
+        TensorBoard and W&B; an evaluation row's ``eval/`` scalars only, at the env
+        step it measured."""
         if self._closed:
             raise ValueError("MetricsWriter is closed")
         new_keys = [k for k in row if k not in self.fieldnames]
@@ -135,22 +162,28 @@ class MetricsWriter:
         self._csv.writerow(row)
         self._csv_file.flush()
         self.rows_written += 1
+        evaluation = is_evaluation_row(row)
+        step = int(row.get(STEP_KEY, self.rows_written))
+        scalars = {
+            k: v
+            for k, v in row.items()
+            if k != STEP_KEY
+            and isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and (not evaluation or k.startswith(EVAL_PREFIX))
+        }
         if self._tb is not None:
-            step = int(row.get(STEP_KEY, self.rows_written))
-            for key, value in row.items():
-                if key in _NOT_SCALARS or isinstance(value, bool):
-                    continue
-                if isinstance(value, (int, float)):
+            for key, value in scalars.items():
+                if key not in _NOT_SCALARS:
                     self._tb.add_scalar(key, value, global_step=step)
             self._tb.flush()
         if self._wandb is not None:
-            step = int(row.get(STEP_KEY, self.rows_written))
-            scalars = {
-                k: v
-                for k, v in row.items()
-                if k != STEP_KEY and isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
-            self._wandb.log(scalars, step=step)
+            if evaluation:
+                # W&B drops a step below its newest: log at the newest, x = eval/env_steps.
+                self._wandb.log({**scalars, EVAL_STEP_KEY: step}, step=self._wandb_step)
+            else:
+                self._wandb_step = max(self._wandb_step, step)
+                self._wandb.log(scalars, step=step)
 
     def _extend_header(self, new_keys: list[str]) -> None:
         """Add columns; rewrite the rows written so far under the wider header."""
@@ -215,5 +248,7 @@ def _start_wandb(run_dir: Path, project: str, config: Mapping[str, Any]) -> Any:
         config=plain,
         reinit="finish_previous",
     )
+    run.define_metric(EVAL_STEP_KEY)
+    run.define_metric(EVAL_PREFIX + "*", step_metric=EVAL_STEP_KEY)
     log.info("logging to Weights & Biases project %s in %s", project, run_dir / "wandb")
     return run

@@ -3,7 +3,10 @@
 :class:`RunLog` writes what the learner reports as it goes: every update's row to
 ``metrics.jsonl`` and the ``on_update`` hook, the log line (which names the learner's
 device), and deterministic evaluations into the :class:`~zmq_rl.report.LearnerReport`.
-No sockets here.
+Every evaluation also becomes an evaluation row (:func:`evaluation_row`), written to
+``metrics.jsonl`` and the ``on_evaluation`` hook when its result is known, at the
+update, env step and wall time it *measured* (a background evaluation's result
+arrives updates later; the final one after the last update row). No sockets here.
 
 Evaluation runs on the CPU whatever the learner's device: its envs step on the
 CPU and it acts on one observation per unfinished episode, a batch of at most
@@ -32,7 +35,7 @@ from .metrics import JsonlMetrics
 from .policy import Policy, export_weights
 from .report import LearnerReport
 
-__all__ = ["BestPolicy", "RunLog"]
+__all__ = ["BestPolicy", "RunLog", "evaluation_row"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,24 @@ class BestPolicy:
         return {name: torch.from_numpy(array) for name, array in self.weights}
 
 
+def evaluation_row(result: dict[str, Any]) -> dict[str, Any]:
+    """The metrics row of one evaluation (a ``report.evaluations`` entry): ``update``,
+    ``env_steps`` and ``wall_seconds`` of the snapshot it measured, ``eval/mean_return``
+    and ``eval/std_return`` (and ``reported_at_update`` for a background one). The
+    sinks draw its ``eval/`` scalars at its ``env_steps``
+    (:meth:`~zmq_rl.metrics.MetricsWriter.write`)."""
+    row = {
+        "update": result["updates"],
+        "env_steps": result["env_steps"],
+        "wall_seconds": result["wall_seconds"],
+        "eval/mean_return": result["mean_return"],
+        "eval/std_return": result["std_return"],
+    }
+    if "reported_at_update" in result:
+        row["reported_at_update"] = result["reported_at_update"]
+    return row
+
+
 class RunLog:
     """Records one run's progress into ``report`` (and ``run_dir/metrics.jsonl``).
 
@@ -66,7 +87,10 @@ class RunLog:
     kept apart (the learner writes it as ``policy-best.pt``). What it holds is
     bounded: the best snapshot, plus the weights of the snapshots submitted to the
     background evaluator and not yet reported (at most the running one and the one
-    waiting)."""
+    waiting).
+
+    ``on_update(row)`` gets every update's row; ``on_evaluation(row)`` every
+    evaluation's row (:func:`evaluation_row`), both as ``metrics.jsonl`` gets them."""
 
     def __init__(
         self,
@@ -74,10 +98,12 @@ class RunLog:
         report: LearnerReport,
         on_update: Callable[[dict[str, Any]], None] | None = None,
         policy_cfg: PolicyConfig | None = None,
+        on_evaluation: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.report = report
         self.on_update = on_update
+        self.on_evaluation = on_evaluation
         self.start = time.monotonic()
         self._metrics = JsonlMetrics(cfg.run_dir) if cfg.run_dir else None
         self.evaluator = None
@@ -110,6 +136,7 @@ class RunLog:
         add the result to the report."""
         cfg = self.cfg
         seed = cfg.seed + EVAL_SEED_OFFSET
+        tag = self._snapshot_tag()  # the wall time of the weights, not of the result
         mean, std = evaluate_policy(
             self._on_cpu(policy),
             cfg.env_id,
@@ -118,7 +145,7 @@ class RunLog:
             cfg.env_kwargs_map(),
             cfg.wrappers,
         )
-        result = self._add_result(self._snapshot_tag(), mean, std)
+        result = self._add_result(tag, mean, std)
         if self._is_best(result):
             self.best = BestPolicy(result, self.report.last_policy_version, export_weights(policy))
         return result
@@ -170,13 +197,19 @@ class RunLog:
             "evaluation after %d steps: %.1f ± %.1f over %d episodes",
             *(env_steps, mean, std, self.cfg.eval_episodes),
         )
+        row = evaluation_row(result)
+        if self._metrics is not None:
+            self._metrics.write(row)
+        if self.on_evaluation is not None:
+            self.on_evaluation(row)
         return result
 
-    def maybe_evaluate(self, policy: Policy, metrics: dict[str, float]) -> bool:
+    def maybe_evaluate(self, policy: Policy) -> bool:
         """Evaluate every ``eval_every`` updates (in the background process when
         ``eval_in_background``: a snapshot is submitted and finished evaluations are
-        collected); put the newest result in ``metrics`` (``eval/mean_return`` and the
-        ``eval/env_steps`` it is of); return whether one reached ``target_return``."""
+        collected); each result is recorded as it comes (report, evaluation row);
+        return whether one reached ``target_return``. The update's row gets no
+        evaluation keys: an evaluation has its own row, at the step it measured."""
         every = self.cfg.eval_every
         due = bool(every) and self.report.updates_completed % every == 0
         if self.evaluator is None:
@@ -187,9 +220,6 @@ class RunLog:
                 self.evaluator.submit(tag, weights)
                 self._submitted[tag] = (self.report.last_policy_version, weights)
             finished = [self._add_background_result(*done) for done in self.evaluator.results()]
-        for result in finished:
-            metrics["eval/mean_return"] = result["mean_return"]
-            metrics["eval/env_steps"] = result["env_steps"]
         return any(r["mean_return"] >= self.cfg.target_return for r in finished)
 
     def finish_background(self, timeout: float = BACKGROUND_FINISH_S) -> None:

@@ -626,7 +626,12 @@ class ResumingLearner:
         deadline = time.monotonic() + REBIND_S
         while True:
             try:
-                return Learner.resume(run_dir, on_update=old.on_update, **overrides)
+                return Learner.resume(
+                    run_dir,
+                    on_update=old.on_update,
+                    on_evaluation=old.on_evaluation,
+                    **overrides,
+                )
             except OSError as exc:
                 if not isinstance(exc.__cause__, zmq.ZMQError) or time.monotonic() > deadline:
                     raise

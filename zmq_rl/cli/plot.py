@@ -1,17 +1,27 @@
 """Learning curves from run directories (``zmq-rl plot``, and the end of ``zmq-rl run``).
 
-Reads ``metrics.jsonl`` (one row per update, written by the learner) for the
+Reads ``metrics.jsonl`` (a row per update, written by the learner) for the
 training return, and ``report.json``'s evaluations (mean ± std, including the
-final one) for the evaluation points, falling back to the ``eval/mean_return``
-column of the metrics when there is no report (an interrupted run). Draws with
-matplotlib's Agg canvas directly: no pyplot, no display needed.
+final one) for the evaluation points, falling back to the evaluation rows of the
+metrics when there is no report (an interrupted run). Draws with matplotlib's Agg
+canvas directly: no pyplot, no display needed.
+
+A resumed run (``--resume``) is one curve: the updates a resumed learner redid
+(after the checkpoint it resumed from) replace the first learner's rows of them,
+and wall time (``--x wall``) is cumulative over the learner sessions (each
+session's ``wall_seconds`` restarts at 0; the time of the first session is added
+to the second's, and so on).
 
 Several runs that share a label (``labels=``; on the command line ``--label`` or
 ``--group parent``) are drawn as one curve: the mean over the runs with a min-max
-(or ± std) band, for the training return and for the evaluations, on the env-step
-points every run of the group reached. A run alone under its label is drawn as
-before: its training line and its evaluations with ± std error bars.
+(or ± std) band, for the training return and for the evaluations, where every run
+of the group has points (the runs' x values in that range, each run interpolated
+linearly between its own points); each run is also drawn whole, thin (training)
+or as small markers (evaluations), so a longer run is not cut to the shortest and
+evaluations at different steps are all shown. A run alone under its label is
+drawn as before: its training line and its evaluations with ± std error bars.
 ``reference=`` adds horizontal reference lines (a published score, a target).
+A group with no points yet is named in a note on the axes (no empty legend entry).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ __all__ = [
     "CURVE_NAME",
     "RunCurve",
     "add_plot_flags",
+    "curve_figure",
     "main",
     "parse_reference",
     "plot_from_args",
@@ -76,18 +87,82 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _sessions(
+    rows: list[dict[str, Any]],
+) -> tuple[list[tuple[dict[str, Any], float]], list[tuple[int, float]]]:
+    """The rows of ``metrics.jsonl`` that describe the run, each with its cumulative
+    wall time, and the learner sessions as ``(first update, wall offset)``.
+
+    A session starts where an update row's ``update`` does not grow or its
+    ``wall_seconds`` falls (a ``--resume``: the resumed learner's clock starts at 0
+    and it redoes the updates after its checkpoint). The earlier rows of updates a
+    later session redid are dropped (update and evaluation rows alike); each
+    session's wall times are shifted by the wall time of the sessions before it. An
+    in-loop evaluation's row comes just before its update's row: one that a new
+    session's first update row follows, of that update or later and not later in
+    wall time, is the new session's.
+    """
+    kept: list[tuple[dict[str, Any], float]] = []
+    sessions: list[tuple[int, float]] = []
+    waiting: list[dict[str, Any]] = []  # evaluation rows since the last update row
+    offset = session_wall = 0.0
+    last_update: int | None = None
+    last_wall = math.nan
+
+    def update_of(row: dict[str, Any]) -> int:
+        return int(row.get("update", 0))
+
+    def wall_of(row: dict[str, Any]) -> float:
+        return float(row.get("wall_seconds", math.nan))
+
+    for row in rows:
+        if "env_steps" not in row:
+            continue
+        if "charts/mean_return" not in row:  # an evaluation row
+            waiting.append(row)
+            continue
+        update, wall = update_of(row), wall_of(row)
+        ahead: list[dict[str, Any]] = []
+        if last_update is None or update <= last_update or wall < last_wall:
+            if last_update is not None:
+                ahead = [r for r in waiting if update_of(r) >= update and wall_of(r) <= wall]
+                kept.extend((r, offset + wall_of(r)) for r in waiting if r not in ahead)
+                waiting = []
+                offset += session_wall
+                kept = [(r, w) for r, w in kept if update_of(r) < update]  # redone
+            sessions.append((update, offset))
+            session_wall = 0.0
+        for r in [*waiting, *ahead, row]:
+            if math.isfinite(wall_of(r)):
+                session_wall = max(session_wall, wall_of(r))
+            kept.append((r, offset + wall_of(r)))
+        waiting = []
+        last_update, last_wall = update, wall
+    kept.extend((r, offset + wall_of(r)) for r in waiting)
+    return kept, sessions
+
+
+def _session_offset(sessions: list[tuple[int, float]], update: Any) -> float:
+    """The wall offset of the session that ran ``update`` (the last one that started
+    at or before it; 0 when unknown)."""
+    if update is None:
+        return 0.0
+    return max((o for first, o in sessions if first <= int(update)), default=0.0)
+
+
 def read_run(run_dir: str | Path) -> RunCurve:
-    """Read one run directory's metrics (and report and config, when present)."""
+    """Read one run directory's metrics (and report and config, when present); a
+    resumed run's redone updates and wall times are merged (:func:`_sessions`)."""
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         raise CliFailure(f"{run_dir}: no metrics.jsonl (is this a run directory?)")
     curve = RunCurve(run_dir)
-    rows = _read_jsonl(metrics)
-    for row in rows:
-        if "env_steps" in row and "charts/mean_return" in row:
+    rows, sessions = _sessions(_read_jsonl(metrics))
+    for row, wall in rows:
+        if "charts/mean_return" in row:
             curve.train_steps.append(float(row["env_steps"]))
-            curve.train_wall.append(float(row.get("wall_seconds", math.nan)))
+            curve.train_wall.append(wall)
             curve.train_return.append(float(row["charts/mean_return"]))
     report_path = run_dir / "report.json"
     evaluations: list[dict[str, Any]] = []
@@ -98,17 +173,18 @@ def read_run(run_dir: str | Path) -> RunCurve:
             evaluations = []
     if evaluations:
         for ev in evaluations:
+            offset = _session_offset(sessions, ev.get("updates"))
             curve.eval_steps.append(float(ev["env_steps"]))
-            curve.eval_wall.append(float(ev.get("wall_seconds", math.nan)))
+            curve.eval_wall.append(offset + float(ev.get("wall_seconds", math.nan)))
             curve.eval_mean.append(float(ev["mean_return"]))
             curve.eval_std.append(float(ev.get("std_return", 0.0)))
     else:
-        for row in rows:
+        for row, wall in rows:
             if "eval/mean_return" in row:
                 curve.eval_steps.append(float(row["env_steps"]))
-                curve.eval_wall.append(float(row.get("wall_seconds", math.nan)))
+                curve.eval_wall.append(wall)
                 curve.eval_mean.append(float(row["eval/mean_return"]))
-                curve.eval_std.append(0.0)
+                curve.eval_std.append(float(row.get("eval/std_return", 0.0)))
     config_path = run_dir / "config.toml"
     if config_path.is_file():
         try:
@@ -151,24 +227,35 @@ def parse_ylim(text: str) -> tuple[float | None, float | None]:
 
 
 def _common_grid(series: list[tuple[list[float], list[float]]]) -> list[float]:
-    """The x points of the shortest series, cut to the range every series covers."""
-    usable = [xs for xs, _ in series if xs]
+    """Every x point of every series in the range all of them cover (from the
+    latest first point to the earliest last one), sorted, once each; empty when
+    the series do not overlap."""
+    usable = [sorted(xs) for xs, _ in series if xs]
     if not usable:
         return []
     end = min(xs[-1] for xs in usable)
     start = max(xs[0] for xs in usable)
-    shortest = min(usable, key=len)
-    return [x for x in shortest if start <= x <= end]
+    return sorted({x for xs in usable for x in xs if start <= x <= end})
+
+
+def _sorted(xs: list[float], values: list[float]) -> tuple[list[float], list[float]]:
+    """The points ordered by x (``np.interp`` needs that)."""
+    pairs = sorted(zip(xs, values, strict=True), key=lambda p: p[0])
+    return [x for x, _ in pairs], [v for _, v in pairs]
 
 
 def _aggregate(
     series: list[tuple[list[float], list[float]]], band: str
 ) -> tuple[Any, Any, Any, Any]:
-    """(x, mean, low, high) over ``series`` interpolated onto their common grid."""
+    """(x, mean, low, high) over ``series`` interpolated onto their common grid
+    (:func:`_common_grid`; empty arrays when they do not overlap)."""
     import numpy as np
 
+    series = [_sorted(xs, values) for xs, values in series if xs]
     grid = np.asarray(_common_grid(series), dtype=np.float64)
-    ys = np.stack([np.interp(grid, xs, values) for xs, values in series if xs])
+    if not len(grid):
+        return grid, grid, grid, grid
+    ys = np.stack([np.interp(grid, xs, values) for xs, values in series])
     mean = ys.mean(axis=0)
     if band == "std":
         std = ys.std(axis=0)
@@ -204,13 +291,45 @@ def plot_runs(
     ylim: tuple[float | None, float | None] | None = None,
 ) -> Path:
     """Draw the learning curves of ``run_dirs`` into the PNG ``out``; return its path.
+    The options are those of :func:`curve_figure`."""
+    fig = curve_figure(
+        run_dirs,
+        labels=labels,
+        band=band,
+        reference=reference,
+        reference_label=reference_label,
+        title=title,
+        x=x,
+        ylim=ylim,
+    )
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out
+
+
+def curve_figure(
+    run_dirs: Sequence[str | Path],
+    *,
+    labels: Sequence[str] | None = None,
+    band: str = "minmax",
+    reference: float | Sequence[float | tuple[float, str]] | None = None,
+    reference_label: str = "",
+    title: str | None = None,
+    x: str = "steps",
+    ylim: tuple[float | None, float | None] | None = None,
+) -> Any:
+    """The matplotlib ``Figure`` of the learning curves of ``run_dirs``.
 
     ``labels`` (one per run) groups runs: those sharing a label become one mean
     curve with a ``band`` (``"minmax"`` or ``"std"``) for the training return and
-    the evaluations. ``reference`` draws horizontal lines: a value (labelled
+    the evaluations where all of them have points, and each run of the group is
+    drawn whole beside it (see the module docstring). ``reference`` draws
+    horizontal lines: a value (labelled
     ``reference_label``), or a list of values or ``(value, label)`` pairs. ``x`` is
     the horizontal axis: ``"steps"`` (env steps) or ``"wall"`` (the learner's wall
-    seconds, ``wall_seconds`` of the metrics rows and evaluations). ``ylim`` fixes
+    seconds, ``wall_seconds`` of the metrics rows and evaluations, cumulative over
+    a resumed run's sessions). ``ylim`` fixes
     the vertical range (``None`` on a side keeps it automatic), for curves whose
     early evaluations would squash the rest.
     """
@@ -231,6 +350,7 @@ def plot_runs(
     several = len(groups) > 1
     band_name = "min-max" if band == "minmax" else "± std"
     means: list[float] = []  # the groups' mean curves: a band may not stretch the y axis
+    notes: list[str] = []  # groups with nothing to draw: said on the axes, not in the legend
     for i, (key, members) in enumerate(groups.items()):
         color = f"C{i % 10}"
         name = key if labels is not None else members[0].label
@@ -240,21 +360,27 @@ def plot_runs(
             continue
         n = len(members)
         train = [(c.train_steps, c.train_return) for c in members if c.train_steps]
-        if train:
-            x, mean, low, high = _aggregate(train, band)
+        for k, (xs, ys) in enumerate(train):  # each run whole, however long
+            each = {"label": f"{prefix}training return, each run"} if k == 0 else {}
+            ax.plot(xs, ys, color=color, lw=0.6, alpha=0.35, **each)
+        x, mean, low, high = _aggregate(train, band)
+        if len(x):
             means.extend(mean)
             ax.plot(
                 x,
                 mean,
                 color=color,
                 lw=1.2,
-                alpha=0.7,
-                label=f"{prefix}training return (mean of {len(train)} runs)",
+                alpha=0.8,
+                label=f"{prefix}training return (mean of {len(train)} runs where all have points)",
             )
             ax.fill_between(x, low, high, color=color, alpha=0.12, lw=0)
         evals = [(c.eval_steps, c.eval_mean) for c in members if c.eval_steps]
-        if evals:
-            x, mean, low, high = _aggregate(evals, band)
+        for k, (xs, ys) in enumerate(evals):  # every evaluation, at its own step
+            each = {"label": f"{prefix}evaluations, each run"} if k == 0 else {}
+            ax.plot(xs, ys, color=color, ls="none", marker=".", ms=5, alpha=0.5, **each)
+        x, mean, low, high = _aggregate(evals, band)
+        if len(x):
             means.extend(mean)
             ax.plot(
                 x,
@@ -263,11 +389,11 @@ def plot_runs(
                 lw=2,
                 marker="o",
                 ms=3,
-                label=f"{prefix}evaluation (mean of {len(evals)} runs, {band_name})",
+                label=f"{prefix}evaluation (mean of {len(evals)} runs, interpolated, {band_name})",
             )
             ax.fill_between(x, low, high, color=color, alpha=0.25, lw=0)
         if not train and not evals:
-            ax.plot([], [], color=color, label=f"{prefix}{n} runs, no points yet")
+            notes.append(f"{prefix}{n} runs, no points yet")
     lines: list[tuple[float, str]] = []
     if reference is not None:
         items = [reference] if isinstance(reference, (int, float)) else list(reference)
@@ -300,12 +426,11 @@ def plot_runs(
     ax.set_xlabel(x_label)
     ax.set_ylabel("episode return")
     ax.grid(True, alpha=0.3)
+    if notes:
+        ax.text(0.01, 0.01, "\n".join(notes), transform=ax.transAxes, fontsize="small")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize="small")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    return out
+    return fig
 
 
 def _draw_single(ax: Any, curve: RunCurve, color: str, prefix: str) -> None:
@@ -373,8 +498,9 @@ def add_plot_flags(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         action="append",
         default=None,
-        help="group runs under a label, drawn as one mean curve with a band: once for "
-        "all runs, or once per run in order (runs sharing a label form a group)",
+        help="group runs under a label, drawn as one mean curve with a band where all "
+        "of them have points, beside each run drawn whole and faint: once for all runs, "
+        "or once per run in order (runs sharing a label form a group)",
     )
     parser.add_argument(
         "--group",
@@ -392,7 +518,8 @@ def add_plot_flags(parser: argparse.ArgumentParser) -> None:
         "--x",
         choices=tuple(X_AXES),
         default="steps",
-        help="horizontal axis: env steps, or the learner's wall time in seconds",
+        help="horizontal axis: env steps, or the learner's wall time in seconds "
+        "(cumulative over the sessions of a resumed run)",
     )
     parser.add_argument(
         "--reference",

@@ -83,6 +83,7 @@ class TrainingProgress:
         self.live = console.is_terminal if live is None else live
         self.last_row: Mapping[str, Any] = {}
         self.last_eval = math.nan
+        self._evaluated = False
         self._progress: Progress | None = None
         self._task: Any = None
         self._waiting = waiting
@@ -115,11 +116,12 @@ class TrainingProgress:
         """Take one metrics row (as the learner's ``on_update`` passes it)."""
         self.last_row = row
         update = int(row.get("update", 0))
-        evaluated = "eval/mean_return" in row
-        if evaluated:
+        evaluated = "eval/mean_return" in row or self._evaluated
+        self._evaluated = False
+        if "eval/mean_return" in row:
             self.last_eval = _get(row, "eval/mean_return")
         stats = format_row(row, self.steps_at_start)
-        if not evaluated and not math.isnan(self.last_eval):
+        if "eval/mean_return" not in row and not math.isnan(self.last_eval):
             stats += f"  eval {self.last_eval:.1f}"
         if self.device:
             stats += f"  device {self.device}"
@@ -138,6 +140,12 @@ class TrainingProgress:
                 f"update {update}/{self.total}  steps {int(_get(row, 'env_steps'))}  {stats}",
                 highlight=False,
             )
+
+    def evaluation(self, row: Mapping[str, Any]) -> None:
+        """Take one evaluation's row (the learner's ``on_evaluation``): its mean return
+        is shown on the next update's line (a plain console prints that line)."""
+        self.last_eval = _get(row, "eval/mean_return")
+        self._evaluated = True
 
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:

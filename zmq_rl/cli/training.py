@@ -252,11 +252,20 @@ def train(
             if user_hook is not None:
                 user_hook(row)
 
+        def on_evaluation(row: Mapping[str, Any]) -> None:
+            if metrics is not None:  # an evaluation's row, at the env step it measured
+                metrics.write(row)
+            progress.evaluation(row)
+
         try:
             if resume is not None:
-                learner = Learner.resume(resume[0], on_update=on_update, **resume[1])
+                learner = Learner.resume(
+                    resume[0], on_update=on_update, on_evaluation=on_evaluation, **resume[1]
+                )
             else:
-                learner = Learner(cfg, ppo, policy, on_update=on_update)
+                learner = Learner(
+                    cfg, ppo, policy, on_update=on_update, on_evaluation=on_evaluation
+                )
         except OSError as exc:
             raise CliFailure(str(exc)) from None
         outcome.steps_at_start = learner.report.env_steps_consumed
