@@ -228,7 +228,10 @@ def measure(
                     p.kill()
     if code != 0:
         raise RuntimeError(f"learner exited {code}: {(work / 'learner.log').read_text()[-2000:]}")
-    metrics = [json.loads(line) for line in (work / "run" / "metrics.jsonl").open()]
+    from zmq_rl.metrics import is_evaluation_row
+
+    rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").open()]
+    metrics = [m for m in rows if not is_evaluation_row(m)]  # update rows
     first, last = metrics[min(warmup, len(metrics) - 2)], metrics[-1]
     span = last["wall_seconds"] - first["wall_seconds"]
     busy = sum(m.get("time/update_seconds", float("nan")) for m in metrics[warmup + 1 :])

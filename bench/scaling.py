@@ -45,6 +45,8 @@ import _util  # noqa: E402
 from learner_ceiling import env_only_rate  # noqa: E402
 from time_to_solve import _timed_lines, _zmq_solved  # noqa: E402
 
+from zmq_rl.metrics import is_evaluation_row  # noqa: E402
+
 BUDGET = 20_000_000
 """Env steps each run may take: far more than any row needs, so the wall cap
 (``--cap``) ends an unsolved run, never the preset's budget."""
@@ -103,7 +105,8 @@ def run_one(
     )
     metrics = []
     if (run_dir / "metrics.jsonl").is_file():
-        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+        metrics = [m for m in rows if not is_evaluation_row(m)]  # update rows
     hit = next((e for e in report.get("evaluations", []) if e["mean_return"] >= target), None)
     wall = metrics[-1]["wall_seconds"] if metrics else math.nan
     steps = metrics[-1]["env_steps"] if metrics else 0
