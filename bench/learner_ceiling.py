@@ -49,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _util  # noqa: E402
 
 HOST = "127.0.0.1"
+FIELDS = ("obs", "actions", "rewards", "terminated", "truncated", "values", "log_probs", "next_obs")
+"""``ActorClient.step``'s arrays, in its order (``StepArrays.STEP_FIELDS`` + ``next_obs``)."""
 
 
 # -- the replayer (one simulated actor) ------------------------------------------------
@@ -71,19 +73,7 @@ def record(env_id: str, preset: str, num_envs: int, steps: int, seed: int) -> di
     torch.manual_seed(seed)
     policy = build_policy(envs[0].observation_space, envs[0].action_space, policy_cfg)
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
-    rows: dict[str, list[Any]] = {
-        k: []
-        for k in (
-            "obs",
-            "actions",
-            "rewards",
-            "terminated",
-            "truncated",
-            "values",
-            "log_probs",
-            "next_obs",
-        )
-    }
+    rows: dict[str, list[Any]] = {k: [] for k in FIELDS}
     finals: list[dict[int, Any]] = []
     generator = torch.Generator().manual_seed(seed)
     for t in range(steps):
@@ -101,17 +91,9 @@ def record(env_id: str, preset: str, num_envs: int, steps: int, seed: int) -> di
             rewards.append(r)
             terms.append(term)
             truncs.append(trunc)
-        for key, value_ in (
-            ("obs", obs),
-            ("actions", action.numpy()),
-            ("rewards", rewards),
-            ("terminated", terms),
-            ("truncated", truncs),
-            ("values", value.numpy()),
-            ("log_probs", log_prob.numpy()),
-            ("next_obs", np.stack(nxt)),
-        ):
-            rows[key].append(np.asarray(value_))
+        step = (obs, action.numpy(), rewards, terms, truncs, value.numpy(), log_prob.numpy(), nxt)
+        for key, array in zip(FIELDS, step, strict=True):
+            rows[key].append(np.asarray(array))
         finals.append(final)
         obs = np.stack(nxt)
     out = {k: np.stack(v) for k, v in rows.items()}
@@ -136,23 +118,13 @@ def replay(port: int, env_id: str, preset: str, num_envs: int, steps: int, seed:
         num_envs=num_envs,
     )
     client.register(timeout=120.0)
-    fields = (
-        "obs",
-        "actions",
-        "rewards",
-        "terminated",
-        "truncated",
-        "values",
-        "log_probs",
-        "next_obs",
-    )
     t = 0
     while not client.shutdown_requested:
         client.poll()
         if client.should_pause():
             client.wait_for_weights(0.05)
             continue
-        client.step(*(data[f][t] for f in fields), final_obs=data["final_obs"][t] or None)
+        client.step(*(data[f][t] for f in FIELDS), final_obs=data["final_obs"][t] or None)
         t = (t + 1) % steps
     client.close()
 
