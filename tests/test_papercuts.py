@@ -211,3 +211,26 @@ def test_actors_of_a_killed_run_say_why_and_exit_at_once(tmp_path) -> None:
         time.sleep(0.1)
     for path in logs:
         assert f"(pid {run.pid}, its learner) is gone: exiting" in path.read_text(), path
+
+
+def test_the_learners_log_line_and_sps_are_this_sessions(caplog) -> None:
+    """The learner's own log line says ``return -`` until an episode ended, and its
+    ``charts/SPS`` counts only the steps taken since the (resumed) run loop started."""
+    import logging
+
+    from zmq_rl.config import LearnerConfig
+    from zmq_rl.report import LearnerReport
+    from zmq_rl.runlog import RunLog
+
+    report = LearnerReport()
+    report.env_steps_consumed = 1_000_000  # a resumed run's earlier steps
+    runlog = RunLog(LearnerConfig(eval_every=0), report)
+    runlog.restart_clock()
+    runlog.start -= 10.0  # ten seconds of this session
+    report.env_steps_consumed += 5_000
+    rows = []
+    runlog.on_update = rows.append
+    with caplog.at_level(logging.INFO, logger="zmq_rl.runlog"):
+        runlog.record({"charts/policy_lag_mean": 0.0}, version=1, actors=1)
+    assert rows[0]["charts/SPS"] == pytest.approx(500.0, rel=0.05)
+    assert "return -  " in caplog.text and "return 0.0" not in caplog.text

@@ -105,6 +105,7 @@ class RunLog:
         self.on_update = on_update
         self.on_evaluation = on_evaluation
         self.start = time.monotonic()
+        self.steps_at_start = report.env_steps_consumed
         self._metrics = JsonlMetrics(cfg.run_dir) if cfg.run_dir else None
         self.evaluator = None
         self._cpu_policy: Policy | None = None
@@ -127,8 +128,11 @@ class RunLog:
         return time.monotonic() - self.start
 
     def restart_clock(self) -> None:
-        """Count wall time from now (when the run loop starts)."""
+        """Count wall time from now (when the run loop starts), and this session's
+        steps from the report's count now (a resumed run's earlier steps are not
+        this session's throughput)."""
         self.start = time.monotonic()
+        self.steps_at_start = self.report.env_steps_consumed
 
     def evaluate(self, policy: Policy) -> dict[str, float]:
         """Run ``eval_episodes`` deterministic episodes now, in this process, on the
@@ -251,7 +255,7 @@ class RunLog:
             "env_steps": report.env_steps_consumed,
             "wall_seconds": elapsed,
             "version": version,
-            "charts/SPS": report.env_steps_consumed / max(elapsed, 1e-9),
+            "charts/SPS": (report.env_steps_consumed - self.steps_at_start) / max(elapsed, 1e-9),
             "charts/mean_return": report.mean_recent_episode_reward(100),
             "charts/episodes": report.episodes_completed,
             "charts/actors": actors,
@@ -262,13 +266,13 @@ class RunLog:
         if self.on_update is not None:
             self.on_update(row)
         log.info(
-            "update %d/%d  steps %d  %.0f steps/s  return %.1f  actors %d  lag %.2f  "
+            "update %d/%d  steps %d  %.0f steps/s  return %s  actors %d  lag %.2f  "
             "loss %.3f  entropy %.3f  device %s",
             report.updates_completed,
             self.cfg.num_updates(),
             report.env_steps_consumed,
             row["charts/SPS"],
-            row["charts/mean_return"],
+            f"{row['charts/mean_return']:.1f}" if report.episodes_completed else "-",
             actors,
             metrics["charts/policy_lag_mean"],
             metrics.get("losses/policy_loss", math.nan),
