@@ -43,13 +43,13 @@ from tests.test_client_actor import (
     stub_rows,
     weights_of,
 )
+from zmq_rl.actor.client import LINK_SILENCE_INTERVALS, ActorClient
 from zmq_rl.cli.progress import format_row
-from zmq_rl.client import LINK_SILENCE_INTERVALS, ActorClient
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.ingest import ADVICE_MIN_SAMPLES, ADVICE_WARNINGS
-from zmq_rl.learner import Learner
-from zmq_rl.protocol import Heartbeat, Hello, ProtocolError, Refuse, decode, encode
-from zmq_rl.valve import fitting_max_lead_steps
+from zmq_rl.learner.ingest import ADVICE_MIN_SAMPLES, ADVICE_WARNINGS
+from zmq_rl.learner.loop import Learner
+from zmq_rl.wire.protocol import Heartbeat, Hello, ProtocolError, Refuse, decode, encode
+from zmq_rl.wire.valve import fitting_max_lead_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 20.0

@@ -1,6 +1,6 @@
 """``zmq-rl serve``: remote inference (docs/inference.md).
 
-* Python simulators (``zmq_rl.inference.InferenceClient``, no torch) step CartPole with
+* Python simulators (``zmq_rl.actor.inference.InferenceClient``, no torch) step CartPole with
   a 10-step time limit through a server in this process against a real learner: the
   run consumes its budget from them, every simulator is a member that said bye, the
   final observations of truncated episodes are accepted, the simulators hear the
@@ -20,8 +20,8 @@ import torch
 import zmq
 
 from tests.helpers import STUB_ENV_ID, CheckedBackground, stub_learner_config
+from zmq_rl.actor.inference import InferenceClient, InferenceError, RunOver
 from zmq_rl.config import LearnerConfig, ServeConfig
-from zmq_rl.inference import InferenceClient, InferenceError, RunOver
 from zmq_rl.serve import InferenceServer
 
 TIMEOUT = 120.0

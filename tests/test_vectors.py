@@ -1,7 +1,7 @@
 """The golden vectors of docs/protocol/vectors/ against the Python codec, both ways.
 
 Valid vectors: the view encodes to exactly the vector's bytes, the bytes decode (with
-:func:`zmq_rl.protocol.decode`) to a message that re-encodes to the same bytes and
+:func:`zmq_rl.wire.protocol.decode`) to a message that re-encodes to the same bytes and
 whose view is the vector's view. Invalid vectors: each is rejected with its reason at
 its stage (decode, the learner's fragment checks, its session check, or the hello
 checks). The vectors are regenerated and must match the committed files byte for byte,
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from zmq_rl.conformance import vectors as V
-from zmq_rl.membership import FragmentRejected, Membership, check_hello
-from zmq_rl.protocol import (
+from zmq_rl.learner.membership import FragmentRejected, Membership, check_hello
+from zmq_rl.wire.protocol import (
     Bye,
     Fragment,
     Heartbeat,
@@ -28,7 +28,7 @@ from zmq_rl.protocol import (
     decode,
     encode,
 )
-from zmq_rl.spaces import space_from_spec, space_spec
+from zmq_rl.wire.spaces import space_from_spec, space_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "protocol" / "vectors"

@@ -62,7 +62,7 @@ class Callback:
 
     def on_training_start(self, learner: Any) -> None:
         """Once the learner has bound its sockets, before any actor registers.
-        ``learner`` is the :class:`~zmq_rl.learner.Learner` (``learner.cfg``,
+        ``learner`` is the :class:`~zmq_rl.learner.loop.Learner` (``learner.cfg``,
         ``learner.policy``, ``learner.report``)."""
 
     def on_update(self, row: Mapping[str, Any]) -> bool | None:
@@ -441,9 +441,9 @@ def run_actor(learner: str = "127.0.0.1:5555", **settings: Any) -> dict[str, flo
     ``learner`` (``HOST[:PORT]``) shuts the run down; return its stats.
     ``settings``: :class:`~zmq_rl.config.ActorConfig` fields (``num_envs``,
     ``seed``, ``register_timeout``, ...). Raises
-    :class:`~zmq_rl.client.LearnerRefused` / ``LearnerUnreachable`` /
+    :class:`~zmq_rl.actor.client.LearnerRefused` / ``LearnerUnreachable`` /
     ``LearnerLost`` when the learner refuses, never answers or goes silent."""
-    from .actor import GymActor
+    from .actor.gym_actor import GymActor
 
     return GymActor(_actor_config(learner, settings)).run()
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-from .valve import ActorThrottle  # noqa: F401  (moved to zmq_rl.valve; re-exported)
+from .wire.valve import ActorThrottle  # noqa: F401  (moved to zmq_rl.wire.valve; re-exported)
 
 __all__ = [
     "ActorConfig",
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 OBJECTIVES = ("ppo", "decoupled", "impact")
-"""The policy surrogates of ``PPOConfig.objective`` (:mod:`zmq_rl.ppo`)."""
+"""The policy surrogates of ``PPOConfig.objective`` (:mod:`zmq_rl.rl.ppo`)."""
 
 DEFAULT_PORT = 5555
 """The learner's control (ROUTER) port; experience is on +1 and weights on +2."""
@@ -235,7 +235,7 @@ def _check_device(name: Any) -> None:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """The actor-critic network: the built-in MLP (zmq_rl/policy.py) or a custom factory."""
+    """The actor-critic network: the built-in MLP (zmq_rl/rl/policy.py) or a custom factory."""
 
     hidden_sizes: tuple[int, ...] = _f((64, 64), "hidden layer widths of the MLP trunks")
     activation: str = _f("tanh", "hidden activation: tanh or relu", choices=("tanh", "relu"))

@@ -2,11 +2,11 @@
 
 The learner's device boundary (docs/design.md, "Devices"):
 
-* rollouts are assembled on the host (numpy, :mod:`zmq_rl.rollout`);
+* rollouts are assembled on the host (numpy, :mod:`zmq_rl.rl.rollout`);
 * each update copies the batch to the device once (:func:`to_device`), pinning the
   host copy first on CUDA so the transfer is a DMA the host does not wait on;
 * the policy and the optimiser live on the device, where PPO runs;
-* weights leave as CPU tensors (:func:`zmq_rl.policy.export_weights`), so actors
+* weights leave as CPU tensors (:func:`zmq_rl.rl.policy.export_weights`), so actors
   stay on the CPU and load them bit-exactly, and checkpoints hold CPU tensors
   (:func:`to_cpu`) that load on any device.
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .config import ConfigError, check_device_name
-from .spaces import map_value
+from .wire.spaces import map_value
 
 __all__ = ["check_device_name", "resolve_device", "to_cpu", "to_device"]
 
@@ -59,7 +59,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def to_device(value: Any, device: torch.device) -> Any:
-    """A tensor (or a dict / tuple of them, :mod:`zmq_rl.spaces` values) on ``device``.
+    """A tensor (or a dict / tuple of them, :mod:`zmq_rl.wire.spaces` values) on ``device``.
 
     Nothing is copied for tensors already there (the CPU learner's path is unchanged).
     For CUDA, the host tensor is pinned first and copied with ``non_blocking``: the

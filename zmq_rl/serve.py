@@ -8,10 +8,10 @@ the server answers ``action`` with the env actions. docs/inference.md specifies 
 messages.
 
 For each attached simulator the server holds one registration with the learner (an
-:class:`~zmq_rl.client.ActorClient` whose ``num_envs`` are the simulator's slots): it
+:class:`~zmq_rl.actor.client.ActorClient` whose ``num_envs`` are the simulator's slots): it
 records the simulator's experience and pushes the fragments on its behalf, sends its
 heartbeats, and obeys its staleness valve (a paused simulator's request waits; the
-others are served). One copy of the learner's network (:class:`~zmq_rl.agent.
+others are served). One copy of the learner's network (:class:`~zmq_rl.actor.agent.
 PolicyRunner`, always the newest weights any registration received) answers the
 requests of every simulator waiting at that moment in one batched forward.
 """
@@ -28,10 +28,18 @@ import msgpack
 import numpy as np
 import zmq
 
-from .agent import PolicyRunner
-from .client import ActorClient, LearnerLost, LearnerRefused, LearnerUnreachable
+from .actor.agent import PolicyRunner
+from .actor.client import ActorClient, LearnerLost, LearnerRefused, LearnerUnreachable
 from .config import ServeConfig
-from .spaces import (
+from .wire.codec import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_ENVS_PER_ACTOR,
+    PROTOCOL_VERSION,
+    ProtocolError,
+    decode_array,
+    unpack_map,
+)
+from .wire.spaces import (
     Value,
     decode_value,
     encode_value,
@@ -41,15 +49,7 @@ from .spaces import (
     space_spec,
     value_problem,
 )
-from .transport import SocketOptions, make_socket
-from .wire import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    MAX_ENVS_PER_ACTOR,
-    PROTOCOL_VERSION,
-    ProtocolError,
-    decode_array,
-    unpack_map,
-)
+from .wire.transport import SocketOptions, make_socket
 
 __all__ = ["InferenceServer", "RequestError", "decode_request", "pack", "serve"]
 

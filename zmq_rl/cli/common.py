@@ -246,8 +246,8 @@ def check_spaces(env_id: str, observation_space: Any, action_space: Any, factory
     spaces; the wire still limits what can travel)."""
     from gymnasium import spaces
 
-    from zmq_rl.spaces import space_from_spec, space_spec
-    from zmq_rl.wire import ProtocolError
+    from zmq_rl.wire.codec import ProtocolError
+    from zmq_rl.wire.spaces import space_from_spec, space_spec
 
     problem = ""
     try:
@@ -287,7 +287,7 @@ def check_learner_host(address: str) -> None:
     """Resolve the host of ``--learner`` now, so a name that does not resolve says so
     (exit 2) instead of looking like a learner that does not answer. A temporary
     resolver failure is a :class:`CliFailure` (exit 1)."""
-    from zmq_rl.transport import parse_learner_address
+    from zmq_rl.wire.transport import parse_learner_address
 
     try:
         host, port = parse_learner_address(address)

@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if any(a == "--resume" or a.startswith("--resume=") for a in argv):
             args = build_resume_parser().parse_args(argv)
-            from zmq_rl.checkpoint import load_resume_configs
+            from zmq_rl.learner.checkpoint import load_resume_configs
 
             overrides = {n: getattr(args, n) for n in RESUME_OVERRIDES}
             overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -198,14 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             args, cfg, ppo, policy = resolve(argv, parser)
             resume = None
         setup_logging(args.log_level)
-        from zmq_rl.distributed import rank_spec
+        from zmq_rl.rl.distributed import rank_spec
 
         try:
             spec = rank_spec(cfg.num_learners, cfg.host, cfg.rendezvous_port())
         except ValueError as exc:
             raise CliFailure(str(exc), EXIT_CONFIG) from None
         if spec is not None and not spec.leader:  # torchrun started this rank
-            from zmq_rl.learner_ranks import run_learner_rank
+            from zmq_rl.learner.ranks import run_learner_rank
 
             return run_learner_rank(spec, cfg, ppo, policy)
         console = make_console()

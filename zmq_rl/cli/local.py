@@ -34,7 +34,7 @@ wait, SIGKILL, wait: no orphans. SIGINT, SIGTERM and SIGHUP are ignored meanwhil
 
 Learner. :class:`ResumingLearner` (``zmq-rl run --resume-on-crash``) runs the
 learner; when its ``run()`` raises, it logs the traceback, closes it and continues
-from the newest checkpoint with :meth:`~zmq_rl.learner.Learner.resume` on the same
+from the newest checkpoint with :meth:`~zmq_rl.learner.loop.Learner.resume` on the same
 ports, while the actor processes keep running: they see the new run id and
 register again.
 """
@@ -521,11 +521,11 @@ REBIND_S = 10.0
 
 
 class ResumingLearner:
-    """Runs a :class:`~zmq_rl.learner.Learner`; when ``run()`` raises, resumes it from
+    """Runs a :class:`~zmq_rl.learner.loop.Learner`; when ``run()`` raises, resumes it from
     the newest checkpoint in its run dir (on the same ports, with the same settings)
     and runs again, at most ``max_restarts`` times.
 
-    Not restarted: :class:`~zmq_rl.learner.LearnerStarved` (the actors are missing,
+    Not restarted: :class:`~zmq_rl.learner.loop.LearnerStarved` (the actors are missing,
     a new learner would starve too), a crash after :meth:`request_stop`, and a crash
     before the first checkpoint (nothing to resume from). Those, and a crash once the
     restarts are spent, end the command with an error naming the crash. Everything
@@ -557,7 +557,7 @@ class ResumingLearner:
 
     def run(self) -> Any:
         """Run the learner to the end, resuming it after each crash; its report."""
-        from zmq_rl.learner import LearnerStarved
+        from zmq_rl.learner.loop import LearnerStarved
 
         try:
             while True:
@@ -572,7 +572,7 @@ class ResumingLearner:
 
     def _recover(self, exc: Exception) -> None:
         """Log the crash and replace :attr:`current` with a resumed learner, or raise."""
-        from zmq_rl.checkpoint import newest_checkpoint
+        from zmq_rl.learner.checkpoint import newest_checkpoint
 
         old = self.current
         crash = f"{type(exc).__name__}: {exc}"
@@ -619,7 +619,7 @@ class ResumingLearner:
         bind while the closed sockets release the ports (bounded)."""
         import zmq
 
-        from zmq_rl.learner import Learner
+        from zmq_rl.learner.loop import Learner
 
         overrides = dataclasses.asdict(old.cfg)
         run_dir = overrides.pop("run_dir")
@@ -698,8 +698,8 @@ def resume_configs(
     that differs from the run's must be one of :data:`RESUME_CHANGEABLE`; any other
     raises :class:`~zmq_rl.config.ConfigError` naming the field (exit 2).
     """
-    from zmq_rl.checkpoint import load_resume_configs
     from zmq_rl.config import ConfigError
+    from zmq_rl.learner.checkpoint import load_resume_configs
 
     if getattr(args, "config", None) is not None:
         raise ConfigError(

@@ -169,7 +169,7 @@ def train(
     the run (also on errors and interrupts): ``zmq-rl run`` starts and stops its
     actor processes there. Raises :class:`CliFailure` for a port in use or a
     starved learner. The first Ctrl-C or SIGTERM during the run asks the learner
-    to stop (:meth:`~zmq_rl.learner.Learner.request_stop`: it shuts the actors down
+    to stop (:meth:`~zmq_rl.learner.loop.Learner.request_stop`: it shuts the actors down
     and writes its report, checkpoint and policy); a second one aborts at once,
     without a report. Either way the outcome has ``interrupted`` set. SIGHUP stops
     it like SIGTERM, and never aborts (a closing terminal may send several).
@@ -185,7 +185,7 @@ def train(
     already (``resume_command`` is the way the message names to continue it) or
     cannot be created is a :class:`ConfigError`.
     """
-    from zmq_rl.learner import Learner, LearnerRankLost, LearnerStarved
+    from zmq_rl.learner.loop import Learner, LearnerRankLost, LearnerStarved
     from zmq_rl.metrics import MetricsWriter, WandbUnavailable, tensorboard_available
 
     if preset:

@@ -1,7 +1,7 @@
 """``zmq-rl conformance actor -- CMD ARGS...``: drive an actor command through the
 clauses of docs/protocol.md (section 11.2).
 
-The learner here is zmq_rl's own receiving side (:class:`~zmq_rl.ingest.Ingest`: the
+The learner here is zmq_rl's own receiving side (:class:`~zmq_rl.learner.ingest.Ingest`: the
 real sockets, decode, membership and fragment checks, heartbeats, welcomes) with a
 *scripted* training loop instead of PPO: it takes a rollout whenever every member
 slot holds ``num_steps`` rows and publishes the next version (the same tensors),
@@ -37,9 +37,10 @@ import numpy as np
 import zmq
 
 from ..config import LearnerConfig, PolicyConfig
-from ..ingest import Ingest
-from ..learner import run_settings
-from ..protocol import (
+from ..learner.ingest import Ingest
+from ..learner.loop import run_settings
+from ..report import LearnerReport
+from ..wire.protocol import (
     Bye,
     Fragment,
     Heartbeat,
@@ -50,9 +51,8 @@ from ..protocol import (
     decode,
     encode,
 )
-from ..report import LearnerReport
-from ..spaces import leaves, map_value
-from ..transport import SocketOptions, make_socket, tcp_endpoint
+from ..wire.spaces import leaves, map_value
+from ..wire.transport import SocketOptions, make_socket, tcp_endpoint
 from .report import Clause, Report
 
 __all__ = ["ActorCheckOptions", "CLAUSES", "check_actor"]
@@ -340,7 +340,7 @@ class ScriptedLearner:
     def __init__(self, options: ActorCheckOptions, observer: Observer, port: int) -> None:
         import gymnasium as gym
 
-        from ..policy import build_policy, export_weights
+        from ..rl.policy import build_policy, export_weights
 
         self.options, self.observer = options, observer
         self.cfg = LearnerConfig(
