@@ -67,8 +67,6 @@ KNOWN_AGAINST: dict[tuple[str, str], str] = {
     ("zmq_rl.api", "zmq_rl.cli.training"): "run/ engine (issue 27 d)",
     ("zmq_rl.config", "zmq_rl.device"): "config and device untied (issue 27 e)",
     ("zmq_rl.config", "zmq_rl.wire.valve"): "config and device untied (issue 27 e)",
-    ("zmq_rl.conformance.cli", "zmq_rl.cli.common"): "conformance CLI (issue 27 e)",
-    ("zmq_rl.conformance.cli", "zmq_rl.cli.flags"): "conformance CLI (issue 27 e)",
 }
 """Imports against the wings that the seams of issue 27 still have to remove; each one
 removed must leave this table too (the test fails on a stale entry)."""

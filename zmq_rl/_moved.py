@@ -42,6 +42,7 @@ OLD_PATHS: dict[str, str] = {
     "zmq_rl.runlog": "zmq_rl.learner.runlog",
     "zmq_rl.checkpoint": "zmq_rl.learner.checkpoint",
     "zmq_rl.evaluation": "zmq_rl.learner.evaluation",
+    "zmq_rl.conformance.cli": "zmq_rl.cli.conformance",
 }
 """Old module path -> the module it is now."""
 

@@ -456,7 +456,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def _conformance_flags(parser: argparse.ArgumentParser) -> None:
-    from zmq_rl.conformance.cli import add_conformance_flags
+    from zmq_rl.cli.conformance import add_conformance_flags
 
     add_conformance_flags(parser)
 
@@ -470,7 +470,7 @@ def _conformance_flags(parser: argparse.ArgumentParser) -> None:
 def conformance_command(args: argparse.Namespace) -> int:
     """Print one line per clause of docs/protocol.md (PASS/FAIL/SKIP, MUST/SHOULD, the
     section, what was seen); exit 0 only if every MUST clause passed."""
-    from zmq_rl.conformance.cli import conformance_from_args
+    from zmq_rl.cli.conformance import conformance_from_args
 
     return conformance_from_args(args)
 

@@ -55,9 +55,9 @@ def _add_options(parser: argparse.ArgumentParser, cls: Any, helps: dict[str, str
 
 def add_conformance_flags(parser: argparse.ArgumentParser) -> None:
     """``actor`` and ``learner`` targets with their options."""
-    from ..cli.flags import add_logging_flag
-    from .actor import ActorCheckOptions
-    from .learner import LearnerCheckOptions
+    from ..conformance.actor import ActorCheckOptions
+    from ..conformance.learner import LearnerCheckOptions
+    from .flags import add_logging_flag
 
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
     actor = targets.add_parser(
@@ -88,13 +88,13 @@ def add_conformance_flags(parser: argparse.ArgumentParser) -> None:
 
 def conformance_from_args(args: argparse.Namespace) -> int:
     """Run the check the arguments name; print the report; 0 if it conforms."""
-    from ..cli.common import CliFailure, check_env, setup_logging
+    from .common import CliFailure, check_env, setup_logging
 
     setup_logging(args.log_level)
 
     if args.target == "actor":
         check_env(args.env_id)  # a bad id fails up front (and module ids find the cwd)
-        from .actor import ActorCheckOptions, check_actor
+        from ..conformance.actor import ActorCheckOptions, check_actor
 
         command = list(args.command)
         if command and command[0] == "--":
@@ -104,7 +104,7 @@ def conformance_from_args(args: argparse.Namespace) -> int:
         names = [f.name for f in dataclasses.fields(ActorCheckOptions)]
         report = check_actor(command, ActorCheckOptions(**{n: getattr(args, n) for n in names}))
     else:
-        from .learner import LearnerCheckOptions, check_learner
+        from ..conformance.learner import LearnerCheckOptions, check_learner
 
         names = [f.name for f in dataclasses.fields(LearnerCheckOptions)]
         options = LearnerCheckOptions(**{n: getattr(args, n) for n in names})
