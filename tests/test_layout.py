@@ -76,7 +76,6 @@ KNOWN_CYCLES: dict[frozenset[str], str] = {
     frozenset({"zmq_rl.rl.networks", "zmq_rl.rl.policy"}): "issue 27 e",
     frozenset({"zmq_rl.learner.loop", "zmq_rl.learner.ranks"}): "issue 27 c",
     frozenset({"zmq_rl.api", "zmq_rl.cli.learner"}): "issue 27 d",
-    frozenset({"zmq_rl.cli.main", "zmq_rl.cli.ray_launch", "zmq_rl.cli.slurm"}): "issue 27 b",
 }
 """Import cycles still to untie (same rule: a stale entry fails)."""
 

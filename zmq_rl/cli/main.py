@@ -1,11 +1,11 @@
 """``zmq-rl``: one command for the whole workflow (``run``, ``eval``, ``export``, ``plot``,
 ``keys``).
 
-Each subcommand is one function registered with :func:`subcommand`; its flags are
-declared in the decorator (``arg(...)`` specs, or a function that adds them), and
-the function takes the parsed :class:`argparse.Namespace` and returns the exit
-code. Adding a subcommand is adding one such function here (or in a module
-imported at the bottom of this file)::
+The subcommands are functions registered with
+:func:`~zmq_rl.cli.commands.subcommand` (the registry, :mod:`zmq_rl.cli.commands`):
+the general ones here, ``slurm`` and ``ray`` in their own modules, which this entry
+point imports (they import the registry, never this module). Adding a subcommand is
+adding one such function here or in a module imported below::
 
     @subcommand("keys", "generate CURVE key pairs for encrypted sockets",
                 arg("out_dir", type=Path, help="where to write the keys"))
@@ -18,120 +18,28 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from . import ray_launch, slurm  # noqa: F401  (they register the slurm and ray subcommands)
+from .commands import (
+    RUN_DEFAULTS,
+    SUBCOMMANDS,
+    arg,
+    build_parser,
+    non_negative,
+    subcommand,
+    subparser,
+)
 from .common import EXIT_INTERRUPTED, guard, setup_logging
-from .flags import LOG_LEVELS, CliParser, HelpFormatter, Section, flag_name, parse_with_config
+from .flags import LOG_LEVELS, Section, flag_name, parse_with_config
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .plot import add_plot_flags, plot_from_args
 
 __all__ = ["arg", "build_parser", "main", "subcommand"]
 
 
-@dataclass(frozen=True)
-class Arg:
-    """The arguments of one ``parser.add_argument`` call."""
-
-    names: tuple[str, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-def arg(*names: str, **kwargs: Any) -> Arg:
-    """Declare one argument of a subcommand (same signature as ``add_argument``)."""
-    return Arg(names, kwargs)
-
-
-Configure = Callable[[argparse.ArgumentParser], None]
-
-
-@dataclass(frozen=True)
-class Subcommand:
-    """A registered subcommand: its name, help, arguments and body."""
-
-    name: str
-    help: str
-    description: str
-    args: tuple[Arg | Configure, ...]
-    run: Callable[[argparse.Namespace], int]
-    sections: tuple[Section, ...] = ()
-
-
-SUBCOMMANDS: dict[str, Subcommand] = {}
-
-
-def subcommand(
-    name: str,
-    help: str,
-    *args: Arg | Configure,
-    description: str = "",
-    sections: Sequence[Section] = (),
-) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
-    """Register the decorated function as ``zmq-rl NAME``.
-
-    ``args`` are :func:`arg` specs or functions that add arguments to the
-    subcommand's parser. ``sections``: the config dataclasses whose flags the
-    subcommand has (with ``--config``); a TOML file given there is applied before
-    the function runs. The function gets the parsed namespace and returns the
-    exit code; it may raise :class:`~zmq_rl.cli.common.CliFailure` or a config
-    error (reported as ``error: ...``).
-    """
-
-    def register(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-        if name in SUBCOMMANDS:
-            raise ValueError(f"subcommand {name!r} is registered twice")
-        doc = (fn.__doc__ or "").strip()
-        SUBCOMMANDS[name] = Subcommand(
-            name, help, description or doc or help, args, fn, tuple(sections)
-        )
-        return fn
-
-    return register
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``zmq-rl`` parser with one subparser per registered subcommand (all
-    :class:`~zmq_rl.cli.flags.CliParser`: no prefix matching, one-line errors)."""
-    parser = CliParser(
-        prog="zmq-rl",
-        description="Distributed PPO over ZeroMQ. 'zmq-rl run' trains with local actors; "
-        "for several machines use zmq-learner and zmq-actor, or on a cluster 'zmq-rl slurm' "
-        "or 'zmq-rl ray'.",
-        formatter_class=HelpFormatter,
-    )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for sub in SUBCOMMANDS.values():
-        sp = subparsers.add_parser(
-            sub.name,
-            help=sub.help,
-            description=sub.description,
-            formatter_class=HelpFormatter,
-        )
-        for spec in sub.args:
-            if isinstance(spec, Arg):
-                sp.add_argument(*spec.names, **spec.kwargs)
-            else:
-                spec(sp)
-        sp.set_defaults(_subcommand=sub.name)
-    return parser
-
-
-def subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    """The parser of subcommand ``name`` inside ``parser``."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[name]
-    raise KeyError(name)
-
-
 # -- run ------------------------------------------------------------------------------
-
-RUN_DEFAULTS = {"num_actors": 2, "eval_every": 5}
-"""Where ``zmq-rl run`` differs from the learner's defaults. No ``target_return``: an
-env's stop condition comes from its preset (CartPole-v1: 475) or from the user."""
-
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
     add_learner_flags(parser, defaults=RUN_DEFAULTS)
@@ -156,7 +64,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     supervision.add_argument(
         "--actor-restarts",
         metavar="N",
-        type=_non_negative(int),
+        type=non_negative(int),
         default=3,
         help="restart an actor process that dies during training up to N times (per actor); "
         "it rejoins as a late joiner. An actor that exits with code 2 (a configuration "
@@ -166,7 +74,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     supervision.add_argument(
         "--actor-restart-backoff",
         metavar="SECONDS",
-        type=_non_negative(float),
+        type=non_negative(float),
         default=1.0,
         help="wait before restarting a dead actor, doubled with each consecutive failure "
         f"of that actor (at most {MAX_BACKOFF_S:g} s)",
@@ -185,29 +93,13 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         "--resume-on-crash",
         metavar="N",
         nargs="?",
-        type=_non_negative(int),
+        type=non_negative(int),
         const=3,
         default=0,
         help="when the learner crashes with an error, resume it from its newest checkpoint "
         "while the actors keep running, up to N times (N defaults to 3 when the flag is "
         "given without it; 0 = off)",
     )
-
-
-def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type: ``kind`` (int or float) and >= 0."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
 
 
 @subcommand(
@@ -233,7 +125,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     resume = None
     if args.resume is not None:
-        run_parser = subparser(build_parser(), "run")
+        run_parser = subparser(build_parser("run"), "run")
         defaults = {a.dest: a.default for a in run_parser._actions}
         cfg, ppo, policy, overrides = resume_configs(args.resume, args, defaults, LEARNER_SECTIONS)
         resume = (cfg.run_dir, overrides)
@@ -480,7 +372,11 @@ def conformance_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``zmq-rl``; returns the exit code."""
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    # the first word that is not a flag names the subcommand: only its flags are built
+    # (none for a bare --help or an unknown name, which need the names alone)
+    named = next((w for w in words if not w.startswith("-")), "")
+    parser = build_parser(named if named in SUBCOMMANDS else "")
 
     def body() -> int:
         args = parser.parse_args(argv)
@@ -492,12 +388,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return guard(body)
 
 
-# Subcommands defined in their own modules register themselves on import.
-from . import ray_launch, slurm  # noqa: E402, F401
-
 if __name__ == "__main__":
-    # As a script (python -m zmq_rl.cli.main) this module is __main__; the other modules'
-    # subcommands registered themselves in zmq_rl.cli.main, so run that one's main.
-    from zmq_rl.cli.main import main as _registered_main
-
-    sys.exit(_registered_main())
+    sys.exit(main())

@@ -32,10 +32,10 @@ from typing import Any
 
 from zmq_rl.config import ConfigError
 
+from .commands import RUN_DEFAULTS, build_parser, non_negative, subcommand, subparser
 from .common import EXIT_INTERRUPTED, CliFailure, release_run_dir, setup_logging
 from .flags import LOG_LEVELS
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
-from .main import RUN_DEFAULTS, _non_negative, build_parser, subcommand, subparser
 from .slurm import console_command
 
 log = logging.getLogger(__name__)
@@ -331,7 +331,7 @@ def _ray_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--actor-restarts",
         metavar="N",
-        type=_non_negative(int),
+        type=non_negative(int),
         default=3,
         help="Ray max_restarts of each actor: how often Ray restarts one whose process "
         "died (-1 is not accepted: bounded, like zmq-rl run)",
@@ -384,7 +384,7 @@ def ray_command(args: argparse.Namespace) -> int:
         raise ConfigError("actor_cpus", args.actor_cpus, "must be >= 0")
     resume = None
     if args.resume is not None:
-        ray_parser = subparser(build_parser(), "ray")
+        ray_parser = subparser(build_parser("ray"), "ray")
         defaults = {a.dest: a.default for a in ray_parser._actions}
         cfg, ppo, policy, overrides = resume_configs(args.resume, args, defaults, LEARNER_SECTIONS)
         resume = (cfg.run_dir, overrides)
