@@ -38,7 +38,7 @@ import zmq
 
 from ..config import LearnerConfig, PolicyConfig
 from ..learner.ingest import Ingest
-from ..learner.loop import run_settings
+from ..learner.settings import run_settings
 from ..report import LearnerReport
 from ..wire.protocol import (
     Bye,

@@ -3,10 +3,9 @@
 :class:`Ingest` binds the learner's three sockets, reads fragments into the per-slot
 queues (every check in :meth:`~zmq_rl.learner.membership.Membership.admit`), serves hello,
 heartbeat and bye on the control socket, sends heartbeats, evicts silent actors,
-welcomes, publishes weights and shuts the actors down. It also measures each actor's
-link from the heartbeats (round trip, the share of time its staleness valve holds it
-paused, :meth:`Ingest.link_stats`) and says once per actor which ``max_lead_steps``
-would fit its round trip when the valve holds it too often. It holds no RL object: the
+welcomes, publishes weights and shuts the actors down. Its
+:class:`~zmq_rl.learner.links.Links` measures each actor's link from the heartbeats
+(round trip, valve share, the lead advice). It holds no RL object: the
 :class:`~zmq_rl.learner.loop.Learner` asks it for rollouts' rows and tells it the policy
 version (a callable) and what to forget when an actor leaves.
 """
@@ -17,12 +16,11 @@ import contextlib
 import dataclasses
 import logging
 import socket
-import statistics
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import zmq
 
@@ -46,7 +44,7 @@ from ..wire.protocol import (
 )
 from ..wire.spaces import space_spec
 from ..wire.transport import bind_learner_sockets, tcp_endpoint
-from ..wire.valve import fitting_max_lead_steps
+from .links import Links
 from .membership import (
     ActorRecord,
     FragmentRejected,
@@ -55,7 +53,7 @@ from .membership import (
     check_hello,
 )
 
-__all__ = ["Ingest"]
+__all__ = ["Ingest", "RankPart"]
 
 log = logging.getLogger("zmq_rl.ingest")
 
@@ -67,40 +65,11 @@ POLL_MS = 50
 """Longest a poll blocks, so timers (heartbeats, timeouts) run on time."""
 SHUTDOWN_GRACE_S = 3.0
 """How long the learner waits for every actor's bye after asking them to stop."""
-BUSY_GAP_S = 0.005
-"""A pause between two pumps longer than this is busy time (an update, an evaluation);
-a round trip read in the pump right after one is not measured (its answer may have
-waited in the socket). So round trips are measured while the learner waits for rows,
-with an error of at most about this much; a learner that never waits measures none."""
-PAUSED_ADVICE_SHARE = 0.30
-"""An actor held paused by its valve more than this share of the time gets the
-``max_lead_steps`` advice (logged once per actor)."""
-ADVICE_MIN_SAMPLES = 5
-"""Heartbeats (with ``paused``, after training started) before the advice is given."""
-ADVICE_WARNINGS = 5
-"""Actors whose ``max_lead_steps`` advice is a WARNING; the rest is logged at INFO (256
-actors on one slow learner would otherwise print 256 near-identical warnings)."""
 PENDING_SILENCE_INTERVALS = 5.0
 """Heartbeat intervals a registration that has not joined the rollout may stay
 silent (no heartbeat, no fragment) before it is dropped; a live actor heartbeats
 every interval."""
-CYCLE_WINDOW = 16
-"""Broadcast cycles over which the learner's busy time per cycle is the median."""
 
-
-HOLD_MAX_BYTES = 64 * 1024 * 1024
-"""Learner ranks > 0: fragments of actors that rank 0 registered after the last plan
-are held (decoded, not yet checked) until the next plan names them, up to this many
-bytes (what new actors send in one update, bounded by their staleness valves); beyond
-it they are rejected as ``unknown_actor``."""
-
-PLAN_FIELDS = (
-    "actor_id", "token", "num_envs", "base_version", "member", "said_bye",
-    "bye_last_seq", "key", "host", "pid", "rank",
-)  # fmt: skip
-"""What the plan of learner ranks carries of each registration (:meth:`Ingest.plan_actors`)."""
-PLAN_UPDATED = ("base_version", "member", "said_bye", "bye_last_seq")
-"""The fields a rank > 0 takes from every plan for a registration it already has."""
 
 CONTROL_SLACK_BYTES = 128 * 1024
 """Room in the control message limit beyond the spaces and the per-slot lists: ids,
@@ -134,6 +103,23 @@ def largest_control_bytes(observation_space: Any, action_space: Any, max_envs: i
     return 2 * (specs + 9 * max_envs) + CONTROL_SLACK_BYTES
 
 
+class RankPart(Protocol):
+    """What :class:`Ingest` asks of its part of the learner-ranks protocol when there
+    are several learner ranks (:class:`zmq_rl.learner.ranks.RankRouting`)."""
+
+    def assign_rank(self, members: Membership, new: ActorRecord) -> int:
+        """Rank 0: the learner rank a new registration's experience goes to."""
+        ...
+
+    def delivered_elsewhere(self, rec: ActorRecord) -> bool:
+        """Rank 0: whether another rank's actor delivered every slot (its last report)."""
+        ...
+
+    def hold(self, fragment: Fragment, key: str, size: int, held_before: bool) -> bool:
+        """Rank > 0: keep a fragment of an actor not planned yet; False: reject it."""
+        ...
+
+
 class Ingest:
     """Sockets, membership and slot queues of one learner run.
 
@@ -155,17 +141,15 @@ class Ingest:
         context: zmq.Context | None = None,
         rank: int = 0,
         world_size: int = 1,
+        ranks: RankPart | None = None,
     ) -> None:
         self.cfg = cfg
         # Data-parallel learner ranks (num_learners): rank 0 serves control and
         # registers every actor; rank r > 0 only receives its actors' fragments.
-        self.rank, self.world_size = rank, world_size
-        self.remote_delivered: set[int] = set()  # rank 0: other ranks' actors that delivered
-        # Rank > 0: fragments of actors not planned yet, (fragment, CURVE key, bytes);
-        # bounded by HOLD_MAX_BYTES.
-        self._held: deque[tuple[Fragment, str, int, bool]] = deque()
-        self._held_bytes = 0
-        self._reported_dead = 0  # rank > 0: dead_actors already in a rank report
+        # ``ranks`` is this ingest's part of their protocol (learner/ranks.py).
+        if (world_size > 1) != (ranks is not None):
+            raise ValueError(f"world_size={world_size} needs a ranks part exactly when > 1")
+        self.rank, self.world_size, self.ranks = rank, world_size, ranks
         self.settings = settings
         self.spaces = (settings.observation_space, settings.action_space)
         self.run_id = run_id
@@ -190,12 +174,7 @@ class Ingest:
         # Processes a supervisor saw exit (any thread appends; pump reads). Bounded by
         # what one pump handles: the supervisor reports each exit once.
         self._exited: deque[int] = deque(maxlen=1024)
-        self._pump_end = 0.0  # when the previous pump returned
-        self._after_busy = True  # this pump follows busy time
-        self._busy = 0.0  # seconds outside pump since the last broadcast
-        self._cycle_busy: deque[float] = deque(maxlen=CYCLE_WINDOW)
-        self._advised: set[int] = set()  # actor ids told which max_lead_steps fits
-        self._advice_warnings = 0  # advice given at WARNING (ADVICE_WARNINGS at most)
+        self.links = Links(settings, lambda: self.started)  # round trips, the lead advice
         # While serve_during runs its work, forget_slots calls wait here: the work (a
         # PPO update) owns the trainer's per-slot state until it returns.
         self._deferred_forget: list[list[SlotKey]] | None = None
@@ -263,7 +242,7 @@ class Ingest:
                 failure.append(exc)
 
         self._deferred_forget = []
-        busy, start = self._busy, time.monotonic()
+        busy, start = self.links.busy, time.monotonic()
         thread = threading.Thread(target=serve, name="zmq-rl-ingest", daemon=True)
         thread.start()
         try:
@@ -276,9 +255,7 @@ class Ingest:
             deferred, self._deferred_forget = self._deferred_forget, None
             for keys in deferred:
                 self.forget_slots(keys)
-            end = time.monotonic()
-            self._busy = busy + (end - start)
-            self._pump_end = end
+            self.links.worked(busy, start, time.monotonic())
             if failure:
                 raise failure[0]
 
@@ -286,8 +263,7 @@ class Ingest:
         """Make ``weights`` what welcomes carry and, with ``send``, PUBlish them."""
         self.current_weights = weights
         if send:
-            self._cycle_busy.append(self._busy)
-            self._busy = 0.0
+            self.links.cycle_ended()
             self.sockets.weights.send(encode(weights), copy=False)
             self.report.broadcasts_sent += 1
             self.report.last_policy_version = weights.version
@@ -326,10 +302,7 @@ class Ingest:
         evicted only after what arrived was read: while the learner was busy (a long
         update, an evaluation), live actors' heartbeats queued up and must count.
         """
-        start = time.monotonic()
-        if self._pump_end:
-            self._busy += start - self._pump_end
-        self._after_busy = start - self._pump_end > BUSY_GAP_S
+        self.links.pump_started(time.monotonic())
         while self._exited:
             self._declare_exited(self._exited.popleft())
         events = dict((poller or self.poller).poll(timeout_ms))
@@ -346,7 +319,7 @@ class Ingest:
         if self.sockets.handshakes is not None:  # counted by its thread, copied here
             for kind, count in list(self.sockets.handshakes.failures.items()):
                 self.counters[f"auth/handshake_failed/{kind}"] = count
-        self._pump_end = time.monotonic()
+        self.links.pump_ended(time.monotonic())
 
     @staticmethod
     def _drain(receive: Callable[[], Any], handle: Callable[[Any], None]) -> None:
@@ -383,9 +356,13 @@ class Ingest:
             self._reject("experience", exc.reason, str(exc))
             return
         assert isinstance(fragment, Fragment)
-        self._admit(fragment, self._sender_key(frame), len(frame.buffer), held_before=False)
+        self.admit_fragment(
+            fragment, self._sender_key(frame), len(frame.buffer), held_before=False
+        )
 
-    def _admit(self, fragment: Fragment, key: str, size: int, held_before: bool | None) -> None:
+    def admit_fragment(
+        self, fragment: Fragment, key: str, size: int, held_before: bool | None
+    ) -> None:
         """Check a decoded fragment (:meth:`Membership.admit`) and queue it. On a
         learner rank > 0, one of an actor not planned yet is held (``held_before``
         says whether it was held through a plan already; None: never hold)."""
@@ -405,11 +382,9 @@ class Ingest:
             if (
                 held_before is not None
                 and exc.reason == "unknown_actor"
-                and self.rank > 0
-                and self._held_bytes + size <= HOLD_MAX_BYTES
+                and self.ranks is not None
+                and self.ranks.hold(fragment, key, size, held_before)
             ):
-                self._held.append((fragment, key, size, held_before))
-                self._held_bytes += size
                 return
             self._reject("experience", exc.reason, str(exc))
             return
@@ -490,9 +465,9 @@ class Ingest:
             now=time.monotonic(),
         )
         rec.key = key  # with CURVE, only this key may send this actor's fragments
-        rec.rank = self._assign_rank(rec) if self.world_size > 1 else 0
+        rec.rank = self.ranks.assign_rank(self.members, rec) if self.ranks is not None else 0
         for old in replaced:
-            self._forget(old, "re-registered")
+            self.forget_actor(old, "re-registered")
         self.counters["registered"] += 1
         log.info(
             "actor %d registered from %s pid %d with %d env(s); base version %d%s",
@@ -558,7 +533,7 @@ class Ingest:
         """Whether every slot of ``rec`` has rows queued (it may join the rollout);
         for another rank's actor, whether that rank said so in its last report."""
         if rec.rank != self.rank:
-            return rec.actor_id in self.remote_delivered
+            return self.ranks is not None and self.ranks.delivered_elsewhere(rec)
         return all(self.queues.rows(key) > 0 for key in rec.slots())
 
     def take_rollout(self, slots: list[SlotKey], num_steps: int) -> Rollout:
@@ -578,16 +553,6 @@ class Ingest:
             if rec.member and rec.rank == self.rank
             for key in rec.slots()
         ]
-
-    def _assign_rank(self, new: ActorRecord) -> int:
-        """The learner rank with the fewest live slots (the lowest on a tie): where a
-        new registration's experience goes, so slots stay spread over the ranks as
-        actors join and die."""
-        slots = [0] * self.world_size
-        for rec in self.members:
-            if rec is not new and not rec.said_bye:
-                slots[rec.rank] += rec.num_envs
-        return min(range(self.world_size), key=lambda r: (slots[r], r))
 
     def can_admit(self) -> bool:
         """Whether a registration waiting to join may join now (see :meth:`admit_pending`)."""
@@ -610,104 +575,21 @@ class Ingest:
     # ------------------------------------------------------------------ links
 
     def _on_heartbeat(self, rec: ActorRecord, beat: Heartbeat, now: float) -> None:
-        """An actor's heartbeat: keep its ``sent_at`` to echo, measure the round trip
-        (``now - echo - held``, unless busy time came in between) and the valve share."""
+        """An actor's heartbeat: keep its ``sent_at`` to echo; the link measures the
+        rest (:meth:`Links.on_heartbeat <zmq_rl.learner.links.Links.on_heartbeat>`)."""
         if beat.sent_at is not None:
             rec.peer_sent_at, rec.peer_heard_at = beat.sent_at, now
-        if beat.echo is not None and beat.held is not None and not self._after_busy:
-            rec.link.add_rtt(now - beat.echo - beat.held)
-        if beat.paused is not None and self.started:
-            rec.link.add_paused(now, beat.paused, rec.steps_received, rec.num_envs)
-            rec.link.suggested_max_lead_steps = self._fitting_lead(rec)
-            self._maybe_advise(rec)
+        self.links.on_heartbeat(rec, beat, now)
 
     def cycle_time(self) -> float | None:
-        """The learner's busy time per broadcast cycle (its updates, and whatever else
-        it did outside its receive loop), median over the last cycles; None before the
-        first broadcast."""
-        return statistics.median(self._cycle_busy) if self._cycle_busy else None
-
-    def _fitting_lead(self, rec: ActorRecord) -> int | None:
-        """The ``max_lead_steps`` that covers ``rec``'s round trip, when measured."""
-        link, cycle = rec.link, self.cycle_time()
-        if link.rtt is None or link.step_rate is None or cycle is None:
-            return None
-        return fitting_max_lead_steps(
-            steps_per_broadcast=self.settings.steps_per_broadcast,
-            fragment_length=self.settings.fragment_length,
-            step_rate=link.step_rate,
-            round_trip=link.rtt,
-            cycle_time=cycle,
-        )
-
-    def _maybe_advise(self, rec: ActorRecord) -> None:
-        """Once per actor: when its valve holds it more than PAUSED_ADVICE_SHARE of the
-        time, log which ``max_lead_steps`` would fit its round trip."""
-        link, suggested = rec.link, rec.link.suggested_max_lead_steps
-        if (
-            rec.actor_id in self._advised
-            or suggested is None
-            or link.paused_samples < ADVICE_MIN_SAMPLES
-            or (link.paused_share or 0.0) <= PAUSED_ADVICE_SHARE
-        ):
-            return
-        self._advised.add(rec.actor_id)
-        current = self.settings.max_lead_steps
-        facts = (
-            f"actor {rec.actor_id} ({rec.host} pid {rec.pid}) is held paused by the staleness "
-            f"valve {100 * (link.paused_share or 0.0):.0f}% of the time; round trip "
-            f"{1e3 * (link.rtt or 0.0):.0f} ms, {link.step_rate or 0.0:,.0f} steps/s per slot "
-            f"while running, learner busy {1e3 * (self.cycle_time() or 0.0):.0f} ms per "
-            f"broadcast cycle"
-        )
-        if suggested > current + self.settings.fragment_length:  # more than rounding
-            self._advice_warnings += 1
-            loud = self._advice_warnings <= ADVICE_WARNINGS
-            last = self._advice_warnings == ADVICE_WARNINGS
-            (log.warning if loud else log.info)(
-                "%s: --max-lead-steps %d would cover its round trip (now %d; "
-                "steps_per_broadcast + rate * (round trip + learner busy time), "
-                "see docs/multi-host.md 'Long links')%s",
-                facts,
-                suggested,
-                current,
-                " [further actors' advice is logged at INFO; the metrics row's "
-                "links/suggested_max_lead_steps has the largest]"
-                if last
-                else "",
-            )
-        else:
-            log.info(
-                "%s: --max-lead-steps %d already covers its round trip (%d would do); "
-                "the learner, not the link, holds it",
-                facts,
-                current,
-                suggested,
-            )
+        """The learner's busy time per broadcast cycle (:meth:`Links.cycle_time
+        <zmq_rl.learner.links.Links.cycle_time>`)."""
+        return self.links.cycle_time()
 
     def link_stats(self) -> dict[str, float]:
-        """Aggregate link figures over the registered actors, for the metrics row (only
-        the measured ones): ``links/rtt_ms_max``, ``links/rtt_ms_mean``,
-        ``links/valve_paused_share_max``, ``links/valve_paused_share_mean`` and
-        ``links/suggested_max_lead_steps`` (the largest suggestion)."""
-        links = [rec.link for rec in self.members if not rec.said_bye]
-        rtts = [1e3 * link.rtt for link in links if link.rtt is not None]
-        shares = [link.paused_share for link in links if link.paused_share is not None]
-        leads = [
-            link.suggested_max_lead_steps
-            for link in links
-            if link.suggested_max_lead_steps is not None
-        ]
-        out: dict[str, float] = {}
-        if rtts:
-            out["links/rtt_ms_max"] = max(rtts)
-            out["links/rtt_ms_mean"] = sum(rtts) / len(rtts)
-        if shares:
-            out["links/valve_paused_share_max"] = max(shares)
-            out["links/valve_paused_share_mean"] = sum(shares) / len(shares)
-        if leads:
-            out["links/suggested_max_lead_steps"] = float(max(leads))
-        return out
+        """The link figures of the metrics row (:meth:`Links.stats
+        <zmq_rl.learner.links.Links.stats>`)."""
+        return self.links.stats(self.members)
 
     def _evict_silent_actors(self) -> None:
         """Declare dead every actor silent for ``actor_timeout``: its slots leave the
@@ -728,7 +610,7 @@ class Ingest:
                 *(len(ids), silence, ids[:10], " ..." if len(ids) > 10 else ""),
             )
             for rec in dropped:
-                self._forget(rec, "dropped_silent")
+                self.forget_actor(rec, "dropped_silent")
         short = self.queues.short_slots(self.local_member_slots(), self.cfg.num_steps)
         short_ids = {a for a, _ in short}
         # A rank > 0 hears no heartbeats: only "no fragment while waited on" applies.
@@ -741,7 +623,7 @@ class Ingest:
                 rec.death_line(now, self.report.updates_completed, self.version())
             )
             self.counters["actors/declared_dead"] += 1
-            self._forget(rec, "actor_dead")
+            self.forget_actor(rec, "actor_dead")
 
     def actor_exited(self, pid: int) -> None:
         """A supervisor saw the process ``pid`` (on this host) exit: its registration
@@ -761,82 +643,9 @@ class Ingest:
                     rec.death_line(time.monotonic(), self.report.updates_completed, self.version())
                 )
                 self.counters["actors/declared_dead"] += 1
-                self._forget(self.members.remove(rec.actor_id), "actor_dead")
+                self.forget_actor(self.members.remove(rec.actor_id), "actor_dead")
 
-    # ------------------------------------------------------------------ learner ranks
-
-    def plan_actors(self) -> list[list[Any]]:
-        """Rank 0: every registration as the plan tells the other ranks: the
-        :data:`PLAN_FIELDS` of each record (see :meth:`apply_plan`)."""
-        return [[getattr(rec, name) for name in PLAN_FIELDS] for rec in self.members]
-
-    def apply_plan(self, actors: list[list[Any]]) -> None:
-        """Rank > 0: make this rank's registrations rank 0's (:meth:`plan_actors`):
-        forget those rank 0 no longer has (their queued rows are counted as
-        discarded), add the new ones, take membership and base versions; then check
-        the fragments held for actors that were not planned yet. A fragment held
-        through a whole plan without its actor appearing is rejected (``unknown_actor``)."""
-        now = time.monotonic()
-        entries = (dict(zip(PLAN_FIELDS, values, strict=True)) for values in actors)
-        planned = {e["actor_id"]: e for e in entries if e["rank"] == self.rank}
-        for rec in self.members:
-            entry = planned.get(rec.actor_id)
-            if entry is None or entry["token"] != rec.token:
-                self._forget(self.members.remove(rec.actor_id), "actor_left_rank")
-        for actor_id, entry in planned.items():
-            rec = self.members.get(actor_id)
-            if rec is None:
-                rec = ActorRecord(
-                    **entry, routing_id=b"", last_seen=now, last_fragment=now, registered_at=now
-                )
-                self.members.actors[actor_id] = rec
-            for name in PLAN_UPDATED:
-                setattr(rec, name, entry[name])
-        held, self._held, self._held_bytes = list(self._held), deque(), 0
-        for fragment, key, size, retried in held:
-            self._admit(fragment, key, size, held_before=None if retried else True)
-
-    def rank_report(self) -> dict[str, Any]:
-        """Rank > 0: what rank 0 needs of this rank's actors after a fill: per actor
-        [steps received, fragments received, steps consumed, delivered every slot],
-        and the actors this rank declared dead since the last report."""
-        dead = self.report.dead_actors[self._reported_dead :]
-        self._reported_dead = len(self.report.dead_actors)
-        return {
-            "actors": {
-                r.actor_id: [
-                    r.steps_received,
-                    r.fragments_received,
-                    r.steps_consumed,
-                    self.delivered(r),
-                ]
-                for r in self.members
-            },  # fmt: skip
-            "dead": dead,
-        }
-
-    def apply_rank_report(self, report: dict[str, Any]) -> None:
-        """Rank 0: take another rank's :meth:`rank_report`: its actors' counts, which
-        waiting ones delivered, and its declared deaths (removed here, so the next plan
-        and the heartbeats agree)."""
-        for actor_id, (received, fragments, consumed, delivered) in report["actors"].items():
-            rec = self.members.get(actor_id)
-            if rec is None:
-                continue
-            rec.steps_received, rec.fragments_received = received, fragments
-            rec.steps_consumed = consumed
-            (self.remote_delivered.add if delivered else self.remote_delivered.discard)(actor_id)
-        for line in report["dead"]:
-            rec = self.members.get(line["actor_id"])
-            if rec is None:
-                continue
-            log.warning("actor %d (%s pid %d) declared dead by its learner rank %d",
-                        rec.actor_id, rec.host, rec.pid, rec.rank)  # fmt: skip
-            self.report.dead_actors.append(line)
-            self.counters["actors/declared_dead"] += 1
-            self._forget(self.members.remove(rec.actor_id), "actor_dead")
-
-    def _forget(self, rec: ActorRecord, reason: str) -> None:
+    def forget_actor(self, rec: ActorRecord, reason: str) -> None:
         """Discard (and count) what a removed actor had queued; keep its report line."""
         if self._deferred_forget is not None:  # serve_during's work owns the trainer
             self._deferred_forget.append(rec.slots())

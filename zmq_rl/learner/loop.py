@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import gymnasium as gym
 import zmq
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
@@ -35,12 +34,11 @@ from ..rl.distributed import LearnerRankLost, RankSpec, rank_spec
 from ..rl.policy import Policy
 from ..rl.rollout import SlotQueues
 from ..rl.trainer import Trainer
-from ..wire.protocol import RunSettings, Weights, encode, largest_fragment_bytes
+from ..wire.protocol import Weights, encode
 from .checkpoint import (
     WriteFailed,
     atomic_write_bytes,
     checkpoint_configs,
-    config_dict,
     newest_readable_checkpoint,
     restore_run_state,
     save_learner_checkpoint,
@@ -48,6 +46,7 @@ from .checkpoint import (
 )
 from .ingest import POLL_MS, Ingest
 from .runlog import RunLog
+from .settings import LearnerStarved, StopRequested, run_settings
 
 if TYPE_CHECKING:
     from .ranks import LeaderRanks
@@ -66,55 +65,6 @@ log = logging.getLogger("zmq_rl.learner")
 BEST_POLICY_FILE = "policy-best.pt"
 """The best evaluated policy of a run (``report.json``'s ``best_evaluation``), beside
 ``policy.pt`` (the final one)."""
-
-HEARTBEAT_INTERVAL_S = 1.0
-"""How often the learner and its actors send heartbeats (RunSettings.heartbeat_interval)."""
-
-
-class LearnerStarved(RuntimeError):
-    """No rollout could be completed within ``starvation_timeout``."""
-
-
-class StopRequested(Exception):
-    """Raised inside the loop when :meth:`Learner.request_stop` was called."""
-
-
-def run_settings(
-    cfg: LearnerConfig,
-    observation_space: gym.Space,
-    action_space: gym.Space,
-    policy_cfg: PolicyConfig,
-    *,
-    weights_bytes: int = 0,
-    state_size: int = 0,
-) -> RunSettings:
-    """The settings every actor of this run obeys (the welcome's ``config``), with
-    ``num_envs`` the default an actor gets when its hello asks for none.
-
-    ``weights_bytes`` is the encoded size of this run's weights message: actors must
-    accept twice that (plus 64 KB) on their SUB socket. ``state_size`` is the policy's
-    recurrent state per slot (0 for a feed-forward policy)."""
-    return RunSettings(
-        env_id=cfg.env_id,
-        observation_space=observation_space,
-        action_space=action_space,
-        policy=config_dict(policy_cfg),
-        num_steps=cfg.num_steps,
-        broadcast_every=cfg.broadcast_every,
-        steps_per_broadcast=cfg.steps_per_broadcast(),
-        max_lead_steps=cfg.effective_max_lead_steps(),
-        fragment_length=cfg.fragment_length,
-        num_envs=cfg.num_envs,
-        seed=cfg.seed,
-        heartbeat_interval=HEARTBEAT_INTERVAL_S,
-        state_size=state_size,
-        max_weights_bytes=2 * weights_bytes + 64 * 1024,
-        max_fragment_bytes=cfg.max_message_bytes
-        or largest_fragment_bytes(observation_space, action_space, cfg.fragment_length),
-        env_kwargs=cfg.env_kwargs_map(),
-        wrappers=list(cfg.wrappers),
-    )
-
 
 class Learner:
     """Owns the sockets, the membership and the slot queues; trains through its
@@ -155,9 +105,14 @@ class Learner:
         self.spec: RankSpec | None = rank_spec(cfg.num_learners, cfg.host, cfg.rendezvous_port())
         self.ranks: LeaderRanks | None = None
         if self.spec is not None:
-            from .ranks import LeaderRanks  # it imports this module
+            from .ranks import LeaderRanks
 
-            self.ranks = LeaderRanks(self)
+            self.ranks = LeaderRanks(
+                self,
+                stop_reason=lambda: self._stop_reason,
+                budget_spent=self._budget_spent,
+                broadcast=self._broadcast,
+            )
         self.ingest = Ingest(
             cfg,
             self.settings,
@@ -168,6 +123,7 @@ class Learner:
             forget_slots=self.trainer.forget_slots,
             context=context,
             world_size=cfg.num_learners,
+            ranks=None if self.ranks is None else self.ranks.routing,
         )
         self.members = self.ingest.members
         self.on_checkpoint: Callable[[Path], None] | None = None

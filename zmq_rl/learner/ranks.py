@@ -16,9 +16,9 @@ import logging
 import multiprocessing
 import signal
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -32,13 +32,173 @@ from ..rl.distributed import (
     is_collective_failure,
     parameter_digest,
 )
+from ..rl.policy import Policy
+from ..rl.rollout import SlotQueues
 from ..rl.trainer import Trainer
+from ..wire.protocol import Fragment
 from .ingest import POLL_MS, SHUTDOWN_GRACE_S, Ingest
-from .loop import Learner, LearnerStarved, StopRequested, run_settings
+from .membership import ActorRecord, Membership
+from .settings import LearnerStarved, StopRequested, run_settings
 
-__all__ = ["LeaderRanks", "round_outcome", "run_learner_rank"]
+__all__ = ["LeaderRanks", "RankRouting", "RankZero", "round_outcome", "run_learner_rank"]
 
 log = logging.getLogger("zmq_rl.learner_ranks")
+# What the ingest's part of the protocol logs keeps the ingest's logger name.
+ingest_log = logging.getLogger("zmq_rl.ingest")
+
+HOLD_MAX_BYTES = 64 * 1024 * 1024
+"""Learner ranks > 0: fragments of actors that rank 0 registered after the last plan
+are held (decoded, not yet checked) until the next plan names them, up to this many
+bytes (what new actors send in one update, bounded by their staleness valves); beyond
+it they are rejected as ``unknown_actor``."""
+
+PLAN_FIELDS = (
+    "actor_id", "token", "num_envs", "base_version", "member", "said_bye",
+    "bye_last_seq", "key", "host", "pid", "rank",
+)  # fmt: skip
+"""What the plan of learner ranks carries of each registration (:meth:`RankRouting.plan_actors`)."""
+PLAN_UPDATED = ("base_version", "member", "said_bye", "bye_last_seq")
+"""The fields a rank > 0 takes from every plan for a registration it already has."""
+
+
+class RankRouting:
+    """One ingest's part of the learner-ranks protocol (:class:`~zmq_rl.learner.
+    ingest.RankPart`): which rank a registration's experience goes to, the plan of
+    registrations rank 0 broadcasts and the other ranks apply, the rank reports they
+    send back, and (rank > 0) the fragments held for actors not planned yet."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.remote_delivered: set[int] = set()  # rank 0: other ranks' actors that delivered
+        # Rank > 0: fragments of actors not planned yet, (fragment, CURVE key, bytes,
+        # held through a plan already); bounded by HOLD_MAX_BYTES.
+        self.held: deque[tuple[Fragment, str, int, bool]] = deque()
+        self.held_bytes = 0
+        self.reported_dead = 0  # rank > 0: dead_actors already in a rank report
+
+    def assign_rank(self, members: Membership, new: ActorRecord) -> int:
+        """The learner rank with the fewest live slots (the lowest on a tie): where a
+        new registration's experience goes, so slots stay spread over the ranks as
+        actors join and die."""
+        slots = [0] * self.world_size
+        for rec in members:
+            if rec is not new and not rec.said_bye:
+                slots[rec.rank] += rec.num_envs
+        return min(range(self.world_size), key=lambda r: (slots[r], r))
+
+    def delivered_elsewhere(self, rec: ActorRecord) -> bool:
+        """Rank 0: whether another rank's actor delivered every slot (its last report)."""
+        return rec.actor_id in self.remote_delivered
+
+    def hold(self, fragment: Fragment, key: str, size: int, held_before: bool) -> bool:
+        """Rank > 0: hold a fragment of an actor not planned yet (within
+        :data:`HOLD_MAX_BYTES`); False: it is rejected instead."""
+        if self.rank == 0 or self.held_bytes + size > HOLD_MAX_BYTES:
+            return False
+        self.held.append((fragment, key, size, held_before))
+        self.held_bytes += size
+        return True
+
+    @staticmethod
+    def plan_actors(ingest: Ingest) -> list[list[Any]]:
+        """Rank 0: every registration as the plan tells the other ranks: the
+        :data:`PLAN_FIELDS` of each record (see :meth:`apply_plan`)."""
+        return [[getattr(rec, name) for name in PLAN_FIELDS] for rec in ingest.members]
+
+    def apply_plan(self, ingest: Ingest, actors: list[list[Any]]) -> None:
+        """Rank > 0: make this rank's registrations rank 0's (:meth:`plan_actors`):
+        forget those rank 0 no longer has (their queued rows are counted as
+        discarded), add the new ones, take membership and base versions; then check
+        the fragments held for actors that were not planned yet. A fragment held
+        through a whole plan without its actor appearing is rejected (``unknown_actor``)."""
+        now = time.monotonic()
+        entries = (dict(zip(PLAN_FIELDS, values, strict=True)) for values in actors)
+        planned = {e["actor_id"]: e for e in entries if e["rank"] == self.rank}
+        for rec in ingest.members:
+            entry = planned.get(rec.actor_id)
+            if entry is None or entry["token"] != rec.token:
+                ingest.forget_actor(ingest.members.remove(rec.actor_id), "actor_left_rank")
+        for actor_id, entry in planned.items():
+            rec = ingest.members.get(actor_id)
+            if rec is None:
+                rec = ActorRecord(
+                    **entry, routing_id=b"", last_seen=now, last_fragment=now, registered_at=now
+                )
+                ingest.members.actors[actor_id] = rec
+            for name in PLAN_UPDATED:
+                setattr(rec, name, entry[name])
+        held, self.held, self.held_bytes = list(self.held), deque(), 0
+        for fragment, key, size, retried in held:
+            ingest.admit_fragment(fragment, key, size, held_before=None if retried else True)
+
+    def rank_report(self, ingest: Ingest) -> dict[str, Any]:
+        """Rank > 0: what rank 0 needs of this rank's actors after a fill: per actor
+        [steps received, fragments received, steps consumed, delivered every slot],
+        and the actors this rank declared dead since the last report."""
+        dead = ingest.report.dead_actors[self.reported_dead :]
+        self.reported_dead = len(ingest.report.dead_actors)
+        return {
+            "actors": {
+                r.actor_id: [
+                    r.steps_received,
+                    r.fragments_received,
+                    r.steps_consumed,
+                    ingest.delivered(r),
+                ]
+                for r in ingest.members
+            },  # fmt: skip
+            "dead": dead,
+        }
+
+    def apply_rank_report(self, ingest: Ingest, report: dict[str, Any]) -> None:
+        """Rank 0: take another rank's :meth:`rank_report`: its actors' counts, which
+        waiting ones delivered, and its declared deaths (removed here, so the next plan
+        and the heartbeats agree)."""
+        for actor_id, (received, fragments, consumed, delivered) in report["actors"].items():
+            rec = ingest.members.get(actor_id)
+            if rec is None:
+                continue
+            rec.steps_received, rec.fragments_received = received, fragments
+            rec.steps_consumed = consumed
+            (self.remote_delivered.add if delivered else self.remote_delivered.discard)(actor_id)
+        for line in report["dead"]:
+            rec = ingest.members.get(line["actor_id"])
+            if rec is None:
+                continue
+            ingest_log.warning("actor %d (%s pid %d) declared dead by its learner rank %d",
+                               rec.actor_id, rec.host, rec.pid, rec.rank)  # fmt: skip
+            ingest.report.dead_actors.append(line)
+            ingest.counters["actors/declared_dead"] += 1
+            ingest.forget_actor(ingest.members.remove(rec.actor_id), "actor_dead")
+
+
+class RankZero(Protocol):
+    """What rank 0's :class:`LeaderRanks` reads of its learner
+    (:class:`~zmq_rl.learner.loop.Learner`), beside the three callables it is given."""
+
+    spec: RankSpec | None
+    cfg: LearnerConfig
+    ppo_cfg: PPOConfig
+    policy_cfg: PolicyConfig
+    run_id: str
+    trainer: Trainer
+    ingest: Ingest
+    report: LearnerReport
+    counters: Counter[str]
+    members: Membership
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def queues(self) -> SlotQueues: ...
+
+    def pump(self, timeout_ms: int) -> None: ...
+
+    def starved(self, slots: list[Any]) -> LearnerStarved: ...
 
 
 def round_outcome(
@@ -64,15 +224,27 @@ class LeaderRanks:
     Every collective runs inside :meth:`Ingest.serve_during`, so control, heartbeats
     and rank 0's fragments are served while the ranks wait for each other."""
 
-    def __init__(self, learner: Learner) -> None:
+    def __init__(
+        self,
+        learner: RankZero,
+        *,
+        stop_reason: Callable[[], str],
+        budget_spent: Callable[[], bool],
+        broadcast: Callable[[], None],
+    ) -> None:
+        """``stop_reason()``: why the learner was asked to stop ("" while it was not);
+        ``budget_spent()``: whether the env-step budget is spent; ``broadcast()``:
+        publish the next version (waiting actors join)."""
         self.learner = learner
+        self.stop_reason, self.budget_spent, self.broadcast = stop_reason, budget_spent, broadcast
+        self.routing = RankRouting(0, learner.cfg.num_learners)
         self.spec = learner.spec
         self.collective: Collective | None = None
         self.procs: list[Any] = []
         self.digest = 0
         self.broken = False  # a collective failed: no rank is left to talk to
         self.stop_sent = ""
-        self.budget_spent = False
+        self.out_of_budget = False  # a round found the budget spent: the next plan stops
         self.idle_since: float | None = None
 
     def start(self) -> None:
@@ -134,7 +306,7 @@ class LeaderRanks:
             "version": learner.version,
             "updates": learner.report.updates_completed,
             "consumed": learner.report.env_steps_consumed,
-            "actors": learner.ingest.plan_actors(),
+            "actors": self.routing.plan_actors(learner.ingest),
         }
 
     def update(self) -> dict[str, float] | None:
@@ -150,18 +322,18 @@ class LeaderRanks:
         coming: the next plan says so)."""
         learner = self.learner
         cfg, report, ingest = learner.cfg, learner.report, learner.ingest
-        stop = learner._stop_reason or ("budget spent" if self.budget_spent else "")
-        if not stop and learner._budget_spent():
+        stop = self.stop_reason() or ("budget spent" if self.out_of_budget else "")
+        if not stop and self.budget_spent():
             stop = "budget spent"
         plan = self._plan(stop)
         self._call(lambda c: c.broadcast(plan))
         if stop:
             self.stop_sent = stop
-            if learner._stop_reason:
+            if self.stop_reason():
                 raise StopRequested(stop)
             return True, None
         slots = self._fill()
-        mine = {"rows": cfg.num_steps * len(slots), "stop": bool(learner._stop_reason)}
+        mine = {"rows": cfg.num_steps * len(slots), "stop": bool(self.stop_reason())}
         mine["digest"] = self.digest
         reports = self._call(lambda c: c.all_gather(mine))
         for rank, other in enumerate(reports[1:], start=1):
@@ -171,7 +343,7 @@ class LeaderRanks:
                     f"{report.updates_completed} (digest {other['digest']:#x} != "
                     f"{self.digest:#x}): the ranks diverged"
                 )
-            ingest.apply_rank_report(other)
+            self.routing.apply_rank_report(ingest, other)
             report.add_episodes(other["returns"])
         rows, outcome = round_outcome(
             reports, report.updates_completed, report.env_steps_consumed, cfg.total_env_steps
@@ -180,7 +352,7 @@ class LeaderRanks:
             self._idle()
         else:
             self.idle_since = None
-        self.budget_spent = self.budget_spent or outcome == "budget"
+        self.out_of_budget = self.out_of_budget or outcome == "budget"
         if outcome != "update":
             return False, None
         rollout = ingest.take_rollout(slots, cfg.num_steps) if slots else None
@@ -191,7 +363,7 @@ class LeaderRanks:
         report.env_steps_consumed += rows
         report.updates_completed += 1
         if report.updates_completed % cfg.broadcast_every == 0:
-            learner._broadcast()
+            self.broadcast()
         report.final_stats = result.metrics
         result.metrics["learner/ranks"] = float(len(reports))
         result.metrics["learner/ranks_without_rows"] = float(sum(not r["rows"] for r in reports))
@@ -208,7 +380,7 @@ class LeaderRanks:
             slots = learner.ingest.local_member_slots()
             if not slots or learner.queues.ready(slots, cfg.num_steps):
                 return slots
-            if learner._stop_reason:
+            if self.stop_reason():
                 return []
             if time.monotonic() > deadline:
                 raise learner.starved(slots)
@@ -221,7 +393,7 @@ class LeaderRanks:
         now = time.monotonic()
         self.idle_since = self.idle_since or now
         if learner.ingest.can_admit():
-            learner._broadcast()
+            self.broadcast()
         elif now - self.idle_since > learner.cfg.starvation_timeout:
             waiting = learner.members.describe_waiting([], learner.report.dead_actors)
             raise LearnerStarved(
@@ -247,11 +419,11 @@ class LeaderRanks:
         if self.collective is None or self.broken:
             self.close()
             return
-        final = {"actors": learner.ingest.plan_actors(), "version": learner.version}
+        final = {"actors": self.routing.plan_actors(learner.ingest), "version": learner.version}
         self._call(lambda c: c.broadcast(final))
         reports = self._call(lambda c: c.all_gather({"rows": 0}))
         for other in reports[1:]:
-            learner.ingest.apply_rank_report(other)
+            self.routing.apply_rank_report(learner.ingest, other)
             learner.report.add_episodes(other["returns"])
             for key, value in other["counters"].items():
                 learner.counters[key] += value
@@ -313,9 +485,10 @@ def run_learner_rank(
             forget_slots=trainer.forget_slots,
             rank=spec.rank,
             world_size=spec.world_size,
+            ranks=(routing := RankRouting(spec.rank, spec.world_size)),
         )
         try:
-            _Rounds(cfg, trainer, collective, ingest).run()
+            _Rounds(cfg, trainer, collective, ingest, routing).run()
         finally:
             ingest.close()
     except RuntimeError as exc:
@@ -330,9 +503,15 @@ def run_learner_rank(
 
 class _Rounds:
     def __init__(
-        self, cfg: LearnerConfig, trainer: Trainer, collective: Collective, ingest: Ingest
+        self,
+        cfg: LearnerConfig,
+        trainer: Trainer,
+        collective: Collective,
+        ingest: Ingest,
+        routing: RankRouting,
     ) -> None:
         self.cfg, self.trainer, self.collective, self.ingest = cfg, trainer, collective, ingest
+        self.routing = routing
         self.returns: list[float] = []  # of the last update, sent with the next report
 
     def run(self) -> None:
@@ -346,7 +525,7 @@ class _Rounds:
             if plan["stop"]:
                 log.info("rank 0 ends the run: %s", plan["stop"])
                 break
-            ingest.apply_plan(plan["actors"])
+            self.routing.apply_plan(ingest, plan["actors"])
             slots = self._fill()
             mine = {"rows": cfg.num_steps * len(slots), "stop": False, "digest": digest}
             reports = collective.all_gather({**mine, **self._report()})
@@ -363,7 +542,7 @@ class _Rounds:
 
     def _report(self) -> dict[str, Any]:
         returns, self.returns = self.returns, []
-        return {"returns": returns, **self.ingest.rank_report()}
+        return {"returns": returns, **self.routing.rank_report(self.ingest)}
 
     def _fill(self) -> list[Any]:
         """Receive until this rank's member slots hold ``num_steps`` rows each; a
@@ -383,7 +562,7 @@ class _Rounds:
         final = self.collective.broadcast()
         self.trainer.version = final["version"]  # rank 0 may have broadcast once more
         ingest.shutting_down = True
-        ingest.apply_plan(final["actors"])
+        self.routing.apply_plan(ingest, final["actors"])
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while time.monotonic() < deadline and not all(r.caught_up() for r in ingest.members):
             ingest.pump(POLL_MS)
