@@ -65,15 +65,11 @@ KNOWN_AGAINST: dict[tuple[str, str], str] = {
     ("zmq_rl.api", "zmq_rl.cli.local"): "run/ engine (issue 27 d)",
     ("zmq_rl.api", "zmq_rl.cli.plot"): "run/ engine (issue 27 d)",
     ("zmq_rl.api", "zmq_rl.cli.training"): "run/ engine (issue 27 d)",
-    ("zmq_rl.config", "zmq_rl.device"): "config and device untied (issue 27 e)",
-    ("zmq_rl.config", "zmq_rl.wire.valve"): "config and device untied (issue 27 e)",
 }
 """Imports against the wings that the seams of issue 27 still have to remove; each one
 removed must leave this table too (the test fails on a stale entry)."""
 
 KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"zmq_rl.config", "zmq_rl.device"}): "issue 27 e",
-    frozenset({"zmq_rl.rl.networks", "zmq_rl.rl.policy"}): "issue 27 e",
     frozenset({"zmq_rl.api", "zmq_rl.cli.learner"}): "issue 27 d",
 }
 """Import cycles still to untie (same rule: a stale entry fails)."""

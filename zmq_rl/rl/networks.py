@@ -43,8 +43,9 @@ from torch.nn import functional as F
 from ..config import PolicyConfig
 from ..wire.spaces import Value, map_value
 from .cnn import nature_conv
+from .layers import layer as _layer
+from .layers import trunk as _trunk
 from .normalization import merge_moments
-from .policy import _layer, _trunk
 
 __all__ = [
     "ActionHeads",

@@ -35,6 +35,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from zmq_rl.config import ConfigError, PolicyConfig
+from zmq_rl.rl.layers import layer as _layer
+from zmq_rl.rl.layers import trunk as _trunk
 from zmq_rl.rl.normalization import merge_moments
 
 if TYPE_CHECKING:
@@ -54,28 +56,7 @@ _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 OBS_NORM_EPS = 1e-8
 OBS_CLIP = 10.0
 """Normalised observations are clipped to [-OBS_CLIP, OBS_CLIP] (as SB3's VecNormalize)."""
-_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 _ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu}
-
-
-def _layer(in_features: int, out_features: int, gain: float, ortho: bool) -> nn.Linear:
-    """A linear layer, orthogonally initialised with ``gain`` and zero bias if ``ortho``."""
-    layer = nn.Linear(in_features, out_features)
-    if ortho:
-        nn.init.orthogonal_(layer.weight, gain=gain)
-        nn.init.zeros_(layer.bias)
-    return layer
-
-
-def _trunk(in_features: int, cfg: PolicyConfig) -> nn.Sequential:
-    """An MLP ``in_features -> hidden_sizes`` with the configured activation after each layer."""
-    layers: list[nn.Module] = []
-    width = in_features
-    for hidden in cfg.hidden_sizes:
-        layers.append(_layer(width, hidden, math.sqrt(2.0), cfg.ortho_init))
-        layers.append(_ACTIVATIONS[cfg.activation]())
-        width = hidden
-    return nn.Sequential(*layers)
 
 
 def _gaussian_log_prob(
