@@ -33,6 +33,7 @@ RANKS: dict[str, int] = {
     "config": 0,
     "seeding": 0,
     "report": 0,
+    "sparse_log": 0,
     "metrics": 0,
     "presets": 0,
     "_moved": 0,

@@ -31,6 +31,7 @@ import zmq
 from .actor.agent import PolicyRunner
 from .actor.client import ActorClient, LearnerLost, LearnerRefused, LearnerUnreachable
 from .config import ServeConfig
+from .sparse_log import log_sparsely
 from .wire.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MAX_ENVS_PER_ACTOR,
@@ -235,11 +236,14 @@ class InferenceServer:
             except RequestError as exc:
                 self.stats["errors"] += 1
                 count = self.stats["errors"]
-                log.log(
-                    logging.WARNING if count in (1, 10, 100, 1000) else logging.DEBUG,
+                log_sparsely(
+                    log,
+                    count,
+                    logging.WARNING,
                     "request refused (%s): %s",
                     exc.code,
                     exc.reason,
+                    quiet=logging.DEBUG,
                 )
                 self._send(address, pack("error", code=exc.code, reason=exc.reason))
 

@@ -54,6 +54,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from ..sparse_log import log_sparsely
 from ..wire.protocol import (
     PROTOCOL_VERSION,
     Bye,
@@ -103,8 +104,6 @@ recommends, so an actor cut off pauses about when the learner may evict it."""
 STALE_WEIGHTS_INTERVALS = 5.0
 """Heartbeat intervals the learner may announce a newer version than the loaded one
 before the actor subscribes to the weights again (WeightsSubscriber.check)."""
-LOG_AT = (1, 10, 100, 1000, 10000)
-"""Occurrences of a repeated event that are logged at INFO (the others at DEBUG)."""
 
 
 class LearnerRefused(RuntimeError):
@@ -569,11 +568,14 @@ class LearnerConnection:
         self._link_pause_sent = self.stats["steps_sent"]
         count = int(self.stats.get("link_pauses", 0)) + 1
         self.stats["link_pauses"] = count
-        log.log(
-            logging.INFO if count in LOG_AT else logging.DEBUG,
+        log_sparsely(
+            log,
+            count,
+            logging.INFO,
             "%s; paused until the learner answers (link pause %d)",
             why,
             count,
+            quiet=logging.DEBUG,
         )
         self._answer_due = True  # a heartbeat sent after the pause began, at once
 
@@ -590,12 +592,15 @@ class LearnerConnection:
                 self.stats.get("steps_sent_in_link_pause", 0) + sent
             )
         count = int(self.stats.get("link_pauses", 0))
-        log.log(
-            logging.INFO if count in LOG_AT else logging.DEBUG,
+        log_sparsely(
+            log,
+            count,
+            logging.INFO,
             "link pause %d ended after %.1fs: %s",
             count,
             now - since,
             how,
+            quiet=logging.DEBUG,
         )
 
     def _log_reregister(self) -> None:
@@ -629,8 +634,9 @@ class LearnerConnection:
 
     def _reject(self, where: str, exc: ProtocolError) -> None:
         self.rejects[f"{where}:{exc.reason}"] += 1
-        if self.rejects[f"{where}:{exc.reason}"] in (1, 10, 100, 1000, 10000):
-            log.warning("rejected a %s message (%s): %s", where, exc.reason, exc)
+        count = self.rejects[f"{where}:{exc.reason}"]
+        log_sparsely(log, count, logging.WARNING, "rejected a %s message (%s): %s",
+                     where, exc.reason, exc)  # fmt: skip
 
 
 class ActorClient(LearnerConnection):

@@ -22,16 +22,13 @@ from collections.abc import Callable
 
 import zmq
 
+from ..sparse_log import log_sparsely
 from ..wire.protocol import ProtocolError, Weights, decode
 from ..wire.transport import readable
 
 __all__ = ["WeightsSubscriber"]
 
 log = logging.getLogger("zmq_rl.subscriber")
-
-LOG_AT = (1, 10, 100, 1000, 10000)
-"""Re-subscriptions that are logged at WARNING (the others at DEBUG)."""
-
 
 class WeightsSubscriber:
     """Newest-wins reader of the learner's PUB; ``reject(where, error)`` counts and
@@ -119,11 +116,14 @@ class WeightsSubscriber:
         assert self._connect is not None
         self.resubscriptions += 1
         self.rejects[f"weights:{reason}"] += 1
-        log.log(
-            logging.WARNING if self.resubscriptions in LOG_AT else logging.DEBUG,
+        log_sparsely(
+            log,
+            self.resubscriptions,
+            logging.WARNING,
             "%s; subscribing to the weights again (re-subscription %d)",
             why,
             self.resubscriptions,
+            quiet=logging.DEBUG,
         )
         self.start(self._connect(), self._connect)
 

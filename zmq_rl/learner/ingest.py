@@ -27,6 +27,7 @@ import zmq
 from ..config import LearnerConfig
 from ..report import LearnerReport
 from ..rl.rollout import Rollout, SlotKey, SlotQueues
+from ..sparse_log import log_sparsely
 from ..wire.protocol import (
     Bye,
     Fragment,
@@ -335,10 +336,9 @@ class Ingest:
     def _reject(self, where: str, reason: str, detail: str) -> None:
         key = f"rejected/{where}/{reason}"
         self.counters[key] += 1
-        if self.counters[key] in (1, 10, 100, 1000, 10000, 100000):
-            log.warning(
-                "rejected %s message #%d (%s): %s", where, self.counters[key], reason, detail
-            )
+        count = self.counters[key]
+        log_sparsely(log, count, logging.WARNING, "rejected %s message #%d (%s): %s",
+                     where, count, reason, detail)  # fmt: skip
 
     def _sender_key(self, frame: zmq.Frame) -> str:
         """The CURVE public key (z85) that sent ``frame``; empty without CURVE."""
