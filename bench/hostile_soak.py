@@ -215,7 +215,7 @@ def forged_fragment(run_id: str, r: np.random.Generator) -> bytes:
     """A protocol-valid fragment as actor 0, slot 0, with a huge seq and a guessed
     session token."""
     from tests.helpers import cartpole_fragment
-    from zmq_rl.wire.codec import protocol
+    from zmq_rl.wire import protocol
 
     fragment = cartpole_fragment(r, run_id, actor_id=0, seq=10**9, token=r.bytes(16))
     return protocol.encode(fragment)

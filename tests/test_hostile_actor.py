@@ -46,8 +46,8 @@ from tests.helpers import (
     total,
     wait_until,
 )
+from zmq_rl.actor import agent as agent_module
 from zmq_rl.actor.client import ActorClient, LearnerRefused
-from zmq_rl.actor.gym_actor import agent as agent_module
 from zmq_rl.rl.policy import ActorCritic, build_policy, export_weights
 from zmq_rl.wire.protocol import (
     PROTOCOL_VERSION,

@@ -35,9 +35,9 @@ from tests.helpers import (
     stub_learner_config,
     wait_until,
 )
+from zmq_rl.actor import client as client_module
 from zmq_rl.actor.client import LearnerRefused
 from zmq_rl.actor.gym_actor import GymActor
-from zmq_rl.actor.gym_actor import client as client_module
 from zmq_rl.config import ActorConfig
 from zmq_rl.wire.protocol import (
     PROTOCOL_VERSION,

@@ -29,8 +29,8 @@ from tests.helpers import (
     CheckedBackground,
     stub_learner_config,
 )
+from zmq_rl.actor import client as client_module
 from zmq_rl.actor.client import ActorClient
-from zmq_rl.actor.gym_actor import client as client_module
 from zmq_rl.config import PPOConfig
 from zmq_rl.learner.loop import Learner
 
