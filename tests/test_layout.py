@@ -287,3 +287,25 @@ def test_learner_ranks_use_no_private_member_of_the_learner():
         }
     )
     assert not private, private
+
+
+def test_the_conformance_tool_drives_the_learner_through_public_hooks_only():
+    """conformance/ neither subclasses a production class of the learner wing nor
+    calls or overrides its private members (it uses Ingest.observer)."""
+    offences = []
+    for path in (PACKAGE / "conformance").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                if bases & {"Ingest", "Learner", "Membership"}:
+                    offences.append(f"{path.name}: class {node.name}({', '.join(bases)})")
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "ingest"
+                and node.attr.startswith("_")
+            ):
+                offences.append(f"{path.name}: ingest.{node.attr}")
+    assert not offences, offences
+

@@ -54,7 +54,7 @@ from .membership import (
     check_hello,
 )
 
-__all__ = ["Ingest", "RankPart"]
+__all__ = ["Ingest", "IngestObserver", "RankPart"]
 
 log = logging.getLogger("zmq_rl.ingest")
 
@@ -121,6 +121,21 @@ class RankPart(Protocol):
         ...
 
 
+class IngestObserver(Protocol):
+    """Public hooks for a tool that watches what the learner receives (the conformance
+    tool, :mod:`zmq_rl.conformance.actor`): called after each message is handled."""
+
+    def on_experience(self, fragment: Fragment | None, rejected: str | None) -> None:
+        """An experience frame: the fragment (None: it did not decode) and the reason
+        it was rejected (None: it was queued or held)."""
+        ...
+
+    def on_control(self, message: Hello | Heartbeat | Bye, rec: ActorRecord | None) -> None:
+        """A decoded control message: a hello with the record it registered (None:
+        refused), or a heartbeat or bye with its sender's record (None: unknown)."""
+        ...
+
+
 class Ingest:
     """Sockets, membership and slot queues of one learner run.
 
@@ -151,6 +166,7 @@ class Ingest:
         if (world_size > 1) != (ranks is not None):
             raise ValueError(f"world_size={world_size} needs a ranks part exactly when > 1")
         self.rank, self.world_size, self.ranks = rank, world_size, ranks
+        self.observer: IngestObserver | None = None  # public hooks (conformance tool)
         self.settings = settings
         self.spaces = (settings.observation_space, settings.action_space)
         self.run_id = run_id
@@ -281,7 +297,7 @@ class Ingest:
         self.shutting_down = True
         message = Shutdown(reason=reason, run_id=self.run_id)
         for rec in self.members:
-            self._send_control(rec.routing_id, message)
+            self.send_control(rec.routing_id, message)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while time.monotonic() < deadline:
             # Another rank's actor is caught up there (rank 0 gets only its bye).
@@ -354,18 +370,23 @@ class Ingest:
             fragment = decode(frame.buffer, (Fragment,), self.max_message_bytes)
         except ProtocolError as exc:
             self._reject("experience", exc.reason, str(exc))
+            if self.observer is not None:
+                self.observer.on_experience(None, exc.reason)
             return
         assert isinstance(fragment, Fragment)
-        self.admit_fragment(
+        rejected = self.admit_fragment(
             fragment, self._sender_key(frame), len(frame.buffer), held_before=False
         )
+        if self.observer is not None:
+            self.observer.on_experience(fragment, rejected)
 
     def admit_fragment(
         self, fragment: Fragment, key: str, size: int, held_before: bool | None
-    ) -> None:
-        """Check a decoded fragment (:meth:`Membership.admit`) and queue it. On a
-        learner rank > 0, one of an actor not planned yet is held (``held_before``
-        says whether it was held through a plan already; None: never hold)."""
+    ) -> str | None:
+        """Check a decoded fragment (:meth:`Membership.admit`) and queue it; return the
+        reason it was rejected (None: queued or held). On a learner rank > 0, one of an
+        actor not planned yet is held (``held_before`` says whether it was held through
+        a plan already; None: never hold)."""
         try:
             rec, gap = self.members.admit(
                 fragment,
@@ -385,10 +406,11 @@ class Ingest:
                 and self.ranks is not None
                 and self.ranks.hold(fragment, key, size, held_before)
             ):
-                return
+                return None
             self._reject("experience", exc.reason, str(exc))
-            return
+            return exc.reason
         self._queue(rec, fragment, gap)
+        return None
 
     def _queue(self, rec: ActorRecord, fragment: Fragment, gap: int) -> None:
         if gap:
@@ -411,19 +433,23 @@ class Ingest:
             message = decode(frame.buffer, (Hello, Heartbeat, Bye), self.control_max_bytes)
         except ProtocolVersionMismatch as exc:
             self._reject("control", exc.reason, str(exc))
-            self._send_control(routing_id, Refuse("version_mismatch", str(exc)))
+            self.send_control(routing_id, Refuse("version_mismatch", str(exc)))
             return
         except ProtocolError as exc:
             self._reject("control", exc.reason, str(exc))
             return
         if isinstance(message, Hello):
-            self._on_hello(routing_id, message, self._sender_key(frame))
+            rec = self._on_hello(routing_id, message, self._sender_key(frame))
+            if self.observer is not None:
+                self.observer.on_control(message, rec)
             return
         rec = self.members.sender(routing_id, message.actor_id, message.token)
+        if self.observer is not None:
+            self.observer.on_control(message, rec)
         if rec is None:
             self._reject("control", "unknown_actor", f"{message.TYPE} from unregistered peer")
             reason = f"actor {message.actor_id} is not registered in run {self.run_id}"
-            self._send_control(routing_id, Refuse("reregister", f"{reason}; say hello again"))
+            self.send_control(routing_id, Refuse("reregister", f"{reason}; say hello again"))
             return
         rec.last_seen = time.monotonic()
         if isinstance(message, Heartbeat):
@@ -440,7 +466,8 @@ class Ingest:
                 self.counters["discarded/steps/actor_left"] += rows
                 self.counters["discarded/fragments/actor_left"] += fragments
 
-    def _on_hello(self, routing_id: bytes, hello: Hello, key: str = "") -> None:
+    def _on_hello(self, routing_id: bytes, hello: Hello, key: str = "") -> ActorRecord | None:
+        """Register and welcome the sender of ``hello`` (its record), or refuse it (None)."""
         problem = check_hello(
             self.members,
             routing_id,
@@ -454,8 +481,8 @@ class Ingest:
             code, reason = problem
             self.counters[f"refused/{code}"] += 1
             log.warning("refused actor from %s pid %d: %s", hello.host, hello.pid, reason)
-            self._send_control(routing_id, Refuse(code, reason))
-            return
+            self.send_control(routing_id, Refuse(code, reason))
+            return None
         rec, replaced = self.members.register(
             routing_id,
             hello,
@@ -478,7 +505,8 @@ class Ingest:
             rec.base_version,
             f"; its experience goes to learner rank {rec.rank}" if self.world_size > 1 else "",
         )
-        self._send_control(routing_id, self._welcome(rec))
+        self.send_control(routing_id, self._welcome(rec))
+        return rec
 
     def _welcome(self, rec: ActorRecord) -> Welcome:
         cfg = self.cfg
@@ -493,7 +521,8 @@ class Ingest:
             weights=self.current_weights,
         )
 
-    def _send_control(self, routing_id: bytes, message: Any) -> bool:
+    def send_control(self, routing_id: bytes, message: Any) -> bool:
+        """Send ``message`` to one peer's control socket now; False if it cannot go."""
         try:
             self.control.send_multipart([routing_id, encode(message)], zmq.NOBLOCK)
             return True
@@ -510,7 +539,7 @@ class Ingest:
         self._last_heartbeat = now
         for rec in self.members:
             if not rec.said_bye:
-                self._send_control(rec.routing_id, self._heartbeat(rec, now))
+                self.send_control(rec.routing_id, self._heartbeat(rec, now))
 
     def _heartbeat(self, rec: ActorRecord, now: float) -> Heartbeat:
         """The learner's heartbeat to ``rec``: the version, the echo of its newest
@@ -569,7 +598,7 @@ class Ingest:
         now = time.monotonic()
         for rec in self.members.pending():
             rec.base_version = self.version() + 1
-            self._send_control(rec.routing_id, self._heartbeat(rec, now))
+            self.send_control(rec.routing_id, self._heartbeat(rec, now))
         return admitted
 
     # ------------------------------------------------------------------ links

@@ -4,9 +4,9 @@
 whatever else it did outside its receive loop), each actor's round trip (from the
 echo of its heartbeats) and the share of time its staleness valve holds it paused,
 and says once per actor which ``max_lead_steps`` would fit its round trip when the
-valve holds it too often (docs/multi-host.md, 'Long links'). :class:`~zmq_rl.learner.
-ingest.Ingest` feeds it: when a receive loop starts and ends, when work ran while a
-thread served the sockets, at each broadcast, and each heartbeat.
+valve holds it too often (docs/multi-host.md, 'Long links').
+:class:`~zmq_rl.learner.ingest.Ingest` feeds it: when a receive loop starts and ends,
+when work ran while a thread served the sockets, at each broadcast, and each heartbeat.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The learner's plumbing: sockets, membership, rollout assembly, broadcast, shutdown.
+"""The learner's loop: fill, train, broadcast, evaluate, checkpoint, shut down.
 
 One loop on the main thread (the sockets are served by a thread of the ingest while
 an update or an evaluation runs, :meth:`~zmq_rl.learner.ingest.Ingest.serve_during`):
@@ -12,7 +12,8 @@ an update or an evaluation runs, :meth:`~zmq_rl.learner.ingest.Ingest.serve_duri
 
 The run ends when the env-step budget is spent (or an evaluation reaches
 ``target_return``); then every actor is told to shut down and its ``bye`` (with its
-stats) is collected for the report. RL lives in the trainer; sockets live here.
+stats) is collected for the report. RL lives in the trainer; the sockets, the
+membership and the slot queues live in the :class:`~zmq_rl.learner.ingest.Ingest`.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ BEST_POLICY_FILE = "policy-best.pt"
 ``policy.pt`` (the final one)."""
 
 class Learner:
-    """Owns the sockets, the membership and the slot queues; trains through its
-    :attr:`trainer`, the only RL object it holds."""
+    """Runs the loop: receives through its :attr:`ingest` (which holds the sockets, the
+    membership and the slot queues) and trains through its :attr:`trainer`, the only
+    RL object it holds."""
 
     def __init__(
         self,

@@ -62,10 +62,11 @@ PLAN_UPDATED = ("base_version", "member", "said_bye", "bye_last_seq")
 
 
 class RankRouting:
-    """One ingest's part of the learner-ranks protocol (:class:`~zmq_rl.learner.
-    ingest.RankPart`): which rank a registration's experience goes to, the plan of
-    registrations rank 0 broadcasts and the other ranks apply, the rank reports they
-    send back, and (rank > 0) the fragments held for actors not planned yet."""
+    """One ingest's part of the learner-ranks protocol
+    (:class:`~zmq_rl.learner.ingest.RankPart`): which rank a registration's experience
+    goes to, the plan of registrations rank 0 broadcasts and the other ranks apply, the
+    rank reports they send back, and (rank > 0) the fragments held for actors not
+    planned yet."""
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
