@@ -309,3 +309,13 @@ def test_the_conformance_tool_drives_the_learner_through_public_hooks_only():
                 offences.append(f"{path.name}: ingest.{node.attr}")
     assert not offences, offences
 
+
+def test_every_old_module_path_is_in_the_deprecation_note():
+    """docs/api.md, 'Old import paths', lists every old path that still imports."""
+    from zmq_rl._moved import OLD_PATHS
+
+    text = (ROOT / "docs" / "api.md").read_text()
+    note = text[text.index("## Old import paths") :]
+    missing = [old for old in [*OLD_PATHS, "zmq_rl.wire", "zmq_rl.actor", "zmq_rl.learner"]
+               if f"`{old}`" not in note]  # fmt: skip
+    assert not missing, missing
