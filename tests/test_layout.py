@@ -319,3 +319,20 @@ def test_every_old_module_path_is_in_the_deprecation_note():
     missing = [old for old in [*OLD_PATHS, "zmq_rl.wire", "zmq_rl.actor", "zmq_rl.learner"]
                if f"`{old}`" not in note]  # fmt: skip
     assert not missing, missing
+
+
+def test_no_class_hides_its_type_behind_a_getattr_proxy():
+    """A class that forwards unknown attributes (``__getattr__``) hides the type of what
+    it wraps from every caller (cli/local.py's ResumingLearner did): none is left.
+    Module-level ``__getattr__`` (lazy imports, PEP 562) is fine."""
+    proxies = sorted(
+        f"{path.relative_to(ROOT)}: {node.name}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any(
+            isinstance(item, ast.FunctionDef) and item.name == "__getattr__" for item in node.body
+        )
+    )
+    assert not proxies, proxies
+

@@ -673,6 +673,25 @@ def test_resuming_learner_does_not_restart_after_a_stop_request():
     assert learner.learner_restarts == []
 
 
+def test_resuming_learner_is_a_typed_run_learner_not_a_proxy():
+    """ResumingLearner offers what a fleet and the engine use (run.fleet.RunLearner:
+    cfg, report, request_stop, run, close) and forwards nothing else."""
+    assert "__getattr__" not in vars(local.ResumingLearner)
+    inner = SimpleNamespace(
+        cfg=SimpleNamespace(run_dir=""),
+        report=SimpleNamespace(updates_completed=0),
+        counters={},
+        request_stop=lambda reason: None,
+        close=lambda: None,
+    )
+    learner = local.ResumingLearner(inner, max_restarts=1)
+    assert learner.cfg is inner.cfg and learner.report is inner.report
+    for name in ("request_stop", "run", "close"):
+        assert callable(getattr(learner, name))
+    with pytest.raises(AttributeError):
+        learner.counters  # noqa: B018 - once forwarded by __getattr__, now not
+
+
 # -- chaos soak ---------------------------------------------------------------------------
 
 CHAOS_S = float(os.environ.get("ZMQ_RL_CHAOS_SECONDS", "30"))

@@ -30,7 +30,9 @@ from .config import ActorConfig, ConfigError, LearnerConfig, PolicyConfig, PPOCo
 
 if TYPE_CHECKING:
     from .deploy import DeployedPolicy
+    from .learner.loop import Learner
     from .report import LearnerReport
+    from .run.fleet import FleetLearner, RunLearner
 
 __all__ = [
     "ActorProcesses",
@@ -368,14 +370,14 @@ def _train_configs(
     log_dir = Path(cfg.run_dir) / "logs" if cfg.run_dir else None
     supervised: dict[str, Any] = {}
 
-    def wrap_learner(learner: Any) -> Any:
+    def wrap_learner(learner: Learner) -> RunLearner:
         hooks.attach(learner)
         if resume_on_crash:
             learner = ResumingLearner(learner, resume_on_crash)
             supervised["learner"] = learner
         return learner
 
-    def around_run(learner: Any) -> LocalActors:
+    def around_run(learner: FleetLearner) -> LocalActors:
         supervised["actors"] = LocalActors(
             learner,
             cfg.num_actors,

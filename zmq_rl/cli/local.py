@@ -54,9 +54,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from ..config import LearnerConfig
+from ..report import LearnerReport
+from ..run.fleet import FleetLearner
 from .common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure
+
+if TYPE_CHECKING:
+    from ..learner.loop import Learner
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +162,7 @@ class LocalActors:
 
     def __init__(
         self,
-        learner: Any,
+        learner: FleetLearner,
         count: int,
         *,
         log_dir: Path | None = None,
@@ -528,12 +534,12 @@ class ResumingLearner:
     Not restarted: :class:`~zmq_rl.learner.loop.LearnerStarved` (the actors are missing,
     a new learner would starve too), a crash after :meth:`request_stop`, and a crash
     before the first checkpoint (nothing to resume from). Those, and a crash once the
-    restarts are spent, end the command with an error naming the crash. Everything
-    else (``cfg``, ``report``, ``counters``, ...) is the current learner's.
-    :attr:`learner_restarts` lists each restart.
+    restarts are spent, end the command with an error naming the crash. ``cfg`` and
+    ``report`` are the current learner's: it is a :class:`~zmq_rl.run.fleet.RunLearner`,
+    all a fleet and the engine use. :attr:`learner_restarts` lists each restart.
     """
 
-    def __init__(self, learner: Any, max_restarts: int) -> None:
+    def __init__(self, learner: Learner, max_restarts: int) -> None:
         self.current = learner
         self.max_restarts = max_restarts
         self.learner_restarts: list[dict[str, Any]] = []
@@ -541,10 +547,15 @@ class ResumingLearner:
         self.session_seconds = 0.0
         self._stop_reason = ""
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "current":  # not set yet (during unpickling, copying)
-            raise AttributeError(name)
-        return getattr(self.current, name)
+    @property
+    def cfg(self) -> LearnerConfig:
+        """The current learner's settings."""
+        return self.current.cfg
+
+    @property
+    def report(self) -> LearnerReport:
+        """The current learner's report."""
+        return self.current.report
 
     def request_stop(self, reason: str) -> None:
         """Ask the current learner to stop; a learner resumed later stops as well."""
@@ -555,7 +566,7 @@ class ResumingLearner:
         """Close the current learner's sockets."""
         self.current.close()
 
-    def run(self) -> Any:
+    def run(self) -> LearnerReport:
         """Run the learner to the end, resuming it after each crash; its report."""
         from zmq_rl.learner.loop import LearnerStarved
 
@@ -614,7 +625,7 @@ class ResumingLearner:
             self.current.request_stop(self._stop_reason)
 
     @staticmethod
-    def _resume(old: Any) -> Any:
+    def _resume(old: Learner) -> Learner:
         """``Learner.resume`` of ``old``'s run dir with ``old``'s settings, retrying the
         bind while the closed sockets release the ports (bounded)."""
         import zmq

@@ -32,6 +32,7 @@ from typing import Any
 
 from zmq_rl.config import ConfigError
 
+from ..run.fleet import FleetLearner
 from .commands import RUN_DEFAULTS, build_parser, non_negative, subcommand, subparser
 from .common import EXIT_INTERRUPTED, CliFailure, release_run_dir, setup_logging
 from .flags import LOG_LEVELS
@@ -177,7 +178,7 @@ class RayActors:
 
     def __init__(
         self,
-        learner: Any,
+        learner: FleetLearner,
         count: int,
         command: Sequence[str],
         *,
@@ -419,7 +420,7 @@ def ray_command(args: argparse.Namespace) -> int:
     log_dir = Path(cfg.run_dir).resolve() / "logs" if cfg.run_dir else None
     holder: dict[str, RayActors] = {}
 
-    def around_run(learner: Any) -> RayActors:
+    def around_run(learner: FleetLearner) -> RayActors:
         holder["actors"] = RayActors(
             learner,
             cfg.num_actors,

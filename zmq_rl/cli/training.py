@@ -13,15 +13,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig, replace
 
+from ..run.fleet import ActorFleet, FleetLearner, RunLearner
 from .common import (
     STOP_SIGNALS,
     CliFailure,
@@ -33,6 +33,9 @@ from .common import (
 )
 from .flags import dump_toml
 from .progress import TrainingProgress
+
+if TYPE_CHECKING:
+    from zmq_rl.learner.loop import Learner
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +156,11 @@ def train(
     console: Console,
     *,
     tensorboard: bool | None = None,
-    around_run: Callable[[Any], AbstractContextManager[Any]] | None = None,
+    around_run: Callable[[FleetLearner], ActorFleet] | None = None,
     live: bool | None = None,
     command: str = "zmq-learner",
     resume: tuple[str, Mapping[str, Any]] | None = None,
-    wrap_learner: Callable[[Any], Any] | None = None,
+    wrap_learner: Callable[[Learner], RunLearner] | None = None,
     preset: str | None = None,
     resume_command: str = RESUME_COMMAND,
     on_update: Callable[[Mapping[str, Any]], None] | None = None,
@@ -260,7 +263,7 @@ def train(
 
 
 @contextlib.contextmanager
-def _graceful_stop(learner: Any, outcome: TrainingOutcome) -> Iterator[None]:
+def _graceful_stop(learner: FleetLearner, outcome: TrainingOutcome) -> Iterator[None]:
     """First Ctrl-C / SIGTERM / SIGHUP: ask the learner to stop after the current
     step (it shuts the actors down and writes its report and policy); a second
     Ctrl-C or SIGTERM raises :class:`KeyboardInterrupt` at once. A SIGHUP never
