@@ -33,7 +33,6 @@ from tests.conftest import STUB_ENV_ID, free_port_block
 from zmq_rl.cli import learner as learner_cli
 from zmq_rl.cli import main as main_cli
 from zmq_rl.cli.learner import LEARNER_SECTIONS
-from zmq_rl.cli.local import resume_configs
 from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig
 from zmq_rl.device import resolve_device, to_cpu, to_device
 from zmq_rl.learner.checkpoint import (
@@ -51,6 +50,7 @@ from zmq_rl.report import LearnerReport
 from zmq_rl.rl.policy import export_weights
 from zmq_rl.rl.rollout import Rollout
 from zmq_rl.rl.trainer import Trainer
+from zmq_rl.run.local_actors import resume_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 180

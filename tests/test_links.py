@@ -44,10 +44,10 @@ from tests.test_client_actor import (
     weights_of,
 )
 from zmq_rl.actor.client import LINK_SILENCE_INTERVALS, ActorClient
-from zmq_rl.cli.progress import format_row
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 from zmq_rl.learner.links import ADVICE_MIN_SAMPLES, ADVICE_WARNINGS
 from zmq_rl.learner.loop import Learner
+from zmq_rl.run.progress import format_row
 from zmq_rl.wire.protocol import Heartbeat, Hello, ProtocolError, Refuse, decode, encode
 from zmq_rl.wire.valve import fitting_max_lead_steps
 

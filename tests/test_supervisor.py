@@ -1,4 +1,4 @@
-"""The supervisor of ``zmq-rl run`` (zmq_rl/cli/local.py): restarted actors, a resumed
+"""The supervisor of ``zmq-rl run`` (zmq_rl/run/local_actors.py): restarted actors, a resumed
 learner, ``--resume``.
 
 Two kinds of tests:
@@ -55,11 +55,11 @@ from tests.test_faults import (
     wait_until,
     wait_update,
 )
-from zmq_rl.cli import local
 from zmq_rl.cli import main as main_cli
 from zmq_rl.cli.common import CliFailure
 from zmq_rl.cli.learner import LEARNER_SECTIONS
-from zmq_rl.cli.local import LocalActors, resume_configs
+from zmq_rl.run import local_actors as local
+from zmq_rl.run.local_actors import LocalActors, resume_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_S = 120.0

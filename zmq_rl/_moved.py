@@ -43,6 +43,9 @@ OLD_PATHS: dict[str, str] = {
     "zmq_rl.checkpoint": "zmq_rl.learner.checkpoint",
     "zmq_rl.evaluation": "zmq_rl.learner.evaluation",
     "zmq_rl.conformance.cli": "zmq_rl.cli.conformance",
+    "zmq_rl.cli.training": "zmq_rl.run.session",
+    "zmq_rl.cli.local": "zmq_rl.run.local_actors",
+    "zmq_rl.cli.progress": "zmq_rl.run.progress",
 }
 """Old module path -> the module it is now."""
 

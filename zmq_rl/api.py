@@ -180,7 +180,7 @@ def make_configs(
 
 def _resolve_run_dir(cfg: LearnerConfig, run_dir: str | os.PathLike[str] | None) -> LearnerConfig:
     """``run_dir`` None -> a new ``runs/<env>-<timestamp>``; ``""`` -> no run dir."""
-    from .cli.training import resolve_run_dir
+    from .run.session import resolve_run_dir
 
     return resolve_run_dir(cfg, None if run_dir is None else str(run_dir))
 
@@ -363,8 +363,8 @@ def _train_configs(
     """The engine of :func:`train`, :func:`run_learner`, ``zmq-rl run`` and
     ``zmq-learner``: returns the result, the CLI's training outcome (for its
     summary) and the summary's extra lines. ``cfg.run_dir`` is final here."""
-    from .cli.local import LocalActors, ResumingLearner, summary_lines
-    from .cli.training import train as run_training
+    from .run.local_actors import LocalActors, ResumingLearner, summary_lines
+    from .run.session import train as run_training
 
     hooks = _Hooks(callbacks)
     log_dir = Path(cfg.run_dir) / "logs" if cfg.run_dir else None

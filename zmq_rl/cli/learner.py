@@ -128,7 +128,7 @@ def resolve(
 
 def configs_from_args(args: argparse.Namespace) -> tuple[LearnerConfig, PPOConfig, PolicyConfig]:
     """Validated configs from parsed learner flags, with the default run dir filled in."""
-    from .training import resolve_run_dir
+    from ..run.session import resolve_run_dir
 
     configs = build_configs(args, LEARNER_SECTIONS)
     cfg = resolve_run_dir(configs["learner"], getattr(args, "learner.run_dir"))
@@ -181,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         from zmq_rl.api import _train_configs
 
-        from .training import RESUME_COMMAND, make_console, print_summary
+        from ..run.session import RESUME_COMMAND, make_console, print_summary
 
         if any(a == "--resume" or a.startswith("--resume=") for a in argv):
             args = build_resume_parser().parse_args(argv)

@@ -56,7 +56,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="draw learning_curve.png into the run dir at the end",
     )
-    from .local import MAX_BACKOFF_S, RESUME_CHANGEABLE
+    from ..run.local_actors import MAX_BACKOFF_S, RESUME_CHANGEABLE
 
     supervision = parser.add_argument_group(
         "supervision", "restarting dead actors and a crashed learner; resuming a run"
@@ -120,8 +120,8 @@ def run_command(args: argparse.Namespace) -> int:
     ``zmq_rl.api._train_configs``) plus the summary."""
     from zmq_rl.api import _train_configs
 
-    from .local import resume_configs
-    from .training import make_console, print_summary
+    from ..run.local_actors import resume_configs
+    from ..run.session import make_console, print_summary
 
     resume = None
     if args.resume is not None:

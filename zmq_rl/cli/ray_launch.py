@@ -169,7 +169,7 @@ def parse_resources(items: Sequence[str]) -> dict[str, float]:
 class RayActors:
     """Start ``count`` Ray actors around a learner run, watch them, stop them.
 
-    A context manager (``around_run`` of :func:`~zmq_rl.cli.training.train`): on
+    A context manager (``around_run`` of :func:`~zmq_rl.run.session.train`): on
     enter it creates the actors (each starts its ``zmq-actor``); a monitor thread
     polls their status, logs every restart Ray made (a new worker pid) and stops
     the run with an error when a ``zmq-actor`` exits with a configuration error;
@@ -377,8 +377,8 @@ def ray_command(args: argparse.Namespace) -> int:
         import ray
     except ImportError:
         raise CliFailure("Ray is not installed: pip install 'zmq_rl[ray]'") from None
-    from .local import resume_configs
-    from .training import make_console, print_summary, train
+    from ..run.local_actors import resume_configs
+    from ..run.session import make_console, print_summary, train
 
     resources = parse_resources(args.actor_resources)
     if args.actor_cpus < 0:

@@ -455,7 +455,7 @@ def slurm_command(args: argparse.Namespace) -> int:
     given_run_dir = cfg.run_dir
     run_dir = Path(cfg.run_dir).resolve()
     cfg = replace(cfg, run_dir=str(run_dir))
-    from .training import check_run_dir_is_new
+    from ..run.session import check_run_dir_is_new
 
     try:
         check_run_dir_is_new(str(run_dir), "sbatch RUN_DIR/slurm/job.sbatch  # resumes")

@@ -56,15 +56,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from ..cli.common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure
 from ..config import LearnerConfig
 from ..report import LearnerReport
-from ..run.fleet import FleetLearner
-from .common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure
+from .fleet import FleetLearner
 
 if TYPE_CHECKING:
     from ..learner.loop import Learner
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("zmq_rl.cli.local")
 
 __all__ = [
     "RESUME_CHANGEABLE",

@@ -21,8 +21,7 @@ from rich.console import Console
 
 from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig, replace
 
-from ..run.fleet import ActorFleet, FleetLearner, RunLearner
-from .common import (
+from ..cli.common import (
     STOP_SIGNALS,
     CliFailure,
     check_env,
@@ -31,13 +30,14 @@ from .common import (
     note_hangup,
     release_run_dir,
 )
-from .flags import dump_toml
+from ..cli.flags import dump_toml
+from .fleet import ActorFleet, FleetLearner, RunLearner
 from .progress import TrainingProgress
 
 if TYPE_CHECKING:
     from zmq_rl.learner.loop import Learner
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("zmq_rl.cli.training")
 
 __all__ = [
     "RUN_MARKERS",
