@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from zmq_rl.config import ConfigError
 
-from .flags import ConfigFileError
+from ..config_toml import ConfigFileError
 
 __all__ = [
     "EXIT_CONFIG",

@@ -30,7 +30,7 @@ from ..cli.common import (
     note_hangup,
     release_run_dir,
 )
-from ..cli.flags import dump_toml
+from ..config_toml import dump_toml
 from .fleet import ActorFleet, FleetLearner, RunLearner
 from .progress import TrainingProgress
 
