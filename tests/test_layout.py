@@ -65,8 +65,6 @@ KNOWN_AGAINST: dict[tuple[str, str], str] = {
     ("zmq_rl.api", "zmq_rl.cli.flags"): "run/ engine (issue 27 d)",
     ("zmq_rl.api", "zmq_rl.cli.learner"): "run/ engine (issue 27 d)",
     ("zmq_rl.api", "zmq_rl.cli.plot"): "run/ engine (issue 27 d)",
-    ("zmq_rl.run.local_actors", "zmq_rl.cli.common"): "run/ engine (issue 27 d)",
-    ("zmq_rl.run.session", "zmq_rl.cli.common"): "run/ engine (issue 27 d)",
 }
 """Imports against the wings that the seams of issue 27 still have to remove; each one
 removed must leave this table too (the test fails on a stale entry)."""

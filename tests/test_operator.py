@@ -43,10 +43,10 @@ import torch
 
 from tests.conftest import STUB_ENV_ID
 from zmq_rl.cli import actor as actor_cli
-from zmq_rl.cli import common
 from zmq_rl.cli import learner as learner_cli
 from zmq_rl.cli import main as main_cli
 from zmq_rl.cli.flags import CliParser
+from zmq_rl.run import common
 
 ROOT = Path(__file__).resolve().parents[1]
 PROCESS_TIMEOUT_S = 120.0

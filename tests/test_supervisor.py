@@ -56,9 +56,9 @@ from tests.test_faults import (
     wait_update,
 )
 from zmq_rl.cli import main as main_cli
-from zmq_rl.cli.common import CliFailure
 from zmq_rl.cli.learner import LEARNER_SECTIONS
 from zmq_rl.run import local_actors as local
+from zmq_rl.run.common import CliFailure
 from zmq_rl.run.local_actors import LocalActors, resume_configs
 
 ROOT = Path(__file__).resolve().parents[1]

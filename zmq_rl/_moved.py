@@ -46,6 +46,7 @@ OLD_PATHS: dict[str, str] = {
     "zmq_rl.cli.training": "zmq_rl.run.session",
     "zmq_rl.cli.local": "zmq_rl.run.local_actors",
     "zmq_rl.cli.progress": "zmq_rl.run.progress",
+    "zmq_rl.cli.common": "zmq_rl.run.common",
 }
 """Old module path -> the module it is now."""
 

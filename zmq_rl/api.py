@@ -283,7 +283,7 @@ def train(
 
     Raises :class:`ConfigError` (a bad setting, an env that cannot be built:
     :class:`~zmq_rl.envs.EnvBuildError`) before anything starts, and
-    :class:`~zmq_rl.cli.common.CliFailure` for run-time failures (port in use,
+    :class:`~zmq_rl.run.common.CliFailure` for run-time failures (port in use,
     starved learner, a lost learner rank, an actor that cannot start). Ctrl-C stops
     the run cleanly (the result's ``interrupted`` is set).
     """

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from zmq_rl.config import ActorConfig, ConfigError
 
-from .common import (
+from ..run.common import (
     EXIT_INTERRUPTED,
     CliFailure,
     check_env,

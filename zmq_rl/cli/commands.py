@@ -92,7 +92,7 @@ def subcommand(
     subcommand's parser. ``sections``: the config dataclasses whose flags the
     subcommand has (with ``--config``); a TOML file given there is applied before
     the function runs. The function gets the parsed namespace and returns the
-    exit code; it may raise :class:`~zmq_rl.cli.common.CliFailure` or a config
+    exit code; it may raise :class:`~zmq_rl.run.common.CliFailure` or a config
     error (reported as ``error: ...``).
     """
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from zmq_rl.config import PolicyConfig
 
-from .common import CliFailure
+from ..run.common import CliFailure
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 
-from .common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure, guard, setup_logging
+from ..run.common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure, guard, setup_logging
 from .flags import (
     CliParser,
     HelpFormatter,

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..run.common import EXIT_INTERRUPTED, guard, setup_logging
 from . import ray_launch, slurm  # noqa: F401  (they register the slurm and ray subcommands)
 from .commands import (
     RUN_DEFAULTS,
@@ -31,7 +32,6 @@ from .commands import (
     subcommand,
     subparser,
 )
-from .common import EXIT_INTERRUPTED, guard, setup_logging
 from .flags import LOG_LEVELS, Section, flag_name, parse_with_config
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .plot import add_plot_flags, plot_from_args
@@ -247,7 +247,7 @@ def export_command(args: argparse.Namespace) -> int:
     docs/embedding.md for running the ONNX file from C."""
     from zmq_rl.deploy import ExportUnavailable, PolicyFileError, export_policy
 
-    from .common import CliFailure
+    from ..run.common import CliFailure
 
     setup_logging(args.log_level)
     try:
@@ -291,7 +291,7 @@ def keys_command(args: argparse.Namespace) -> int:
     ``zmq.auth.create_certificates``; refuse to overwrite unless ``--force``."""
     import zmq.auth
 
-    from .common import CliFailure
+    from ..run.common import CliFailure
 
     public = args.out_dir / f"{args.name}.key"
     secret = args.out_dir / f"{args.name}.key_secret"

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig, replace
 
+from ..run.common import CliFailure, release_run_dir
 from .commands import RUN_DEFAULTS, non_negative, subcommand
-from .common import CliFailure, release_run_dir
 from .flags import LOG_LEVELS, dump_toml
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 

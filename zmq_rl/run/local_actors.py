@@ -17,7 +17,7 @@ declares it dead after ``actor_timeout``) and gets the current weights in its
 welcome. What is not restarted, because a restart would run the same command into
 the same error:
 
-* an exit with code 2 (:data:`~zmq_rl.cli.common.EXIT_CONFIG`: the actor's own
+* an exit with code 2 (:data:`~zmq_rl.run.common.EXIT_CONFIG`: the actor's own
   configuration error, e.g. a ``--factory`` it cannot load);
 * an exit with an error (code > 0) before the actor ever started collecting (a
   start-up failure: the learner's env or policy cannot be built on this host).
@@ -56,9 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..cli.common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure
 from ..config import LearnerConfig
 from ..report import LearnerReport
+from .common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure
 from .fleet import FleetLearner
 
 if TYPE_CHECKING:

@@ -21,7 +21,8 @@ from rich.console import Console
 
 from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig, replace
 
-from ..cli.common import (
+from ..config_toml import dump_toml
+from .common import (
     STOP_SIGNALS,
     CliFailure,
     check_env,
@@ -30,7 +31,6 @@ from ..cli.common import (
     note_hangup,
     release_run_dir,
 )
-from ..config_toml import dump_toml
 from .fleet import ActorFleet, FleetLearner, RunLearner
 from .progress import TrainingProgress
 
@@ -67,7 +67,7 @@ def make_console() -> Console:
 
 def resolve_run_dir(cfg: LearnerConfig, run_dir: str | None) -> LearnerConfig:
     """Fill in ``runs/<env>-<timestamp>`` when no ``--run-dir`` was given (None; the
-    directory is created now, see :func:`~zmq_rl.cli.common.default_run_dir`); an
+    directory is created now, see :func:`~zmq_rl.run.common.default_run_dir`); an
     explicit empty string keeps the run without a directory."""
     if run_dir is None:
         run_dir = default_run_dir(cfg.env_id)
