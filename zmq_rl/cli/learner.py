@@ -179,8 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> int:
-        from zmq_rl.api import _train_configs
-
+        from ..run.engine import train as run_engine
         from ..run.session import RESUME_COMMAND, make_console, print_summary
 
         if any(a == "--resume" or a.startswith("--resume=") for a in argv):
@@ -209,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_learner_rank(spec, cfg, ppo, policy)
         console = make_console()
-        result, outcome, _ = _train_configs(  # zmq_rl.run_learner's engine
+        result, outcome, _ = run_engine(  # as zmq_rl.run_learner
             cfg,
             ppo,
             policy,

@@ -116,10 +116,9 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     sections=LEARNER_SECTIONS,
 )
 def run_command(args: argparse.Namespace) -> int:
-    """``zmq-rl run``: a thin layer over :func:`zmq_rl.train` (its engine,
-    ``zmq_rl.api._train_configs``) plus the summary."""
-    from zmq_rl.api import _train_configs
-
+    """``zmq-rl run``: parse, then the run's engine (:func:`zmq_rl.run.engine.train`,
+    as :func:`zmq_rl.train`) plus the summary."""
+    from ..run.engine import train as run_engine
     from ..run.local_actors import resume_configs
     from ..run.session import make_console, print_summary
 
@@ -133,7 +132,7 @@ def run_command(args: argparse.Namespace) -> int:
         cfg, ppo, policy = configs_from_args(args)
     setup_logging(args.log_level)
     console = make_console()
-    result, outcome, extra = _train_configs(
+    result, outcome, extra = run_engine(
         cfg,
         ppo,
         policy,
@@ -149,10 +148,17 @@ def run_command(args: argparse.Namespace) -> int:
         resume=resume,
         resume_on_crash=args.resume_on_crash,
         resume_command="zmq-rl run --resume",
-        plot=args.plot,
+        plot=_plot_curve if args.plot else None,
     )
     print_summary(console, outcome, extra)
     return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+def _plot_curve(run_dir: Path) -> Path:
+    """``--plot``: draw ``RUN_DIR/learning_curve.png``; its path."""
+    from .plot import CURVE_NAME, plot_runs
+
+    return plot_runs([str(run_dir)], run_dir / CURVE_NAME)
 
 
 # -- eval -----------------------------------------------------------------------------
