@@ -377,8 +377,9 @@ def ray_command(args: argparse.Namespace) -> int:
         import ray
     except ImportError:
         raise CliFailure("Ray is not installed: pip install 'zmq_rl[ray]'") from None
+    from ..run.engine import train as run_engine
     from ..run.local_actors import resume_configs
-    from ..run.session import make_console, print_summary, train
+    from ..run.session import make_console, print_summary
 
     resources = parse_resources(args.actor_resources)
     if args.actor_cpus < 0:
@@ -434,13 +435,14 @@ def ray_command(args: argparse.Namespace) -> int:
         return holder["actors"]
 
     try:
-        outcome = train(
+        _, outcome, _ = run_engine(  # the engine of zmq-rl run, with Ray actors
             cfg,
             ppo,
             policy,
-            console,
+            local_actors=False,
+            fleet=around_run,
+            console=console,
             tensorboard=args.tensorboard,
-            around_run=around_run,
             command="zmq-rl ray",
             resume=resume,
             preset=getattr(args, "applied_preset", None),

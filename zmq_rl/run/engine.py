@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..deploy import DeployedPolicy
     from ..learner.loop import Learner
     from ..report import LearnerReport
-    from .fleet import FleetLearner, RunLearner
+    from .fleet import ActorFleet, FleetLearner, RunLearner
 
 __all__ = ["Callback", "Hooks", "TrainResult", "console_for", "train"]
 
@@ -187,12 +187,15 @@ def train(
     resume_on_crash: int = 0,
     resume_command: str = "zmq-rl run --resume",
     plot: Callable[[Path], Path] | None = None,
+    fleet: Callable[[FleetLearner], ActorFleet] | None = None,
 ) -> tuple[TrainResult, Any, dict[str, str]]:
     """The engine of :func:`zmq_rl.train`, :func:`zmq_rl.run_learner`, ``zmq-rl run``
     and ``zmq-learner``: returns the result, the session's training outcome (for the
     summary) and the summary's extra lines. ``cfg.run_dir`` is final here.
     ``plot(run_dir)``, when given, draws the run's learning curve and returns its file
-    (the command line's ``--plot``)."""
+    (the command line's ``--plot``). ``fleet(learner)``: the actor fleet to run
+    instead of local actor processes, with ``local_actors=False`` (``zmq-rl ray``'s
+    Ray actors)."""
     from .local_actors import LocalActors, ResumingLearner, summary_lines
     from .session import train as run_training
 
@@ -224,7 +227,7 @@ def train(
         policy,
         console if console is not None else console_for(True),
         tensorboard=tensorboard,
-        around_run=around_run if local_actors else None,
+        around_run=around_run if local_actors else fleet,
         command=command,
         resume=resume,
         wrap_learner=wrap_learner,
