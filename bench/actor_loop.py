@@ -107,10 +107,10 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
+    from zmq_rl.actor.sender import ExperienceSender
     from zmq_rl.config import PolicyConfig
-    from zmq_rl.policy import build_policy
-    from zmq_rl.protocol import RunSettings, StepArrays
-    from zmq_rl.sender import ExperienceSender
+    from zmq_rl.rl.policy import build_policy
+    from zmq_rl.wire.protocol import RunSettings, StepArrays
 
     torch.set_num_threads(1)
     out: dict[str, Any] = {"envs": num_envs}

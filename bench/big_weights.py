@@ -24,9 +24,9 @@ import _util
 import zmq
 
 from tests.helpers import TIMEOUT
-from zmq_rl.client import ActorClient
+from zmq_rl.actor.client import ActorClient
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.learner import Learner
+from zmq_rl.learner.loop import Learner
 
 
 def main(argv: list[str] | None = None) -> int:

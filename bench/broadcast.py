@@ -8,7 +8,7 @@ queued loads only the newest) minus the learner's ``time.time()`` when it starte
 publishing ``v`` (``Learner.publish_weights``: export, encode, PUB send). All
 processes share one clock (one machine). Two modes:
 
-* ``idle``: a real :class:`~zmq_rl.learner.Learner` registers ``--actors``
+* ``idle``: a real :class:`~zmq_rl.learner.loop.Learner` registers ``--actors``
   ActorClient processes (fork-ed) and publishes, each time every actor reported
   (or after a timeout) plus a random 0-20 ms pause; the actors wait in
   ``client.wait_for_weights`` like actors paused by the staleness valve. This is
@@ -65,8 +65,8 @@ def idle_actor(port: int, ack: str) -> None:
     import torch
     import zmq
 
-    from zmq_rl.client import ActorClient
-    from zmq_rl.policy import import_weights, policy_from_welcome
+    from zmq_rl.actor.client import ActorClient
+    from zmq_rl.rl.policy import import_weights, policy_from_welcome
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
@@ -101,8 +101,8 @@ def busy_actor(port: int, ack: str) -> None:
     import torch
     import zmq
 
-    from zmq_rl.actor import GymActor
-    from zmq_rl.agent import Agent
+    from zmq_rl.actor.agent import Agent
+    from zmq_rl.actor.gym_actor import GymActor
     from zmq_rl.config import ActorConfig
 
     torch.set_num_threads(1)
@@ -166,7 +166,7 @@ def run_idle(actors: int, hidden: tuple[int, ...], broadcasts: int, timeout: flo
     import zmq
 
     from zmq_rl.config import LearnerConfig, PolicyConfig
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     port = _util.free_port_block(4)
     ack = f"tcp://127.0.0.1:{port + 3}"
@@ -213,7 +213,7 @@ def run_idle(actors: int, hidden: tuple[int, ...], broadcasts: int, timeout: flo
             send_s.append(time.time() - t_pub)
             published[version] = t_pub
             if not frame_bytes:
-                from zmq_rl.protocol import encode
+                from zmq_rl.wire.protocol import encode
 
                 frame_bytes = len(encode(learner.current_weights))
             seen: set[int] = set()
@@ -257,7 +257,7 @@ def run_busy(actors: int, seconds: float) -> dict:
     import zmq
 
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     port = _util.free_port_block(4)
     ack = f"tcp://127.0.0.1:{port + 3}"
@@ -342,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     import gymnasium  # noqa: F401 - imported before forking, shared by the actors
     import torch
 
-    import zmq_rl.actor  # noqa: F401
-    import zmq_rl.client  # noqa: F401
+    import zmq_rl.actor.client  # noqa: F401
+    import zmq_rl.actor.gym_actor  # noqa: F401
 
     torch.set_num_threads(1)
     modes = args.modes.split(",")

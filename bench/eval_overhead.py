@@ -34,7 +34,7 @@ VARIANTS = ("off", "loop", "background")
 
 def _actor_main(port: int, num_envs: int) -> None:
     logging.basicConfig(level=logging.WARNING)
-    from zmq_rl.actor import GymActor
+    from zmq_rl.actor.gym_actor import GymActor
     from zmq_rl.config import ActorConfig
 
     GymActor(ActorConfig(learner=f"127.0.0.1:{port}", num_envs=num_envs)).run()
@@ -43,7 +43,7 @@ def _actor_main(port: int, num_envs: int) -> None:
 def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     """One run of ``variant`` (off / loop / background); its training steps/s."""
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     port = _util.free_port_block(3)
     cfg = LearnerConfig(

@@ -1,10 +1,10 @@
 """Fan-in: many actor processes against one learner, for minutes.
 
-One real :class:`~zmq_rl.learner.Learner` (its own process, started with
+One real :class:`~zmq_rl.learner.loop.Learner` (its own process, started with
 ``spawn``) trains PPO on CartPole-v1-shaped experience from ``--actors``
 lightweight actor processes (``fork``-ed from this process, which imported numpy,
-pyzmq and zmq_rl.client but created no ZeroMQ context). Each actor is an
-:class:`~zmq_rl.client.ActorClient` with ``--envs`` slots and a trivial policy
+pyzmq and zmq_rl.actor.client but created no ZeroMQ context). Each actor is an
+:class:`~zmq_rl.actor.client.ActorClient` with ``--envs`` slots and a trivial policy
 (random actions, random observations, an episode end with probability 1/200 per
 step): no torch, no env, so that 64 of them fit on a small machine and the
 learner is what is measured. The actors obey the staleness valve exactly as the
@@ -111,9 +111,9 @@ def learner_main(
     logging.basicConfig(level=logging.WARNING)
     import numpy as np
 
-    import zmq_rl.rollout as rollout_mod
+    import zmq_rl.rl.rollout as rollout_mod
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     received, consumed = LogHistogram(), LogHistogram()
     original_push = rollout_mod.SlotQueues.push
@@ -205,7 +205,7 @@ def actor_main(port: int, envs: int, seed: int, out: Any) -> None:
     import numpy as np
     import zmq
 
-    from zmq_rl.client import ActorClient
+    from zmq_rl.actor.client import ActorClient
 
     logging.basicConfig(level=logging.WARNING)
     ctx = zmq.Context()
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy  # noqa: F401 - imported once here, shared by the forked actors
     import psutil
 
-    import zmq_rl.client  # noqa: F401
+    import zmq_rl.actor.client  # noqa: F401
 
     seconds = args.minutes * 60.0
     port = _util.free_port_block(3 + args.num_learners)

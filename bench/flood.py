@@ -36,7 +36,7 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from zmq_rl.protocol import Fragment, encode  # noqa: E402
+from zmq_rl.wire.protocol import Fragment, encode  # noqa: E402
 
 JUNK_VARIANTS = 16
 """Distinct pre-encoded frames the flood cycles through (building frames is not flooding)."""

@@ -5,7 +5,7 @@
    checkpoints cross devices, evaluation of a CUDA policy on a CPU copy, a CUDA
    learner with CPU actors trains CartPole). A CUDA test that still skips fails
    this step.
-2. One PPO update, timed (:class:`zmq_rl.trainer.Trainer`, targets included): a
+2. One PPO update, timed (:class:`zmq_rl.rl.trainer.Trainer`, targets included): a
    synthetic CartPole-shaped rollout of ``[T=64, B=64]`` (4,096 rows), 4 epochs of
    1,024-row minibatches, MLP 64x64 and 256x256, on ``cpu`` (1 torch thread, the
    learner's default, and every core) and on ``cuda``; the median of
@@ -82,8 +82,8 @@ def time_updates(
     from gymnasium import spaces
 
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-    from zmq_rl.rollout import Rollout
-    from zmq_rl.trainer import Trainer
+    from zmq_rl.rl.rollout import Rollout
+    from zmq_rl.rl.trainer import Trainer
 
     T, B = 64, 64
     cfg = LearnerConfig(

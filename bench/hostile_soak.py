@@ -172,7 +172,7 @@ def big_box_hello() -> bytes:
     """A valid hello whose observation space is a 1M-element Box (8 MB of low/high)."""
     import gymnasium as gym
 
-    from zmq_rl.protocol import Hello, encode, space_spec
+    from zmq_rl.wire.protocol import Hello, encode, space_spec
 
     box = gym.spaces.Box(-1.0, 1.0, (1_000_000,), np.float32)
     hello = Hello(
@@ -188,7 +188,7 @@ def big_box_hello() -> bytes:
 
 def _hello(num_envs: int, host: str, pid: int = 0) -> bytes:
     """A CartPole hello with empty space specs (the learner checks them after the limits)."""
-    from zmq_rl.protocol import Hello, encode
+    from zmq_rl.wire.protocol import Hello, encode
 
     return encode(
         Hello(
@@ -215,7 +215,7 @@ def forged_fragment(run_id: str, r: np.random.Generator) -> bytes:
     """A protocol-valid fragment as actor 0, slot 0, with a huge seq and a guessed
     session token."""
     from tests.helpers import cartpole_fragment
-    from zmq_rl import protocol
+    from zmq_rl.wire import protocol
 
     fragment = cartpole_fragment(r, run_id, actor_id=0, seq=10**9, token=r.bytes(16))
     return protocol.encode(fragment)
@@ -318,7 +318,7 @@ class Hostile:
         self.storm_window = (t0, time.monotonic())
 
     def read_replies(self) -> None:
-        from zmq_rl.protocol import ProtocolError, decode
+        from zmq_rl.wire.protocol import ProtocolError, decode
 
         while self.dealer.poll(0):
             try:
@@ -327,7 +327,7 @@ class Hostile:
                 self.replies["undecodable"] += 1
 
     def storm_replies(self) -> Counter[str]:
-        from zmq_rl.protocol import ProtocolError, Refuse, Welcome, decode
+        from zmq_rl.wire.protocol import ProtocolError, Refuse, Welcome, decode
 
         got: Counter[str] = Counter()
         for sock in self._storm_socks:

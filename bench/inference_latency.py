@@ -48,7 +48,7 @@ LEARNER = textwrap.dedent(
     """
     import signal, sys
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     cfg = LearnerConfig(
         env_id="CartPole-v1", port=int(sys.argv[1]), num_actors=1, num_envs=1, num_steps=32,

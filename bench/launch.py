@@ -1,6 +1,6 @@
 """Launch cost: actors started after the learner is built (as ``zmq-rl run``) vs before.
 
-``zmq-rl run`` constructs the :class:`~zmq_rl.learner.Learner` (torch, gymnasium,
+``zmq-rl run`` constructs the :class:`~zmq_rl.learner.loop.Learner` (torch, gymnasium,
 the policy, Adam, the sockets) and only then starts its actor processes, which in
 turn import torch and gymnasium before they can say hello: the two start-ups run
 one after the other. An actor that starts first simply waits (its DEALER
@@ -55,7 +55,7 @@ def child(mode: str, port: int) -> None:
 
     procs = actors() if mode == "before" else []
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     marks: dict[str, float] = {}
 

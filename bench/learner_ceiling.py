@@ -6,7 +6,7 @@ Every fleet is bounded by this number: actors can only step as fast as the learn
 consumes (the staleness valve holds them otherwise). Each row starts a real
 ``zmq-learner`` process (``--config preset:ENV``, evaluation off, no target) and
 ``actors`` replayer processes. A replayer is an embedding client of the public API
-(:class:`zmq_rl.client.ActorClient`): it registers as an actor with the preset's
+(:class:`zmq_rl.actor.client.ActorClient`): it registers as an actor with the preset's
 ``num_envs``, records ``--record-steps`` steps of the real env once with the preset's
 untrained policy (actions, log-probs and values as an actor would send them), then
 replays them through ``client.step`` as fast as the valve lets it, cycling (every
@@ -66,7 +66,7 @@ def record(env_id: str, preset: str, num_envs: int, steps: int, seed: int) -> di
 
     from zmq_rl.api import make_configs
     from zmq_rl.envs import make_env
-    from zmq_rl.policy import build_policy
+    from zmq_rl.rl.policy import build_policy
 
     _, _, policy_cfg = make_configs(config=f"preset:{preset}")
     envs = [make_env(env_id) for _ in range(num_envs)]
@@ -106,7 +106,7 @@ def record(env_id: str, preset: str, num_envs: int, steps: int, seed: int) -> di
 def replay(port: int, env_id: str, preset: str, num_envs: int, steps: int, seed: int) -> None:
     """One simulated actor: register, then send the recording at line rate until the
     learner says shutdown (the valve may hold it; weights are taken and ignored)."""
-    from zmq_rl.client import ActorClient
+    from zmq_rl.actor.client import ActorClient
 
     data = record(env_id, preset, num_envs, steps, seed)
     obs_space, action_space = data["spaces"]

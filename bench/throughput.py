@@ -132,7 +132,7 @@ def run_like_for_like(
 
 def _actor_main(port: int, num_envs: int) -> None:
     logging.basicConfig(level=logging.WARNING)
-    from zmq_rl.actor import GymActor
+    from zmq_rl.actor.gym_actor import GymActor
     from zmq_rl.config import ActorConfig
 
     GymActor(ActorConfig(learner=f"127.0.0.1:{port}", num_envs=num_envs)).run()
@@ -154,7 +154,7 @@ def run_project(
     import psutil
 
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     # A learner binds port .. port + 2; with N learner ranks, up to port + 2 + N.
     port = _util.free_port_block(3 + (learner_changes or {}).get("num_learners", 1))

@@ -79,7 +79,7 @@ def _arrays(T: int, B: int, seed: int, obs_shape=(4,), obs_dtype="float32") -> d
 def _fragment(arrays: dict[str, Any], seq: int) -> Any:
     import numpy as np
 
-    from zmq_rl.protocol import Fragment
+    from zmq_rl.wire.protocol import Fragment
 
     B = arrays["rewards"].shape[1]
     return Fragment(
@@ -109,8 +109,8 @@ class Receiver:
         import gymnasium as gym
         import numpy as np
 
-        from zmq_rl.membership import ActorRecord, Membership
-        from zmq_rl.rollout import SlotQueues
+        from zmq_rl.learner.membership import ActorRecord, Membership
+        from zmq_rl.rl.rollout import SlotQueues
 
         self.members = Membership()
         low = 0 if obs_dtype == "uint8" else -np.inf
@@ -127,7 +127,7 @@ class Receiver:
         self.rows = self.consumed = 0
 
     def handle(self, frame: Any) -> None:
-        from zmq_rl.protocol import Fragment, decode
+        from zmq_rl.wire.protocol import Fragment, decode
 
         fragment = decode(frame, (Fragment,), MAX_BYTES)
         self.members.admit(
@@ -156,8 +156,13 @@ def sender(variant: str, endpoint: str, T: int, B: int, seconds: float, out: Any
     import msgpack
     import zmq
 
-    from zmq_rl.protocol import encode
-    from zmq_rl.transport import ACTOR_PUSH_LINGER_MS, EXPERIENCE_HWM, SocketOptions, make_socket
+    from zmq_rl.wire.protocol import encode
+    from zmq_rl.wire.transport import (
+        ACTOR_PUSH_LINGER_MS,
+        EXPERIENCE_HWM,
+        SocketOptions,
+        make_socket,
+    )
 
     ctx = zmq.Context()
     sock = make_socket(
@@ -192,7 +197,7 @@ def receiver(variant: str, port: int, T: int, B: int, rollout_steps: int, out: A
     import msgpack
     import zmq
 
-    from zmq_rl.transport import SocketOptions, make_socket
+    from zmq_rl.wire.transport import SocketOptions, make_socket
 
     ctx = zmq.Context()
     sock = make_socket(ctx, zmq.PULL, SocketOptions(max_message_bytes=MAX_BYTES))
@@ -281,7 +286,7 @@ def ingest_rate(
     T: int, B: int, rollout_steps: int, seconds: float, obs_shape=(4,), obs_dtype="float32"
 ) -> dict[str, float]:
     """Transitions per second through decode + admit + push (+ take) in this process."""
-    from zmq_rl.protocol import encode
+    from zmq_rl.wire.protocol import encode
 
     frames = [
         encode(_fragment(_arrays(T, B, seed, obs_shape, obs_dtype), 0)) for seed in range(POOL)

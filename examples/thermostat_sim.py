@@ -33,7 +33,7 @@ import torch
 
 from examples.thermostat_physics import OBS_LIMIT, POWER_LEVELS_KW, Building
 from zmq_rl import Agent
-from zmq_rl.client import LearnerLost, LearnerRefused, LearnerUnreachable
+from zmq_rl.actor.client import LearnerLost, LearnerRefused, LearnerUnreachable
 
 log = logging.getLogger("thermostat_sim")
 

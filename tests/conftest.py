@@ -12,7 +12,7 @@ from tests.helpers import STUB_ENV_ID as STUB_ENV_ID  # re-exported
 from tests.helpers import STUB_POLICY, CheckedBackground
 from tests.ports import free_port_block
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.learner import Learner
+from zmq_rl.learner.loop import Learner
 
 StartLearner = Callable[..., tuple[Learner, CheckedBackground]]
 

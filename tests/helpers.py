@@ -18,10 +18,10 @@ import pytest
 import zmq
 
 from tests.stub_env import StubEnv
-from zmq_rl.actor import GymActor
-from zmq_rl.client import ActorClient
+from zmq_rl.actor.client import ActorClient
+from zmq_rl.actor.gym_actor import GymActor
 from zmq_rl.config import ActorConfig, LearnerConfig, PolicyConfig
-from zmq_rl.protocol import (
+from zmq_rl.wire.protocol import (
     PROTOCOL_VERSION,
     Bye,
     Fragment,

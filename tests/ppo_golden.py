@@ -18,8 +18,8 @@ import torch
 from gymnasium import spaces
 
 from zmq_rl.config import PolicyConfig, PPOConfig
-from zmq_rl.policy import build_policy
-from zmq_rl.ppo import PPOTrainer, RolloutBatch
+from zmq_rl.rl.policy import build_policy
+from zmq_rl.rl.ppo import PPOTrainer, RolloutBatch
 
 GOLDEN = Path(__file__).parent / "fixtures" / "ppo_update_golden.npz"
 DEVICE = "cpu"

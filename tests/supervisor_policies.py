@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from zmq_rl.config import PolicyConfig
-from zmq_rl.policy import ActorCritic, build_policy
+from zmq_rl.rl.policy import ActorCritic, build_policy
 
 CRASH_AT_UPDATE = 6
 """The update (counted in this process) whose ``update_obs_stats`` raises."""

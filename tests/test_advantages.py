@@ -1,4 +1,4 @@
-"""Tests for zmq_rl.advantages against independent reference implementations.
+"""Tests for zmq_rl.rl.advantages against independent reference implementations.
 
 The references below deliberately avoid the backward recursions used by the
 module: GAE is an explicit double sum over future TD errors, V-trace is the
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zmq_rl.advantages import GaeOutput, VTraceOutput, gae, vtrace
+from zmq_rl.rl.advantages import GaeOutput, VTraceOutput, gae, vtrace
 
 RTOL = 1e-5
 ATOL = 1e-4

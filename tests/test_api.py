@@ -185,7 +185,7 @@ def test_evaluate_policy_as_sb3_on_real_envs(tmp_path: Path) -> None:
     import gymnasium as gym
 
     from tests.test_export import saved_policy, saved_recurrent_policy
-    from zmq_rl.evaluation import evaluate_policy as learners_evaluator
+    from zmq_rl.learner.evaluation import evaluate_policy as learners_evaluator
 
     cart, _ = saved_policy(tmp_path / "cart", "CartPole-v1")
     policy = zmq_rl.load_policy(cart)

@@ -1,4 +1,4 @@
-"""Atari: the preprocessed envs of :mod:`zmq_rl.envs` and the CNN of :mod:`zmq_rl.cnn`.
+"""Atari: the preprocessed envs of :mod:`zmq_rl.envs` and the CNN of :mod:`zmq_rl.rl.cnn`.
 
 A real (tiny) training run on Pong: ``zmq-rl run`` with actor processes stepping
 ``AtariPreprocessing`` + ``FrameStackObservation`` frames (uint8 ``[4, 84, 84]``)
@@ -21,9 +21,9 @@ import torch
 from tests.conftest import free_port_block
 from zmq_rl import envs as atari_envs
 from zmq_rl.cli import main as main_cli
-from zmq_rl.cnn import NatureCNN, nature_cnn
 from zmq_rl.config import PolicyConfig
-from zmq_rl.policy import check_policy_interface, export_weights, import_weights
+from zmq_rl.rl.cnn import NatureCNN, nature_cnn
+from zmq_rl.rl.policy import check_policy_interface, export_weights, import_weights
 
 HAVE_ALE = importlib.util.find_spec("ale_py") is not None
 HAVE_CV2 = importlib.util.find_spec("cv2") is not None

@@ -15,7 +15,7 @@ import zmq
 from tests.conftest import free_port_block
 from tests.helpers import STUB_POLICY, Background, gym_actor, stub_learner_config
 from zmq_rl.config import PolicyConfig, PPOConfig
-from zmq_rl.learner import Learner
+from zmq_rl.learner.loop import Learner
 
 SMALL_PPO = PPOConfig(num_epochs=1, minibatch_size=8)
 
@@ -81,8 +81,8 @@ def test_the_best_evaluated_policy_is_kept_as_policy_best(tmp_path, background):
     byte for byte what was evaluated: evaluating it again (same seed, deterministic)
     gives that evaluation's mean exactly. CartPole-v1, so evaluations differ."""
     from zmq_rl.deploy import load_policy
-    from zmq_rl.evaluation import evaluate_policy
-    from zmq_rl.runlog import EVAL_SEED_OFFSET
+    from zmq_rl.learner.evaluation import evaluate_policy
+    from zmq_rl.learner.runlog import EVAL_SEED_OFFSET
 
     cfg = stub_learner_config(
         free_port_block(),
@@ -274,7 +274,7 @@ def train_weights(port: int, first_actor: int, **eval_settings) -> list:
     version, which is timing, not evaluation)."""
     import time
 
-    from zmq_rl.policy import export_weights
+    from zmq_rl.rl.policy import export_weights
 
     cfg = stub_learner_config(
         port,

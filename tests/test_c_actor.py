@@ -20,7 +20,7 @@ import pytest
 
 from tests.ports import free_port_block
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.learner import Learner, LearnerReport
+from zmq_rl.learner.loop import Learner, LearnerReport
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "examples" / "c_actor"

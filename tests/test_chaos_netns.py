@@ -60,7 +60,7 @@ single faulted run's final evaluation is one noisy draw: the faulted 60 s runs g
 on another run's rows, a resume that lost the policy) stays far below it."""
 KNOWN_DISCARDS = {"actor_dead", "actor_left", "re-registered", "learner_restart", "run_ended"}
 """Reasons the learner discards accepted steps for (docs/protocol.md; learner_restart:
-zmq_rl/checkpoint.py)."""
+zmq_rl/learner/checkpoint.py)."""
 
 
 @pytest.fixture(scope="module")

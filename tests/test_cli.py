@@ -123,6 +123,37 @@ def test_zmq_rl_help(argv, capsys) -> None:
             assert name in text
 
 
+def test_zmq_rl_help_lists_every_subcommand_in_order_without_importing_torch() -> None:
+    """``zmq-rl --help`` builds no subcommand's flags (the conformance flags import the
+    learner and torch); the list keeps the registry's order, slurm and ray last."""
+    code = (
+        "import sys\n"
+        "from zmq_rl.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, 'zmq_rl.learner.ingest' in sys.modules)\n"
+    )
+    out = _python("-c", code, timeout=120)
+    assert out.returncode == 0, out.stderr
+    *text, loaded = out.stdout.strip().splitlines()
+    assert loaded == "False False"
+    names = [line.split()[0] for line in text if line.startswith("    ") and line[4] != " "]
+    from zmq_rl.cli.commands import ORDER
+
+    assert names == list(ORDER), names
+
+
+def test_a_subcommand_parser_has_its_own_flags_only_when_named() -> None:
+    from zmq_rl.cli.commands import build_parser, subparser
+
+    def flags(parser, name):
+        return {o for action in subparser(parser, name)._actions for o in action.option_strings}
+
+    only_run = build_parser("run")
+    assert "--resume" in flags(only_run, "run")
+    assert flags(only_run, "slurm") == {"-h", "--help"}
+    assert "--dry-run" in flags(build_parser(), "slurm")
+
+
 def test_console_scripts_point_at_mains() -> None:
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")

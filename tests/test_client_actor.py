@@ -1,7 +1,7 @@
 """The actor side over real sockets: GymActor / ActorClient against a fake learner.
 
 The fake learner is a ROUTER / PULL / XPUB triple bound by the test and spoken to with
-:mod:`zmq_rl.protocol` only, so these tests pin the wire behaviour of the actor:
+:mod:`zmq_rl.wire.protocol` only, so these tests pin the wire behaviour of the actor:
 registration, ordered tagged fragments, the staleness valve, weight loading, shutdown.
 Ports the reference's ``actor_thread_sends_ordered_experiences_and_loads_broadcasts``.
 """
@@ -22,11 +22,11 @@ from tests.conftest import STUB_ENV_ID
 from tests.helpers import NO_TOKEN as TOKEN
 from tests.helpers import Background, slot_rows
 from tests.stub_env import StubEnv
-from zmq_rl.actor import GymActor, SpaceMismatch
-from zmq_rl.client import ActorClient, LearnerRefused, LearnerUnreachable
+from zmq_rl.actor.client import ActorClient, LearnerRefused, LearnerUnreachable
+from zmq_rl.actor.gym_actor import GymActor, SpaceMismatch
 from zmq_rl.config import ActorConfig, PolicyConfig
-from zmq_rl.policy import build_policy, export_weights
-from zmq_rl.protocol import (
+from zmq_rl.rl.policy import build_policy, export_weights
+from zmq_rl.wire.protocol import (
     Bye,
     Fragment,
     Hello,

@@ -33,7 +33,7 @@ def throttle_of(cfg: LearnerConfig, base_version: int = 0) -> ActorThrottle:
     """The valve an actor of ``cfg``'s run builds from its welcome's settings."""
     from gymnasium import spaces
 
-    from zmq_rl.learner import run_settings
+    from zmq_rl.learner.loop import run_settings
 
     box = spaces.Box(-1.0, 1.0, (4,))
     settings = run_settings(cfg, box, spaces.Discrete(2), PolicyConfig())

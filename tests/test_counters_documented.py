@@ -15,13 +15,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LEARNER_SOURCES = [
-    "zmq_rl/protocol.py",
-    "zmq_rl/wire.py",
-    "zmq_rl/spaces.py",
-    "zmq_rl/membership.py",
-    "zmq_rl/ingest.py",
-    "zmq_rl/learner.py",
-    "zmq_rl/checkpoint.py",
+    "zmq_rl/wire/protocol.py",
+    "zmq_rl/wire/codec.py",
+    "zmq_rl/wire/spaces.py",
+    "zmq_rl/learner/membership.py",
+    "zmq_rl/learner/ingest.py",
+    "zmq_rl/learner/loop.py",
+    "zmq_rl/learner/checkpoint.py",
 ]
 
 

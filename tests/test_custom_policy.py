@@ -26,7 +26,7 @@ from tests.conftest import STUB_ENV_ID, free_port_block
 from tests.stub_env import StubEnv
 from zmq_rl.cli import main as main_cli
 from zmq_rl.config import ConfigError, PolicyConfig
-from zmq_rl.policy import build_policy, check_policy_interface
+from zmq_rl.rl.policy import build_policy, check_policy_interface
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 90.0
@@ -244,7 +244,7 @@ def test_the_documented_example_policy_follows_the_interface() -> None:
     import gymnasium as gym
     import numpy as np
 
-    from zmq_rl.policy import export_weights, import_weights
+    from zmq_rl.rl.policy import export_weights, import_weights
 
     spec = "examples.custom_policy:make"
     env = gym.make("CartPole-v1")

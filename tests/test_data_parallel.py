@@ -1,4 +1,4 @@
-"""Data-parallel PPO (:mod:`zmq_rl.distributed`): two gloo ranks in real processes
+"""Data-parallel PPO (:mod:`zmq_rl.rl.distributed`): two gloo ranks in real processes
 take the step one learner would take on the union of their batches, identically."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from tests.ports import free_port_block
 from tests.test_ppo import config, make_batch, make_policy
 from zmq_rl.config import ConfigError, LearnerConfig
-from zmq_rl.distributed import Collective, DataParallel, RankSpec, parameter_digest, rank_spec
-from zmq_rl.ppo import PPOTrainer, RolloutBatch
+from zmq_rl.rl.distributed import Collective, DataParallel, RankSpec, parameter_digest, rank_spec
+from zmq_rl.rl.ppo import PPOTrainer, RolloutBatch
 
 WORLD = 2
 ROWS = 64

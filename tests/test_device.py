@@ -30,7 +30,12 @@ from gymnasium import spaces
 
 import zmq_rl
 from tests.conftest import STUB_ENV_ID, free_port_block
-from zmq_rl.checkpoint import (
+from zmq_rl.cli import learner as learner_cli
+from zmq_rl.cli import main as main_cli
+from zmq_rl.cli.learner import LEARNER_SECTIONS
+from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig
+from zmq_rl.device import resolve_device, to_cpu, to_device
+from zmq_rl.learner.checkpoint import (
     atomic_torch_save,
     checkpoint_files,
     load_resume_configs,
@@ -40,17 +45,12 @@ from zmq_rl.checkpoint import (
     save_policy,
     write_checkpoint,
 )
-from zmq_rl.cli import learner as learner_cli
-from zmq_rl.cli import main as main_cli
-from zmq_rl.cli.learner import LEARNER_SECTIONS
-from zmq_rl.cli.local import resume_configs
-from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.device import resolve_device, to_cpu, to_device
-from zmq_rl.policy import export_weights
+from zmq_rl.learner.runlog import RunLog
 from zmq_rl.report import LearnerReport
-from zmq_rl.rollout import Rollout
-from zmq_rl.runlog import RunLog
-from zmq_rl.trainer import Trainer
+from zmq_rl.rl.policy import export_weights
+from zmq_rl.rl.rollout import Rollout
+from zmq_rl.rl.trainer import Trainer
+from zmq_rl.run.local_actors import resume_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 180

@@ -3,7 +3,7 @@
 The learner runs in a thread of this process (as an embedding user would run it);
 each example runs as a separate OS process, exactly as docs/embedding.md says:
 
-* examples/thermostat_sim.py on :class:`zmq_rl.client.ActorClient`;
+* examples/thermostat_sim.py on :class:`zmq_rl.actor.client.ActorClient`;
 * examples/raw_protocol_actor.py on raw pyzmq + msgpack (no zmq_rl), the template
   for an actor in another language.
 """
@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from zmq_rl.config import LearnerConfig, PolicyConfig
-from zmq_rl.evaluation import evaluate_policy
-from zmq_rl.learner import Learner, LearnerReport
-from zmq_rl.policy import build_policy
+from zmq_rl.learner.evaluation import evaluate_policy
+from zmq_rl.learner.loop import Learner, LearnerReport
+from zmq_rl.rl.policy import build_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ID = "examples.thermostat_env:Thermostat-v0"

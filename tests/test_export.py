@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import zmq_rl
-from zmq_rl.checkpoint import save_policy
 from zmq_rl.config import PolicyConfig
-from zmq_rl.policy import build_policy
+from zmq_rl.learner.checkpoint import save_policy
+from zmq_rl.rl.policy import build_policy
 
 ZMQ_RL = str(Path(sys.executable).with_name("zmq-rl"))
 TIMEOUT = 300  # a bound only

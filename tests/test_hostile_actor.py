@@ -46,10 +46,10 @@ from tests.helpers import (
     total,
     wait_until,
 )
-from zmq_rl import agent as agent_module
-from zmq_rl.client import ActorClient, LearnerRefused
-from zmq_rl.policy import ActorCritic, build_policy, export_weights
-from zmq_rl.protocol import (
+from zmq_rl.actor import agent as agent_module
+from zmq_rl.actor.client import ActorClient, LearnerRefused
+from zmq_rl.rl.policy import ActorCritic, build_policy, export_weights
+from zmq_rl.wire.protocol import (
     PROTOCOL_VERSION,
     Bye,
     Fragment,
@@ -626,7 +626,7 @@ def test_welcome_with_other_slots_than_asked_is_invalid(ctx, learner_port):
     """docs/protocol.md section 4.3 (issue 29, item 14): a welcome whose num_envs (1)
     differs from the non-zero num_envs of the hello (2) is invalid, counted as
     ``control:bad_field`` and not accepted: the client does not change its slots."""
-    from zmq_rl.client import LearnerUnreachable
+    from zmq_rl.actor.client import LearnerUnreachable
 
     fake = FakeLearner(ctx, learner_port)
     client = ActorClient(

@@ -35,11 +35,11 @@ from tests.helpers import (
     stub_learner_config,
     wait_until,
 )
-from zmq_rl import client as client_module
-from zmq_rl.actor import GymActor
-from zmq_rl.client import LearnerRefused
+from zmq_rl.actor import client as client_module
+from zmq_rl.actor.client import LearnerRefused
+from zmq_rl.actor.gym_actor import GymActor
 from zmq_rl.config import ActorConfig
-from zmq_rl.protocol import (
+from zmq_rl.wire.protocol import (
     PROTOCOL_VERSION,
     Heartbeat,
     Hello,

@@ -209,7 +209,7 @@ FLOOD_LEARNER = textwrap.dedent(
     """
     import json, signal, sys, time
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     port, progress_path = int(sys.argv[1]), sys.argv[2]
     cfg = LearnerConfig(
@@ -423,7 +423,7 @@ STALLED_LEARNER = textwrap.dedent(
     """
     import sys
     from zmq_rl.config import LearnerConfig
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     learner = Learner(LearnerConfig(env_id="CartPole-v1", port=int(sys.argv[1])))
     print("BOUND", flush=True)

@@ -34,8 +34,8 @@ from tests.helpers import (
     wait_until,
 )
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.evaluation import evaluate_policy
-from zmq_rl.protocol import (
+from zmq_rl.learner.evaluation import evaluate_policy
+from zmq_rl.wire.protocol import (
     Bye,
     Fragment,
     Heartbeat,

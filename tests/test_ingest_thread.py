@@ -19,7 +19,7 @@ import zmq
 
 from tests.helpers import STUB_POLICY, RegisteredPeer, stub_learner_config, wait_until
 from zmq_rl.config import PPOConfig
-from zmq_rl.learner import Learner
+from zmq_rl.learner.loop import Learner
 
 TIMEOUT = 10.0
 

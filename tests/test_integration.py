@@ -24,7 +24,7 @@ LEARNER = textwrap.dedent(
     """
     import json
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     cfg = LearnerConfig(
         env_id="CartPole-v1", port={port}, num_actors=2, num_envs=2, num_steps=32,
@@ -44,7 +44,7 @@ LEARNER = textwrap.dedent(
 ACTOR = textwrap.dedent(
     """
     import json
-    from zmq_rl.actor import GymActor
+    from zmq_rl.actor.gym_actor import GymActor
     from zmq_rl.config import ActorConfig
 
     stats = GymActor(ActorConfig(learner="127.0.0.1:{port}", env_id="CartPole-v1",

@@ -23,12 +23,14 @@ import zmq
 from tests.conftest import STUB_ENV_ID
 from tests.helpers import Background, stub_learner_config
 from tests.stub_env import StubEnv
-from zmq_rl.actor import GymActor
+from zmq_rl.actor.gym_actor import GymActor
 from zmq_rl.config import ActorConfig, LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.learner import Learner, LearnerReport, LearnerStarved
-from zmq_rl.policy import build_policy
-from zmq_rl.ppo import PPOTrainer
-from zmq_rl.protocol import (
+from zmq_rl.learner.loop import Learner, LearnerReport, LearnerStarved
+from zmq_rl.rl.policy import build_policy
+from zmq_rl.rl.ppo import PPOTrainer
+from zmq_rl.rl.rollout import Rollout
+from zmq_rl.rl.targets import TargetSettings, rollout_to_batch
+from zmq_rl.wire.protocol import (
     PROTOCOL_VERSION,
     Bye,
     Hello,
@@ -40,8 +42,6 @@ from zmq_rl.protocol import (
     encode,
     space_spec,
 )
-from zmq_rl.rollout import Rollout
-from zmq_rl.targets import TargetSettings, rollout_to_batch
 
 TIMEOUT = 30.0
 TINY = PolicyConfig(hidden_sizes=(8,))

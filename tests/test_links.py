@@ -43,13 +43,13 @@ from tests.test_client_actor import (
     stub_rows,
     weights_of,
 )
-from zmq_rl.cli.progress import format_row
-from zmq_rl.client import LINK_SILENCE_INTERVALS, ActorClient
+from zmq_rl.actor.client import LINK_SILENCE_INTERVALS, ActorClient
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.ingest import ADVICE_MIN_SAMPLES, ADVICE_WARNINGS
-from zmq_rl.learner import Learner
-from zmq_rl.protocol import Heartbeat, Hello, ProtocolError, Refuse, decode, encode
-from zmq_rl.valve import fitting_max_lead_steps
+from zmq_rl.learner.links import ADVICE_MIN_SAMPLES, ADVICE_WARNINGS
+from zmq_rl.learner.loop import Learner
+from zmq_rl.run.progress import format_row
+from zmq_rl.wire.protocol import Heartbeat, Hello, ProtocolError, Refuse, decode, encode
+from zmq_rl.wire.valve import fitting_max_lead_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 20.0
@@ -389,8 +389,8 @@ def test_learner_advises_a_fitting_lead_once_per_actor(ctx, learner_port, caplog
             b"peer", stub_hello(), version=0, started=True, default_envs=1, now=0.0
         )
         ingest.started = True
-        ingest._cycle_busy.extend([0.01] * 3)
-        ingest._after_busy = False
+        ingest.links.cycle_busy.extend([0.01] * 3)
+        ingest.links.after_busy = False
         caplog.set_level(logging.INFO, logger="zmq_rl.ingest")
         now = 1000.0
         for _ in range(3 * ADVICE_MIN_SAMPLES):
@@ -445,8 +445,8 @@ def test_no_lead_warning_when_the_link_is_fast(
             b"peer", stub_hello(), version=0, started=True, default_envs=1, now=0.0
         )
         ingest.started = True
-        ingest._cycle_busy.extend([busy] * 3)
-        ingest._after_busy = False
+        ingest.links.cycle_busy.extend([busy] * 3)
+        ingest.links.after_busy = False
         caplog.set_level(logging.INFO, logger="zmq_rl.ingest")
         now = 1000.0
         for i in range(15):
@@ -474,8 +474,8 @@ def test_advice_to_many_actors_warns_a_few_times_then_informs(ctx, learner_port,
     try:
         ingest = learner.ingest
         ingest.started = True
-        ingest._cycle_busy.extend([0.01] * 3)
-        ingest._after_busy = False
+        ingest.links.cycle_busy.extend([0.01] * 3)
+        ingest.links.after_busy = False
         caplog.set_level(logging.INFO, logger="zmq_rl.ingest")
         count = ADVICE_WARNINGS + 3
         recs = [

@@ -4,7 +4,7 @@ Before, an env whose observations turned NaN after 20 steps made the learner ref
 every fragment of its actor (``not_finite``): 67 s of ``declared dead`` /
 ``registering again``, then ``learner starved``, and nothing said which env, slot or
 step. Now the client refuses such a step before it is buffered
-(:class:`zmq_rl.client.BadExperience`, for embedders too) and the built-in actor stops
+(:class:`zmq_rl.actor.client.BadExperience`, for embedders too) and the built-in actor stops
 with one error naming the env id, the slot, the step and the field; ``zmq-rl run``
 then stops at once (a restart would run into the same value). Real processes, as a
 user runs them.
@@ -22,9 +22,9 @@ import pytest
 
 from tests.helpers import ACT_SPACE, OBS_SPACE, TIMEOUT, CheckedBackground, stub_learner_config
 from tests.test_user_envs import zmq_rl_run
-from zmq_rl.client import ActorClient, BadExperience
+from zmq_rl.actor.client import ActorClient, BadExperience
 from zmq_rl.config import PPOConfig
-from zmq_rl.learner import Learner
+from zmq_rl.learner.loop import Learner
 
 NAN_ENV = textwrap.dedent(
     '''

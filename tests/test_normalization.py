@@ -27,11 +27,11 @@ import zmq
 from tests.conftest import STUB_ENV_ID, free_port_block
 from tests.helpers import stub_learner_config
 from tests.stub_env import StubEnv
-from zmq_rl.client import ActorClient
+from zmq_rl.actor.client import ActorClient
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.learner import Learner
-from zmq_rl.normalization import RewardScaler, merge_moments
-from zmq_rl.policy import (
+from zmq_rl.learner.loop import Learner
+from zmq_rl.rl.normalization import RewardScaler, merge_moments
+from zmq_rl.rl.policy import (
     OBS_CLIP,
     build_policy,
     export_weights,

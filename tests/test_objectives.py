@@ -18,8 +18,8 @@ import zmq_rl
 from tests.ports import free_port_block
 from tests.test_ppo import _params, config, make_batch, make_policy
 from zmq_rl.config import OBJECTIVES, ConfigError, LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.ppo import PPOTrainer, RolloutBatch, decoupled_ppo_loss, impact_loss, ppo_loss
-from zmq_rl.trainer import Trainer
+from zmq_rl.rl.ppo import PPOTrainer, RolloutBatch, decoupled_ppo_loss, impact_loss, ppo_loss
+from zmq_rl.rl.trainer import Trainer
 
 torch.set_num_threads(1)
 
@@ -250,8 +250,8 @@ def test_impact_state_dict_round_trip_keeps_the_target_network():
 def test_recurrent_sequences_train_with_the_new_objectives(objective):
     from tests.test_recurrent import MASKED, collect
     from tests.test_recurrent import make_policy as make_recurrent
-    from zmq_rl.rollout import SlotQueues
-    from zmq_rl.targets import TargetSettings, recurrent_batch
+    from zmq_rl.rl.rollout import SlotQueues
+    from zmq_rl.rl.targets import TargetSettings, recurrent_batch
 
     behaviour = make_recurrent("lstm", seed=1)
     queues = SlotQueues()

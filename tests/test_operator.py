@@ -43,10 +43,10 @@ import torch
 
 from tests.conftest import STUB_ENV_ID
 from zmq_rl.cli import actor as actor_cli
-from zmq_rl.cli import common
 from zmq_rl.cli import learner as learner_cli
 from zmq_rl.cli import main as main_cli
 from zmq_rl.cli.flags import CliParser
+from zmq_rl.run import common
 
 ROOT = Path(__file__).resolve().parents[1]
 PROCESS_TIMEOUT_S = 120.0
@@ -620,7 +620,7 @@ def test_actor_help_imports_neither_torch_nor_gymnasium() -> None:
         "    actor.main(['--help'])\n"
         "except SystemExit as exc:\n"
         "    assert exc.code == 0\n"
-        "heavy = ('torch', 'gymnasium', 'zmq', 'zmq_rl.actor', 'zmq_rl.client')\n"
+        "heavy = ('torch', 'gymnasium', 'zmq', 'zmq_rl.actor.gym_actor', 'zmq_rl.actor.client')\n"
         "print('HEAVY', sorted(m for m in heavy if m in sys.modules))\n"
     )
     result = subprocess.run(

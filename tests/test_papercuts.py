@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from zmq_rl.cli import training
+from zmq_rl.run import session as training
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 240
@@ -68,7 +68,7 @@ def test_the_stop_line_of_a_signal_is_left_out_when_quiet(quiet: bool, capsys) -
 def _lines(rows: list[dict], steps_at_start: int = 0) -> list[str]:
     from rich.console import Console
 
-    from zmq_rl.cli.progress import TrainingProgress
+    from zmq_rl.run.progress import TrainingProgress
 
     out = io.StringIO()
     progress = TrainingProgress(10, Console(file=out, width=200), live=False)
@@ -219,8 +219,8 @@ def test_the_learners_log_line_and_sps_are_this_sessions(caplog) -> None:
     import logging
 
     from zmq_rl.config import LearnerConfig
+    from zmq_rl.learner.runlog import RunLog
     from zmq_rl.report import LearnerReport
-    from zmq_rl.runlog import RunLog
 
     report = LearnerReport()
     report.env_steps_consumed = 1_000_000  # a resumed run's earlier steps

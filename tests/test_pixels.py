@@ -1,6 +1,6 @@
 """Learning from pixels on a CPU (issue 14, item 3): MinAtar through
 :mod:`zmq_rl.envs` (``MinAtar<Game>-v1``: ``[C, 10, 10]`` uint8 frames of 0/1 cells)
-and MinAtar's network, :func:`zmq_rl.cnn.minatar_cnn`.
+and MinAtar's network, :func:`zmq_rl.rl.cnn.minatar_cnn`.
 
 The frames, the network's interface and a real three-update ``zmq-rl run`` (actor
 processes stepping MinAtar Breakout, the learner training the CNN) are tested; the
@@ -23,9 +23,9 @@ import torch
 from tests.conftest import free_port_block
 from zmq_rl import envs
 from zmq_rl.cli import main as main_cli
-from zmq_rl.cnn import minatar_cnn
 from zmq_rl.config import PolicyConfig
-from zmq_rl.policy import check_policy_interface
+from zmq_rl.rl.cnn import minatar_cnn
+from zmq_rl.rl.policy import check_policy_interface
 
 needs_minatar = pytest.mark.skipif(
     importlib.util.find_spec("minatar") is None,

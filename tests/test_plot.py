@@ -124,8 +124,8 @@ def resumed_run(folder: Path, with_report: bool) -> Path:
 
 
 def row_of(ev: dict[str, Any]) -> dict[str, Any]:
-    """An evaluation's metrics.jsonl row (zmq_rl.runlog.evaluation_row)."""
-    from zmq_rl.runlog import evaluation_row
+    """An evaluation's metrics.jsonl row (zmq_rl.learner.runlog.evaluation_row)."""
+    from zmq_rl.learner.runlog import evaluation_row
 
     return evaluation_row(ev)
 

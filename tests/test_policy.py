@@ -11,7 +11,7 @@ import torch
 from gymnasium import spaces
 
 from zmq_rl.config import PolicyConfig
-from zmq_rl.policy import (
+from zmq_rl.rl.policy import (
     ActorCritic,
     WeightsMismatch,
     build_policy,

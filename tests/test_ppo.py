@@ -12,8 +12,8 @@ import torch
 from gymnasium import spaces
 
 from zmq_rl.config import PolicyConfig, PPOConfig
-from zmq_rl.policy import ActorCritic, build_policy
-from zmq_rl.ppo import PPOTrainer, RolloutBatch, explained_variance, ppo_loss
+from zmq_rl.rl.policy import ActorCritic, build_policy
+from zmq_rl.rl.ppo import PPOTrainer, RolloutBatch, explained_variance, ppo_loss
 
 torch.set_num_threads(1)
 

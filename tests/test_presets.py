@@ -280,7 +280,7 @@ def test_atari_preset_env_builds() -> None:
 
 def test_the_preset_line_gives_the_presets_budget_and_this_runs_override() -> None:
     """Issue 29 item 13: ``--total-env-steps 20000`` was printed as the preset's budget."""
-    from zmq_rl.cli.training import preset_line
+    from zmq_rl.run.session import preset_line
 
     _, cfg, _, _ = learner_cli.resolve(["--env", "CartPole-v1", "--run-dir", ""])
     line = preset_line("CartPole-v1", cfg)

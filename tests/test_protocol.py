@@ -12,7 +12,7 @@ from gymnasium import spaces
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zmq_rl.protocol import (
+from zmq_rl.wire.protocol import (
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     Bye,

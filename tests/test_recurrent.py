@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from zmq_rl.config import PolicyConfig, PPOConfig
-from zmq_rl.networks import batch_obs, obs_tensor
-from zmq_rl.policy import FactoryError, build_policy, check_policy_interface, is_recurrent
-from zmq_rl.ppo import PPOTrainer
-from zmq_rl.protocol import Fragment
-from zmq_rl.rollout import SlotQueues
-from zmq_rl.targets import TargetSettings, recurrent_batch, sequence_layout
+from zmq_rl.rl.networks import batch_obs, obs_tensor
+from zmq_rl.rl.policy import FactoryError, build_policy, check_policy_interface, is_recurrent
+from zmq_rl.rl.ppo import PPOTrainer
+from zmq_rl.rl.rollout import SlotQueues
+from zmq_rl.rl.targets import TargetSettings, recurrent_batch, sequence_layout
+from zmq_rl.wire.protocol import Fragment
 
 MASKED = "zmq_rl.envs:MaskedCartPole-v1"
 
@@ -93,7 +93,7 @@ def test_evaluate_sequence_matches_step_by_step_acting_and_backpropagates_throug
 
 
 def collect(policy, env_id: str, num_envs: int, steps: int, cuts: list[int], seed: int = 0):
-    """Act like zmq_rl.actor.GymActor for ``steps`` lockstep steps and return the
+    """Act like zmq_rl.actor.gym_actor.GymActor for ``steps`` lockstep steps and return the
     fragments it would send: a fragment ends after each row index in ``cuts``
     (fragment lengths vary, as when an actor flushes at a valve pause)."""
     envs = [gym.make(env_id, max_episode_steps=11) for _ in range(num_envs)]
@@ -266,8 +266,8 @@ def test_ppo_update_on_sequences_changes_the_recurrent_weights():
 
 def test_policy_type_reaches_the_welcome_policy_map():
     from zmq_rl.config import LearnerConfig
-    from zmq_rl.learner import run_settings
-    from zmq_rl.policy import policy_config_from
+    from zmq_rl.learner.loop import run_settings
+    from zmq_rl.rl.policy import policy_config_from
 
     env = gym.make(MASKED)
     policy = make_policy("gru")

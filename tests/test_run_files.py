@@ -17,9 +17,9 @@ import pytest
 
 from tests.conftest import free_port_block
 from tests.helpers import STUB_POLICY, Background, gym_actor, stub_learner_config
-from zmq_rl.checkpoint import CorruptCheckpoint, WriteFailed, checkpoint_files
 from zmq_rl.config import PPOConfig
-from zmq_rl.learner import Learner
+from zmq_rl.learner.checkpoint import CorruptCheckpoint, WriteFailed, checkpoint_files
+from zmq_rl.learner.loop import Learner
 
 SMALL_PPO = PPOConfig(num_epochs=1, minibatch_size=8)
 

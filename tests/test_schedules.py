@@ -24,11 +24,11 @@ import zmq
 
 from tests.helpers import stub_learner_config
 from tests.stub_env import StubEnv
-from zmq_rl.actor import GymActor
+from zmq_rl.actor.gym_actor import GymActor
 from zmq_rl.config import ActorConfig, PolicyConfig, PPOConfig
-from zmq_rl.learner import Learner
-from zmq_rl.policy import build_policy
-from zmq_rl.ppo import PPOTrainer, RolloutBatch, ppo_loss
+from zmq_rl.learner.loop import Learner
+from zmq_rl.rl.policy import build_policy
+from zmq_rl.rl.ppo import PPOTrainer, RolloutBatch, ppo_loss
 
 TIMEOUT = 30.0
 UPDATES = 5

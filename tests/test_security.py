@@ -32,11 +32,11 @@ from tests.conftest import STUB_ENV_ID
 from tests.helpers import CheckedBackground as Background
 from tests.helpers import stub_learner_config
 from tests.stub_env import StubEnv
-from zmq_rl.actor import GymActor, curve_client_keys
-from zmq_rl.client import ActorClient, LearnerRefused
+from zmq_rl.actor.client import ActorClient, LearnerRefused
+from zmq_rl.actor.gym_actor import GymActor, curve_client_keys
 from zmq_rl.config import ActorConfig, ConfigError, LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.learner import Learner
-from zmq_rl.protocol import (
+from zmq_rl.learner.loop import Learner
+from zmq_rl.wire.protocol import (
     Bye,
     Fragment,
     Hello,
@@ -46,7 +46,7 @@ from zmq_rl.protocol import (
     encode,
     space_spec,
 )
-from zmq_rl.transport import CurveClientKeys
+from zmq_rl.wire.transport import CurveClientKeys
 
 TIMEOUT = 30.0
 REFUSED_WITHIN_S = 5.0
@@ -514,7 +514,7 @@ def test_failed_handshakes_are_logged_with_the_peer_address_rate_limited(
     is logged as host "unknown", libzmq having closed it before its address was read)."""
     import logging
 
-    from zmq_rl.transport import HANDSHAKE_LOG_EVERY_S
+    from zmq_rl.wire.transport import HANDSHAKE_LOG_EVERY_S
 
     assert HANDSHAKE_LOG_EVERY_S >= 5
     caplog.set_level(logging.WARNING, logger="zmq_rl.transport")

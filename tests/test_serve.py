@@ -1,6 +1,6 @@
 """``zmq-rl serve``: remote inference (docs/inference.md).
 
-* Python simulators (``zmq_rl.inference.InferenceClient``, no torch) step CartPole with
+* Python simulators (``zmq_rl.actor.inference.InferenceClient``, no torch) step CartPole with
   a 10-step time limit through a server in this process against a real learner: the
   run consumes its budget from them, every simulator is a member that said bye, the
   final observations of truncated episodes are accepted, the simulators hear the
@@ -21,10 +21,10 @@ import torch
 import zmq
 
 from tests.helpers import STUB_ENV_ID, CheckedBackground, stub_learner_config
+from zmq_rl.actor.inference import InferenceClient, InferenceError, RunOver
 from zmq_rl.config import LearnerConfig, ServeConfig
-from zmq_rl.inference import InferenceClient, InferenceError, RunOver
-from zmq_rl.protocol import encode
 from zmq_rl.serve import InferenceServer
+from zmq_rl.wire.protocol import encode
 
 TIMEOUT = 120.0
 """Bound of every wait (a run takes about 10 s on an idle 2-core machine, 70 s under load)."""
@@ -320,7 +320,7 @@ def test_a_row_is_tagged_with_the_weights_that_chose_its_action(ctx, learner_por
     version that acted (it used to leave tagged 1: newer than the weights that acted,
     against docs/protocol.md section 4.1.2); the next rows carry 1."""
     from tests.test_hostile_actor import FAKE_RUN, FakeLearner, stub_policy, stub_weights
-    from zmq_rl.protocol import Bye, Hello
+    from zmq_rl.wire.protocol import Bye, Hello
 
     fake = FakeLearner(ctx, learner_port)
     server, serving = start_server(ctx, learner_port)

@@ -15,10 +15,10 @@ import torch
 from gymnasium import spaces
 
 from zmq_rl.config import PolicyConfig
-from zmq_rl.networks import ActionHeads, StructuredActorCritic, batch_obs, obs_tensor
-from zmq_rl.policy import ActorCritic, build_policy, export_weights, import_weights
-from zmq_rl.protocol import space_from_spec, space_spec
-from zmq_rl.spaces import env_actions, value_problem
+from zmq_rl.rl.networks import ActionHeads, StructuredActorCritic, batch_obs, obs_tensor
+from zmq_rl.rl.policy import ActorCritic, build_policy, export_weights, import_weights
+from zmq_rl.wire.protocol import space_from_spec, space_spec
+from zmq_rl.wire.spaces import env_actions, value_problem
 
 BOX = spaces.Box(-1.0, 1.0, (3,), np.float32)
 SPACES = {
@@ -59,7 +59,7 @@ def test_every_space_kind_round_trips_through_its_spec_and_msgpack(name):
 
 def test_the_issue_one_liner_passes():
     code = (
-        "import gymnasium as gym; from zmq_rl.protocol import space_spec, space_from_spec; "
+        "import gymnasium as gym; from zmq_rl.wire.protocol import space_spec, space_from_spec; "
         "s = gym.spaces.Dict({'a': gym.spaces.Box(-1, 1, (3,)), 'b': gym.spaces.Discrete(4)}); "
         "assert space_from_spec(space_spec(s)) == s"
     )

@@ -1,4 +1,4 @@
-"""The supervisor of ``zmq-rl run`` (zmq_rl/cli/local.py): restarted actors, a resumed
+"""The supervisor of ``zmq-rl run`` (zmq_rl/run/local_actors.py): restarted actors, a resumed
 learner, ``--resume``.
 
 Two kinds of tests:
@@ -55,11 +55,11 @@ from tests.test_faults import (
     wait_until,
     wait_update,
 )
-from zmq_rl.cli import local
 from zmq_rl.cli import main as main_cli
-from zmq_rl.cli.common import CliFailure
 from zmq_rl.cli.learner import LEARNER_SECTIONS
-from zmq_rl.cli.local import LocalActors, resume_configs
+from zmq_rl.run import local_actors as local
+from zmq_rl.run.common import CliFailure
+from zmq_rl.run.local_actors import LocalActors, resume_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_S = 120.0
@@ -671,6 +671,25 @@ def test_resuming_learner_does_not_restart_after_a_stop_request():
     with pytest.raises(CliFailure, match="while stopping"):
         learner.run()
     assert learner.learner_restarts == []
+
+
+def test_resuming_learner_is_a_typed_run_learner_not_a_proxy():
+    """ResumingLearner offers what a fleet and the engine use (run.fleet.RunLearner:
+    cfg, report, request_stop, run, close) and forwards nothing else."""
+    assert "__getattr__" not in vars(local.ResumingLearner)
+    inner = SimpleNamespace(
+        cfg=SimpleNamespace(run_dir=""),
+        report=SimpleNamespace(updates_completed=0),
+        counters={},
+        request_stop=lambda reason: None,
+        close=lambda: None,
+    )
+    learner = local.ResumingLearner(inner, max_restarts=1)
+    assert learner.cfg is inner.cfg and learner.report is inner.report
+    for name in ("request_stop", "run", "close"):
+        assert callable(getattr(learner, name))
+    with pytest.raises(AttributeError):
+        learner.counters  # noqa: B018 - once forwarded by __getattr__, now not
 
 
 # -- chaos soak ---------------------------------------------------------------------------

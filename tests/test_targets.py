@@ -1,4 +1,4 @@
-"""Tests for zmq_rl.targets.rollout_to_batch: GAE / V-trace targets on assembled rollouts."""
+"""Tests for zmq_rl.rl.targets.rollout_to_batch: GAE / V-trace targets on assembled rollouts."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from zmq_rl.advantages import gae, vtrace
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.policy import build_policy
-from zmq_rl.rollout import Rollout
-from zmq_rl.targets import TargetSettings, rollout_to_batch
-from zmq_rl.trainer import Trainer
+from zmq_rl.rl.advantages import gae, vtrace
+from zmq_rl.rl.policy import build_policy
+from zmq_rl.rl.rollout import Rollout
+from zmq_rl.rl.targets import TargetSettings, rollout_to_batch
+from zmq_rl.rl.trainer import Trainer
 
 torch.set_num_threads(1)
 

@@ -23,7 +23,7 @@ import pytest
 from tests.ports import free_port_block
 from zmq_rl.config import ConfigError, LearnerConfig, parse_env_kwargs
 from zmq_rl.envs import EnvBuildError, make_env
-from zmq_rl.protocol import ProtocolError, RunSettings
+from zmq_rl.wire.protocol import ProtocolError, RunSettings
 
 ZMQ_RL = str(Path(sys.executable).with_name("zmq-rl"))
 RUN_TIMEOUT = 300  # a bound only: each run takes 5-20 s on an idle machine

@@ -1,7 +1,7 @@
 """The golden vectors of docs/protocol/vectors/ against the Python codec, both ways.
 
 Valid vectors: the view encodes to exactly the vector's bytes, the bytes decode (with
-:func:`zmq_rl.protocol.decode`) to a message that re-encodes to the same bytes and
+:func:`zmq_rl.wire.protocol.decode`) to a message that re-encodes to the same bytes and
 whose view is the vector's view. Invalid vectors: each is rejected with its reason at
 its stage (decode, the learner's fragment checks, its session check, or the hello
 checks). The vectors are regenerated and must match the committed files byte for byte,
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from zmq_rl.conformance import vectors as V
-from zmq_rl.membership import FragmentRejected, Membership, check_hello
-from zmq_rl.protocol import (
+from zmq_rl.learner.membership import FragmentRejected, Membership, check_hello
+from zmq_rl.wire.protocol import (
     Bye,
     Fragment,
     Heartbeat,
@@ -28,7 +28,7 @@ from zmq_rl.protocol import (
     decode,
     encode,
 )
-from zmq_rl.spaces import space_from_spec, space_spec
+from zmq_rl.wire.spaces import space_from_spec, space_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "protocol" / "vectors"
@@ -144,7 +144,7 @@ def test_the_welcome_vector_is_a_network_an_actor_can_build_and_load():
     """Issue 29, item 14: the welcome's policy had ``hidden_sizes = []``, which section
     6.1 did not cover and zmq_rl refuses; it is now a real network (one hidden layer
     of 2) whose weights, and the broadcast's, load exactly by name."""
-    from zmq_rl.policy import check_weights, policy_from_welcome
+    from zmq_rl.rl.policy import check_weights, policy_from_welcome
 
     welcome = decode(bytes.fromhex(load(VECTORS / "welcome.json")["hex"]))
     policy = policy_from_welcome(welcome)
@@ -156,7 +156,7 @@ def test_the_welcome_vector_is_a_network_an_actor_can_build_and_load():
 def test_a_hello_that_does_not_decode_is_answered_bad_hello():
     """Issue 29, item 14: the out-of-range hello vector is refused bad_hello (not
     ignored), and no other control vector that fails to decode gets that answer."""
-    from zmq_rl.membership import invalid_hello_refusal
+    from zmq_rl.learner.membership import invalid_hello_refusal
 
     for path in INVALID:
         vector = load(path)

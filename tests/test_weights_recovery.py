@@ -29,10 +29,10 @@ from tests.helpers import (
     CheckedBackground,
     stub_learner_config,
 )
-from zmq_rl import client as client_module
-from zmq_rl.client import ActorClient
+from zmq_rl.actor import client as client_module
+from zmq_rl.actor.client import ActorClient
 from zmq_rl.config import PPOConfig
-from zmq_rl.learner import Learner
+from zmq_rl.learner.loop import Learner
 
 LIMIT = 1 << 20  # the client's message limit in these tests
 

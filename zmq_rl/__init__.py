@@ -53,6 +53,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _moved  # noqa: F401  (old module paths keep importing; docs/api.md)
+
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
@@ -73,8 +75,8 @@ _EXPORTS: dict[str, str] = {
     "evaluate_policy": "deploy",
     "PolicyFileError": "deploy",
     "EXPORT_FORMATS": "deploy",
-    # embedding (zmq_rl.agent)
-    "Agent": "agent",
+    # embedding (zmq_rl.actor.agent)
+    "Agent": "actor.agent",
     # environments (zmq_rl.envs)
     "make_env": "envs",
     "EnvBuildError": "envs",
@@ -115,7 +117,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports lazily
-    from .agent import Agent
+    from .actor.agent import Agent
     from .api import (
         ActorProcesses,
         Callback,

@@ -21,16 +21,16 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import ActorConfig, ConfigError, LearnerConfig, PolicyConfig, PPOConfig
+from .run.engine import Callback, Hooks, TrainResult, console_for
+from .run.engine import train as run_engine
 
 if TYPE_CHECKING:
-    from .deploy import DeployedPolicy
-    from .report import LearnerReport
+    pass
 
 __all__ = [
     "ActorProcesses",
@@ -47,85 +47,6 @@ log = logging.getLogger(__name__)
 
 STOP_WAIT_S = 15.0
 """How long :meth:`ActorProcesses.stop` waits for actors to exit after SIGTERM."""
-
-
-class Callback:
-    """Hooks called by :func:`train` and :func:`run_learner` as the run goes.
-
-    Subclass it and override what you need. ``on_update``, ``on_evaluation`` and
-    ``on_checkpoint`` may return ``False`` to stop the run: the learner then ends
-    as if its budget were spent (actors shut down, checkpoint, report and
-    ``policy.pt`` written) with the stop reason ``"callback <Name> stopped the run"``.
-    Any other return value (``None``, ``True``) lets it continue. Hooks run in the
-    learner's thread, between updates: a slow hook slows training.
-    """
-
-    def on_training_start(self, learner: Any) -> None:
-        """Once the learner has bound its sockets, before any actor registers.
-        ``learner`` is the :class:`~zmq_rl.learner.Learner` (``learner.cfg``,
-        ``learner.policy``, ``learner.report``)."""
-
-    def on_update(self, row: Mapping[str, Any]) -> bool | None:
-        """After every PPO update, with its metrics row (``update``, ``env_steps``,
-        ``charts/mean_return``, ``losses/...``: the keys of ``metrics.jsonl``)."""
-        return None
-
-    def on_evaluation(self, result: Mapping[str, Any]) -> bool | None:
-        """After each evaluation is reported (``mean_return``, ``std_return``,
-        ``env_steps``, ``updates``). The final evaluation at the end of the run is
-        reported too; returning False there changes nothing."""
-        return None
-
-    def on_checkpoint(self, path: Path) -> bool | None:
-        """After a checkpoint was written to ``path`` (``RUN_DIR/checkpoints/ckpt-N.pt``)."""
-        return None
-
-    def on_training_end(self, result: TrainResult) -> None:
-        """Once the run is over (also when it was stopped or interrupted)."""
-
-
-@dataclass
-class TrainResult:
-    """What a training run produced.
-
-    ``report`` is the learner's :class:`~zmq_rl.report.LearnerReport` (None when
-    the run was aborted by a second Ctrl-C); ``run_dir`` holds config.toml,
-    metrics, report.json, policy.pt and checkpoints (None without a run dir).
-    """
-
-    report: LearnerReport | None
-    run_dir: Path | None
-    interrupted: bool = False
-    supervisor: dict[str, Any] = field(default_factory=dict)
-    """Actor restarts and exits (``zmq_rl.train`` only; also in report.json)."""
-
-    @property
-    def stop_reason(self) -> str:
-        """Why the run ended (``"budget spent"``, ``"evaluation reached target_return
-        475"``, ``"callback X stopped the run"``, ...); ``"interrupted"`` without a report."""
-        return self.report.stop_reason if self.report is not None else "interrupted"
-
-    @property
-    def last_evaluation(self) -> dict[str, float] | None:
-        """The newest evaluation (``mean_return``, ``std_return``, ``env_steps``), if any."""
-        if self.report is None or not self.report.evaluations:
-            return None
-        return dict(self.report.evaluations[-1])
-
-    @property
-    def policy_path(self) -> Path | None:
-        """``RUN_DIR/policy.pt`` when it was written."""
-        if self.run_dir is None or not (self.run_dir / "policy.pt").is_file():
-            return None
-        return self.run_dir / "policy.pt"
-
-    def load_policy(self) -> DeployedPolicy:
-        """The trained policy (:func:`zmq_rl.load_policy` of ``policy.pt``)."""
-        from .deploy import PolicyFileError, load_policy
-
-        if self.policy_path is None:
-            raise PolicyFileError(f"{self.run_dir}: the run wrote no policy.pt")
-        return load_policy(self.policy_path)
 
 
 # -- configs ----------------------------------------------------------------------------
@@ -196,13 +117,13 @@ def _resume_configs(
     ``Learner.resume``: what ``zmq-rl run --resume`` does with its flags.
 
     Settings equal to the run's are accepted; one that differs must be one of
-    :data:`~zmq_rl.cli.local.RESUME_CHANGEABLE` (the budget, host, port, actors,
+    :data:`~zmq_rl.run.local_actors.RESUME_CHANGEABLE` (the budget, host, port, actors,
     evaluation, checkpointing, timeouts, device, learner ranks), anything else is a
     :class:`ConfigError` naming it, as are ``config``, another ``run_dir`` or
     another ``env``, and a run dir without a readable checkpoint (field ``resume``).
     """
-    from .checkpoint import load_resume_configs
-    from .cli.local import RESUME_CHANGEABLE
+    from .learner.checkpoint import load_resume_configs
+    from .run.local_actors import RESUME_CHANGEABLE
 
     if config is not None:
         raise ConfigError(
@@ -248,7 +169,7 @@ def _resume_configs(
 
 def _resolve_run_dir(cfg: LearnerConfig, run_dir: str | os.PathLike[str] | None) -> LearnerConfig:
     """``run_dir`` None -> a new ``runs/<env>-<timestamp>``; ``""`` -> no run dir."""
-    from .cli.training import resolve_run_dir
+    from .run.session import resolve_run_dir
 
     return resolve_run_dir(cfg, None if run_dir is None else str(run_dir))
 
@@ -262,63 +183,7 @@ def _preset_name(env_id: str, preset: bool, config: Any) -> str | None:
 # -- callbacks --------------------------------------------------------------------------
 
 
-class _Hooks:
-    """Runs the callbacks of one run and turns a ``False`` into ``request_stop``."""
-
-    def __init__(self, callbacks: Iterable[Callback]) -> None:
-        self.callbacks = list(callbacks)
-        for cb in self.callbacks:
-            if not isinstance(cb, Callback):
-                raise TypeError(
-                    f"callbacks: {cb!r} is not a zmq_rl.Callback (subclass it and "
-                    "override on_update / on_evaluation / on_checkpoint)"
-                )
-        self.learner: Any = None
-        self.evaluations_seen = 0
-
-    def attach(self, learner: Any) -> Any:
-        self.learner = learner
-        self.evaluations_seen = len(learner.report.evaluations)
-        learner.on_checkpoint = self.on_checkpoint
-        for cb in self.callbacks:
-            cb.on_training_start(learner)
-        return learner
-
-    def _fire(self, hook: str, arg: Any) -> None:
-        for cb in self.callbacks:
-            if getattr(cb, hook)(arg) is False and self.learner is not None:
-                name = type(cb).__name__
-                log.info("callback %s asked to stop the run (%s)", name, hook)
-                self.learner.request_stop(f"callback {name} stopped the run")
-
-    def on_update(self, row: Mapping[str, Any]) -> None:
-        self._fire("on_update", row)
-        self.new_evaluations()
-
-    def new_evaluations(self) -> None:
-        if self.learner is None:
-            return
-        evaluations = self.learner.report.evaluations
-        while self.evaluations_seen < len(evaluations):
-            self._fire("on_evaluation", dict(evaluations[self.evaluations_seen]))
-            self.evaluations_seen += 1
-
-    def on_checkpoint(self, path: Path) -> None:
-        self._fire("on_checkpoint", Path(path))
-
-    def end(self, result: TrainResult) -> None:
-        self.new_evaluations()
-        for cb in self.callbacks:
-            cb.on_training_end(result)
-
-
 # -- training ---------------------------------------------------------------------------
-
-
-def _console(verbose: bool) -> Any:
-    from rich.console import Console
-
-    return Console(soft_wrap=True, highlight=False, quiet=not verbose)
 
 
 def train(
@@ -358,11 +223,11 @@ def train(
 
     Raises :class:`ConfigError` (a bad setting, an env that cannot be built:
     :class:`~zmq_rl.envs.EnvBuildError`) before anything starts, and
-    :class:`~zmq_rl.cli.common.CliFailure` for run-time failures (port in use,
+    :class:`~zmq_rl.run.common.CliFailure` for run-time failures (port in use,
     starved learner, a lost learner rank, an actor that cannot start). Ctrl-C stops
     the run cleanly (the result's ``interrupted`` is set).
     """
-    _Hooks(callbacks)  # a wrong callback fails before anything starts
+    Hooks(callbacks)  # a wrong callback fails before anything starts
     resumed = None
     if resume is not None:
         cfg, ppo, policy, overrides = _resume_configs(resume, env, run_dir, config, settings)
@@ -370,7 +235,7 @@ def train(
     else:
         cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
         cfg = _resolve_run_dir(cfg, run_dir)
-    return _train_configs(
+    return run_engine(
         cfg,
         ppo,
         policy,
@@ -382,7 +247,7 @@ def train(
         actor_log_level=actor_log_level or ("info" if cfg.run_dir else "warning"),
         tensorboard=tensorboard,
         wandb_project=wandb_project,
-        console=_console(verbose),
+        console=console_for(verbose),
         preset=None if resumed else _preset_name(cfg.env_id, preset, config),
         command="zmq_rl.train",
     )[0]
@@ -406,7 +271,7 @@ def run_learner(
     started elsewhere (``zmq-actor --learner HOST:PORT`` or :func:`start_actors`),
     train, and return the :class:`TrainResult`. Arguments as :func:`train`
     (``resume=RUN_DIR`` as ``zmq-learner --resume RUN_DIR``)."""
-    _Hooks(callbacks)  # a wrong callback fails before anything starts
+    Hooks(callbacks)  # a wrong callback fails before anything starts
     resumed = None
     if resume is not None:
         cfg, ppo, policy, overrides = _resume_configs(resume, env, run_dir, config, settings)
@@ -414,7 +279,7 @@ def run_learner(
     else:
         cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
         cfg = _resolve_run_dir(cfg, run_dir)
-    return _train_configs(
+    return run_engine(
         cfg,
         ppo,
         policy,
@@ -423,93 +288,10 @@ def run_learner(
         local_actors=False,
         tensorboard=tensorboard,
         wandb_project=wandb_project,
-        console=_console(verbose),
+        console=console_for(verbose),
         preset=None if resumed else _preset_name(cfg.env_id, preset, config),
         command="zmq_rl.run_learner",
     )[0]
-
-
-def _train_configs(
-    cfg: LearnerConfig,
-    ppo: PPOConfig,
-    policy: PolicyConfig,
-    *,
-    callbacks: Sequence[Callback] = (),
-    local_actors: bool = True,
-    actor_restarts: int = 3,
-    actor_restart_backoff: float = 1.0,
-    actor_log_level: str = "info",
-    tensorboard: bool | None = None,
-    wandb_project: str | None = None,
-    console: Any = None,
-    preset: str | None = None,
-    command: str = "zmq_rl.train",
-    resume: tuple[str, Mapping[str, Any]] | None = None,
-    resume_on_crash: int = 0,
-    resume_command: str = "zmq-rl run --resume",
-    plot: bool = False,
-) -> tuple[TrainResult, Any, dict[str, str]]:
-    """The engine of :func:`train`, :func:`run_learner`, ``zmq-rl run`` and
-    ``zmq-learner``: returns the result, the CLI's training outcome (for its
-    summary) and the summary's extra lines. ``cfg.run_dir`` is final here."""
-    from .cli.local import LocalActors, ResumingLearner, summary_lines
-    from .cli.training import train as run_training
-
-    hooks = _Hooks(callbacks)
-    log_dir = Path(cfg.run_dir) / "logs" if cfg.run_dir else None
-    supervised: dict[str, Any] = {}
-
-    def wrap_learner(learner: Any) -> Any:
-        hooks.attach(learner)
-        if resume_on_crash:
-            learner = ResumingLearner(learner, resume_on_crash)
-            supervised["learner"] = learner
-        return learner
-
-    def around_run(learner: Any) -> LocalActors:
-        supervised["actors"] = LocalActors(
-            learner,
-            cfg.num_actors,
-            log_dir=log_dir,
-            log_level=actor_log_level,
-            max_restarts=actor_restarts,
-            restart_backoff=actor_restart_backoff,
-        )
-        return supervised["actors"]
-
-    outcome = run_training(
-        cfg,
-        ppo,
-        policy,
-        console if console is not None else _console(True),
-        tensorboard=tensorboard,
-        around_run=around_run if local_actors else None,
-        command=command,
-        resume=resume,
-        wrap_learner=wrap_learner,
-        preset=preset,
-        resume_command=resume_command,
-        on_update=hooks.on_update,
-        wandb_project=wandb_project,
-    )
-    extra = summary_lines(supervised.get("actors"), supervised.get("learner"))
-    if "learner" in supervised and supervised["learner"].learner_restarts:
-        outcome.session_seconds = supervised["learner"].session_seconds
-    if cfg.run_dir and plot and (Path(cfg.run_dir) / "metrics.jsonl").is_file():
-        from .cli.plot import CURVE_NAME, plot_runs
-
-        extra["learning curve"] = str(plot_runs([cfg.run_dir], Path(cfg.run_dir) / CURVE_NAME))
-    if log_dir is not None and local_actors:
-        extra["actor logs"] = str(log_dir)
-    actors = supervised.get("actors")
-    result = TrainResult(
-        report=outcome.report,
-        run_dir=Path(cfg.run_dir) if cfg.run_dir else None,
-        interrupted=outcome.interrupted,
-        supervisor=actors.summary() if actors is not None else {},
-    )
-    hooks.end(result)
-    return result, outcome, extra
 
 
 # -- actors -----------------------------------------------------------------------------
@@ -532,9 +314,9 @@ def run_actor(learner: str = "127.0.0.1:5555", **settings: Any) -> dict[str, flo
     ``learner`` (``HOST[:PORT]``) shuts the run down; return its stats.
     ``settings``: :class:`~zmq_rl.config.ActorConfig` fields (``num_envs``,
     ``seed``, ``register_timeout``, ...). Raises
-    :class:`~zmq_rl.client.LearnerRefused` / ``LearnerUnreachable`` /
+    :class:`~zmq_rl.actor.client.LearnerRefused` / ``LearnerUnreachable`` /
     ``LearnerLost`` when the learner refuses, never answers or goes silent."""
-    from .actor import GymActor
+    from .actor.gym_actor import GymActor
 
     return GymActor(_actor_config(learner, settings)).run()
 

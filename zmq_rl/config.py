@@ -20,19 +20,21 @@ not a crash mid-run).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json as _json
 import math
 import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .valve import ActorThrottle  # noqa: F401  (moved to zmq_rl.valve; re-exported)
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ActorConfig",
-    "ActorThrottle",
+    "ActorThrottle",  # noqa: F822 (module __getattr__: imported on first use)
     "ConfigError",
     "LearnerConfig",
     "PPOConfig",
@@ -41,12 +43,22 @@ __all__ = [
     "check_device_name",
     "parse_env_kwargs",
     "parse_wrapper",
+    "resolve_device",
     "toml_env_value",
     "wrapper_spec",
 ]
 
+
+def __getattr__(name: str) -> Any:
+    """``zmq_rl.config.ActorThrottle``, which moved to :mod:`zmq_rl.wire.valve`, still
+    imports from here (a deprecated path, docs/api.md); imported on first use, so the
+    settings import nothing of the wire."""
+    if name == "ActorThrottle":
+        return importlib.import_module("zmq_rl.wire.valve").ActorThrottle
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 OBJECTIVES = ("ppo", "decoupled", "impact")
-"""The policy surrogates of ``PPOConfig.objective`` (:mod:`zmq_rl.ppo`)."""
+"""The policy surrogates of ``PPOConfig.objective`` (:mod:`zmq_rl.rl.ppo`)."""
 
 DEFAULT_PORT = 5555
 """The learner's control (ROUTER) port; experience is on +1 and weights on +2."""
@@ -314,21 +326,53 @@ def check_device_name(name: Any) -> str:
     return "must be auto, cpu, cuda or cuda:N with N >= 0"
 
 
+def resolve_device(name: str) -> torch.device:
+    """The ``torch.device`` a ``device`` setting names on this machine.
+
+    ``auto`` is ``cuda:0`` when ``torch.cuda.is_available()``, else ``cpu``; ``cuda``
+    is ``cuda:0``. :class:`~zmq_rl.config.ConfigError` naming ``device`` and the value
+    when the text is not a device setting, when CUDA is asked for and not available,
+    or when ``cuda:N`` names a GPU that is not visible.
+    """
+    import torch  # here, not at the top: configs are read where torch is not needed
+
+    problem = check_device_name(name)
+    if problem:
+        raise ConfigError("device", name, problem)
+    if name == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.is_available()
+    if name == "auto":
+        return torch.device("cuda", 0) if available else torch.device("cpu")
+    if not available:
+        raise ConfigError(
+            "device",
+            name,
+            "CUDA is not available on this machine (torch "
+            f"{torch.__version__}, built with CUDA {torch.version.cuda or 'none'}); "
+            "use --device cpu or auto",
+        )
+    _, _, number = name.partition(":")
+    index = int(number) if number else 0
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError("device", name, f"only {count} CUDA device(s) are visible")
+    return torch.device("cuda", index)
+
+
 def _check_device(name: Any) -> None:
     """``device`` is a device setting, and a CUDA one names a GPU this machine has
-    (:func:`zmq_rl.device.resolve_device`): a run cannot start on a GPU it lacks.
+    (:func:`resolve_device`): a run cannot start on a GPU it lacks.
     Only a CUDA setting imports torch and asks the driver."""
     problem = check_device_name(name)
     _require(not problem, "device", name, problem)
     if name not in ("auto", "cpu"):
-        from .device import resolve_device
-
         resolve_device(name)
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """The actor-critic network: the built-in MLP (zmq_rl/policy.py) or a custom factory."""
+    """The actor-critic network: the built-in MLP (zmq_rl/rl/policy.py) or a custom factory."""
 
     hidden_sizes: tuple[int, ...] = _f((64, 64), "hidden layer widths of the MLP trunks")
     activation: str = _f("tanh", "hidden activation: tanh or relu", choices=("tanh", "relu"))

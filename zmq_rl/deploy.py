@@ -40,9 +40,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .checkpoint import config_dict
 from .config import PolicyConfig, parse_env_kwargs
-from .policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
+from .learner.checkpoint import config_dict
+from .rl.policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
 
 __all__ = [
     "EXPORT_FORMATS",

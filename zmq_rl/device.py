@@ -2,11 +2,11 @@
 
 The learner's device boundary (docs/design.md, "Devices"):
 
-* rollouts are assembled on the host (numpy, :mod:`zmq_rl.rollout`);
+* rollouts are assembled on the host (numpy, :mod:`zmq_rl.rl.rollout`);
 * each update copies the batch to the device once (:func:`to_device`), pinning the
   host copy first on CUDA so the transfer is a DMA the host does not wait on;
 * the policy and the optimiser live on the device, where PPO runs;
-* weights leave as CPU tensors (:func:`zmq_rl.policy.export_weights`), so actors
+* weights leave as CPU tensors (:func:`zmq_rl.rl.policy.export_weights`), so actors
   stay on the CPU and load them bit-exactly, and checkpoints hold CPU tensors
   (:func:`to_cpu`) that load on any device.
 
@@ -20,46 +20,16 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError, check_device_name
-from .spaces import map_value
+from .config import check_device_name, resolve_device
+from .wire.spaces import map_value
 
 __all__ = ["check_device_name", "resolve_device", "to_cpu", "to_device"]
-
-
-def resolve_device(name: str) -> torch.device:
-    """The ``torch.device`` a ``device`` setting names on this machine.
-
-    ``auto`` is ``cuda:0`` when ``torch.cuda.is_available()``, else ``cpu``; ``cuda``
-    is ``cuda:0``. :class:`~zmq_rl.config.ConfigError` naming ``device`` and the value
-    when the text is not a device setting, when CUDA is asked for and not available,
-    or when ``cuda:N`` names a GPU that is not visible.
-    """
-    problem = check_device_name(name)
-    if problem:
-        raise ConfigError("device", name, problem)
-    if name == "cpu":
-        return torch.device("cpu")
-    available = torch.cuda.is_available()
-    if name == "auto":
-        return torch.device("cuda", 0) if available else torch.device("cpu")
-    if not available:
-        raise ConfigError(
-            "device",
-            name,
-            "CUDA is not available on this machine (torch "
-            f"{torch.__version__}, built with CUDA {torch.version.cuda or 'none'}); "
-            "use --device cpu or auto",
-        )
-    _, _, number = name.partition(":")
-    index = int(number) if number else 0
-    count = torch.cuda.device_count()
-    if index >= count:
-        raise ConfigError("device", name, f"only {count} CUDA device(s) are visible")
-    return torch.device("cuda", index)
+# check_device_name and resolve_device live with the device setting they check
+# (zmq_rl.config) and are re-exported here, where they were first defined.
 
 
 def to_device(value: Any, device: torch.device) -> Any:
-    """A tensor (or a dict / tuple of them, :mod:`zmq_rl.spaces` values) on ``device``.
+    """A tensor (or a dict / tuple of them, :mod:`zmq_rl.wire.spaces` values) on ``device``.
 
     Nothing is copied for tensors already there (the CPU learner's path is unchanged).
     For CUDA, the host tensor is pinned first and copied with ``non_blocking``: the

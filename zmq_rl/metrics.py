@@ -20,7 +20,7 @@ zmq_rl[tensorboard]``).
 
 Rows are of two kinds. An update row (``charts/...``, ``losses/...``) is one PPO
 update at its env step. An evaluation row (:func:`is_evaluation_row`: it holds
-``eval/mean_return``; :func:`zmq_rl.runlog.evaluation_row`) is one evaluation at
+``eval/mean_return``; :func:`zmq_rl.learner.runlog.evaluation_row`) is one evaluation at
 the update, env step and wall time of the policy it *measured*, written when the
 result is known: a background evaluation's row follows the update rows trained
 meanwhile, and the final evaluation's row follows the last update row. Its

@@ -8,10 +8,10 @@ the server answers ``action`` with the env actions. docs/inference.md specifies 
 messages.
 
 For each attached simulator the server holds one registration with the learner (an
-:class:`~zmq_rl.client.ActorClient` whose ``num_envs`` are the simulator's slots): it
+:class:`~zmq_rl.actor.client.ActorClient` whose ``num_envs`` are the simulator's slots): it
 records the simulator's experience and pushes the fragments on its behalf, sends its
 heartbeats, and obeys its staleness valve (a paused simulator's request waits; the
-others are served). One copy of the learner's network (:class:`~zmq_rl.agent.
+others are served). One copy of the learner's network (:class:`~zmq_rl.actor.agent.
 PolicyRunner`, always the newest weights any registration received) answers the
 requests of every simulator waiting at that moment in one batched forward.
 """
@@ -29,8 +29,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from .agent import PolicyRunner
-from .client import (
+from .actor.agent import PolicyRunner
+from .actor.client import (
     ActorClient,
     BadExperience,
     LearnerLost,
@@ -38,20 +38,9 @@ from .client import (
     LearnerUnreachable,
 )
 from .config import ServeConfig
-from .policy import check_weights
-from .protocol import Weights
-from .spaces import (
-    Value,
-    decode_value,
-    encode_value,
-    env_actions,
-    map_value,
-    space_from_spec,
-    space_spec,
-    value_problem,
-)
-from .transport import SocketOptions, make_socket
-from .wire import (
+from .rl.policy import check_weights
+from .sparse_log import log_sparsely
+from .wire.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MAX_ENVS_PER_ACTOR,
     PROTOCOL_VERSION,
@@ -63,6 +52,18 @@ from .wire import (
     named_leaves,
     unpack_map,
 )
+from .wire.protocol import Weights
+from .wire.spaces import (
+    Value,
+    decode_value,
+    encode_value,
+    env_actions,
+    map_value,
+    space_from_spec,
+    space_spec,
+    value_problem,
+)
+from .wire.transport import SocketOptions, make_socket
 
 __all__ = ["InferenceServer", "RequestError", "decode_request", "pack", "serve"]
 
@@ -134,7 +135,7 @@ def _refuse_unsendable(value: Value, where: str, magnitude: bool = False) -> Non
     """RequestError ``not_finite`` (and, with ``magnitude``, ``out_of_range``) naming
     the field and the first slot, when a leaf of ``value`` (rows are slots) holds what
     the learner would refuse a whole fragment for: its own limits
-    (:func:`zmq_rl.wire.finite_problem`, :func:`~zmq_rl.wire.magnitude_problem`),
+    (:func:`zmq_rl.wire.codec.finite_problem`, :func:`~zmq_rl.wire.codec.magnitude_problem`),
     checked before anything is recorded, so that no good row travels with it."""
     for name, leaf in named_leaves(value, where):
         for code, check in (("not_finite", finite_problem), ("out_of_range", magnitude_problem)):
@@ -266,11 +267,14 @@ class InferenceServer:
                 self.stats["errors"] += 1
                 self._error_counts[exc.code] += 1
                 count = self._error_counts[exc.code]  # each code logged sparsely
-                log.log(
-                    logging.WARNING if count in (1, 10, 100, 1000) else logging.DEBUG,
+                log_sparsely(
+                    log,
+                    count,
+                    logging.WARNING,
                     "request refused (%s): %s",
                     exc.code,
                     exc.reason,
+                    quiet=logging.DEBUG,
                 )
                 self._send(address, pack("error", code=exc.code, reason=exc.reason))
 

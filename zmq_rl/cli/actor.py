@@ -7,7 +7,7 @@ makes it print the reason and exit 1; a host name that does not resolve, or an e
 whose spaces zmq_rl cannot train on, is a config error (exit 2). Every
 :class:`~zmq_rl.config.ActorConfig` field is a flag (``zmq-actor --help``).
 
-torch, gymnasium and ``zmq_rl.actor`` are imported only after the arguments
+torch, gymnasium and ``zmq_rl.actor.gym_actor`` are imported only after the arguments
 are parsed, so ``--help`` and usage errors answer at once.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from zmq_rl.config import ActorConfig, ConfigError
 
-from .common import (
+from ..run.common import (
     EXIT_CONFIG,
     EXIT_INTERRUPTED,
     CliFailure,
@@ -74,7 +74,7 @@ def resolve(
     """Parse ``argv`` (with ``--config``) into a validated :class:`ActorConfig`."""
     parser = parser or build_parser()
     args = parse_with_config(parser, argv, ACTOR_SECTIONS)
-    from zmq_rl.transport import parse_learner_address  # after parsing: --help stays fast
+    from zmq_rl.wire.transport import parse_learner_address  # after parsing: --help stays fast
 
     cfg = build_configs(args, ACTOR_SECTIONS)["actor"]
     try:
@@ -114,8 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, cfg = resolve(argv, parser)  # before the heavy imports: --help is instant
         import gymnasium as gym
 
-        from zmq_rl.actor import BadEnvValue, GymActor, SpaceMismatch
-        from zmq_rl.client import LearnerLost, LearnerRefused, LearnerUnreachable
+        from zmq_rl.actor.client import LearnerLost, LearnerRefused, LearnerUnreachable
+        from zmq_rl.actor.gym_actor import BadEnvValue, GymActor, SpaceMismatch
 
         setup_logging(args.log_level)
         if args.parent_pid:

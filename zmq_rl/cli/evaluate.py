@@ -2,8 +2,8 @@
 
 Loading is :func:`zmq_rl.deploy.load_policy` (errors become one-line CLI failures).
 The learner saves ``policy.pt`` as plain tensors plus the JSON policy config and
-env id (:meth:`zmq_rl.learner.Learner.save_policy`), and its checkpoints
-(``checkpoints/ckpt-N.pt``, :meth:`~zmq_rl.learner.Learner.checkpoint`) hold the
+env id (:meth:`zmq_rl.learner.loop.Learner.save_policy`), and its checkpoints
+(``checkpoints/ckpt-N.pt``, :meth:`~zmq_rl.learner.loop.Learner.checkpoint`) hold the
 same policy under ``trainer``, with the configs as JSON; both load with
 ``torch.load(weights_only=True)``: nothing is unpickled beyond tensors and
 primitive values. Any other file is refused in one line.
@@ -23,7 +23,7 @@ from typing import Any
 
 from zmq_rl.config import PolicyConfig
 
-from .common import CliFailure
+from ..run.common import CliFailure
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def load_policy(target: str | Path, env_id: str = "") -> LoadedPolicy:
 
 def evaluate(loaded: LoadedPolicy, episodes: int, seed: int) -> tuple[float, float]:
     """Mean and std return of ``episodes`` deterministic episodes (the learner's evaluator)."""
-    from zmq_rl.evaluation import evaluate_policy
+    from zmq_rl.learner.evaluation import evaluate_policy
 
     return evaluate_policy(
         loaded.policy, loaded.env_id, episodes, seed, loaded.env_kwargs, loaded.wrappers
@@ -139,10 +139,10 @@ def _record(loaded: LoadedPolicy, episodes: int, seed: int, video_dir: Path) -> 
     import numpy as np
 
     from zmq_rl.envs import make_env
-    from zmq_rl.networks import batch_obs, obs_tensor
-    from zmq_rl.policy import is_recurrent
+    from zmq_rl.rl.networks import batch_obs, obs_tensor
+    from zmq_rl.rl.policy import is_recurrent
     from zmq_rl.seeding import env_seeds
-    from zmq_rl.spaces import env_actions
+    from zmq_rl.wire.spaces import env_actions
 
     try:
         env = make_env(loaded.env_id, loaded.env_kwargs, loaded.wrappers, render_mode="rgb_array")

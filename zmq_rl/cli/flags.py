@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import json
-import math
 import sys
 import tomllib
 import types
@@ -40,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from zmq_rl.config import ConfigError, toml_env_value
+from zmq_rl.config_toml import ConfigFileError, dump_toml
 
 __all__ = [
     "LOG_LEVELS",
@@ -58,10 +57,6 @@ __all__ = [
 ]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-class ConfigFileError(ValueError):
-    """A ``--config`` file cannot be read, is not TOML, or holds an unknown key."""
 
 
 @dataclass(frozen=True)
@@ -550,41 +545,6 @@ def load_toml(path: Path, sections: Sequence[Section]) -> dict[str, Any]:
 def _suggest(word: str, options: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(options), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, (tuple, list)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} to TOML")
-
-
-def dump_toml(configs: Mapping[str, Any], header: str = "", commented: Iterable[str] = ()) -> str:
-    """TOML text with one table per config dataclass instance (``{"learner": cfg}``).
-
-    Fields named in ``commented`` are written as comments (shown, not loaded).
-    """
-    lines = [f"# {line}" for line in header.splitlines()]
-    commented = set(commented)
-    for name, cfg in configs.items():
-        if lines:
-            lines.append("")
-        lines.append(f"[{name}]")
-        for f in dataclasses.fields(cfg):
-            prefix = "# " if f.name in commented else ""
-            lines.append(f"{prefix}{f.name} = {_toml_value(getattr(cfg, f.name))}")
-    return "\n".join(lines) + "\n"
 
 
 def preset_for(env_id: str) -> Path | None:

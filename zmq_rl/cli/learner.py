@@ -14,7 +14,7 @@ from typing import Any
 
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 
-from .common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure, guard, setup_logging
+from ..run.common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure, guard, setup_logging
 from .flags import (
     CliParser,
     HelpFormatter,
@@ -128,7 +128,7 @@ def resolve(
 
 def configs_from_args(args: argparse.Namespace) -> tuple[LearnerConfig, PPOConfig, PolicyConfig]:
     """Validated configs from parsed learner flags, with the default run dir filled in."""
-    from .training import resolve_run_dir
+    from ..run.session import resolve_run_dir
 
     configs = build_configs(args, LEARNER_SECTIONS)
     cfg = resolve_run_dir(configs["learner"], getattr(args, "learner.run_dir"))
@@ -179,13 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> int:
-        from zmq_rl.api import _train_configs
-
-        from .training import RESUME_COMMAND, make_console, print_summary
+        from ..run.engine import train as run_engine
+        from ..run.session import RESUME_COMMAND, make_console, print_summary
 
         if any(a == "--resume" or a.startswith("--resume=") for a in argv):
             args = build_resume_parser().parse_args(argv)
-            from zmq_rl.checkpoint import load_resume_configs
+            from zmq_rl.learner.checkpoint import load_resume_configs
 
             overrides = {n: getattr(args, n) for n in RESUME_OVERRIDES}
             overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -198,18 +197,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             args, cfg, ppo, policy = resolve(argv, parser)
             resume = None
         setup_logging(args.log_level)
-        from zmq_rl.distributed import rank_spec
+        from zmq_rl.rl.distributed import rank_spec
 
         try:
             spec = rank_spec(cfg.num_learners, cfg.host, cfg.rendezvous_port())
         except ValueError as exc:
             raise CliFailure(str(exc), EXIT_CONFIG) from None
         if spec is not None and not spec.leader:  # torchrun started this rank
-            from zmq_rl.learner_ranks import run_learner_rank
+            from zmq_rl.learner.ranks import run_learner_rank
 
             return run_learner_rank(spec, cfg, ppo, policy)
         console = make_console()
-        result, outcome, _ = _train_configs(  # zmq_rl.run_learner's engine
+        result, outcome, _ = run_engine(  # as zmq_rl.run_learner
             cfg,
             ppo,
             policy,

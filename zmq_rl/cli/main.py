@@ -1,11 +1,11 @@
 """``zmq-rl``: one command for the whole workflow (``run``, ``eval``, ``export``, ``plot``,
 ``keys``).
 
-Each subcommand is one function registered with :func:`subcommand`; its flags are
-declared in the decorator (``arg(...)`` specs, or a function that adds them), and
-the function takes the parsed :class:`argparse.Namespace` and returns the exit
-code. Adding a subcommand is adding one such function here (or in a module
-imported at the bottom of this file)::
+The subcommands are functions registered with
+:func:`~zmq_rl.cli.commands.subcommand` (the registry, :mod:`zmq_rl.cli.commands`):
+the general ones here, ``slurm`` and ``ray`` in their own modules, which this entry
+point imports (they import the registry, never this module). Adding a subcommand is
+adding one such function here or in a module imported below::
 
     @subcommand("keys", "generate CURVE key pairs for encrypted sockets",
                 arg("out_dir", type=Path, help="where to write the keys"))
@@ -17,134 +17,29 @@ imported at the bottom of this file)::
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from .common import EXIT_INTERRUPTED, guard, setup_logging
-from .flags import LOG_LEVELS, CliParser, HelpFormatter, Section, flag_name, parse_with_config
+from ..run.common import EXIT_INTERRUPTED, guard, setup_logging
+from . import ray_launch, slurm  # noqa: F401  (they register the slurm and ray subcommands)
+from .commands import (
+    RUN_DEFAULTS,
+    SUBCOMMANDS,
+    arg,
+    build_parser,
+    non_negative,
+    subcommand,
+    subparser,
+)
+from .flags import LOG_LEVELS, Section, flag_name, parse_with_config
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .plot import add_plot_flags, plot_from_args
 
 __all__ = ["arg", "build_parser", "main", "subcommand"]
 
 
-@dataclass(frozen=True)
-class Arg:
-    """The arguments of one ``parser.add_argument`` call."""
-
-    names: tuple[str, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-def arg(*names: str, **kwargs: Any) -> Arg:
-    """Declare one argument of a subcommand (same signature as ``add_argument``)."""
-    return Arg(names, kwargs)
-
-
-Configure = Callable[[argparse.ArgumentParser], None]
-
-
-@dataclass(frozen=True)
-class Subcommand:
-    """A registered subcommand: its name, help, arguments and body."""
-
-    name: str
-    help: str
-    description: str
-    args: tuple[Arg | Configure, ...]
-    run: Callable[[argparse.Namespace], int]
-    sections: tuple[Section, ...] = ()
-
-
-SUBCOMMANDS: dict[str, Subcommand] = {}
-
-
-def subcommand(
-    name: str,
-    help: str,
-    *args: Arg | Configure,
-    description: str = "",
-    sections: Sequence[Section] = (),
-) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
-    """Register the decorated function as ``zmq-rl NAME``.
-
-    ``args`` are :func:`arg` specs or functions that add arguments to the
-    subcommand's parser. ``sections``: the config dataclasses whose flags the
-    subcommand has (with ``--config``); a TOML file given there is applied before
-    the function runs. The function gets the parsed namespace and returns the
-    exit code; it may raise :class:`~zmq_rl.cli.common.CliFailure` or a config
-    error (reported as ``error: ...``).
-    """
-
-    def register(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-        if name in SUBCOMMANDS:
-            raise ValueError(f"subcommand {name!r} is registered twice")
-        doc = _plain_text((fn.__doc__ or "").strip())
-        SUBCOMMANDS[name] = Subcommand(
-            name, help, description or doc or help, args, fn, tuple(sections)
-        )
-        return fn
-
-    return register
-
-
-def _plain_text(doc: str) -> str:
-    """A docstring as ``--help`` shows it: reST markup (``code``, :func:`name`) removed."""
-    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc)
-    return doc.replace("``", "")
-
-
-def build_parser(only: str | None = "") -> argparse.ArgumentParser:
-    """The ``zmq-rl`` parser with one subparser per registered subcommand (all
-    :class:`~zmq_rl.cli.flags.CliParser`: no prefix matching, one-line errors).
-
-    ``only``: the one subcommand whose flags are added (``None``: none, ``""``: all).
-    The others are listed with their help, which is all ``zmq-rl --help`` and an
-    unknown command need: a subcommand's flags may import heavy modules (conformance
-    imports torch), and ``main`` adds only the flags of the command that runs.
-    """
-    parser = CliParser(
-        prog="zmq-rl",
-        description="Distributed PPO over ZeroMQ. 'zmq-rl run' trains with local actors; "
-        "for several machines use zmq-learner and zmq-actor, or on a cluster 'zmq-rl slurm' "
-        "or 'zmq-rl ray'.",
-        formatter_class=HelpFormatter,
-    )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for sub in SUBCOMMANDS.values():
-        sp = subparsers.add_parser(
-            sub.name,
-            help=sub.help,
-            description=sub.description,
-            formatter_class=HelpFormatter,
-        )
-        for spec in sub.args if only in ("", sub.name) else ():
-            if isinstance(spec, Arg):
-                sp.add_argument(*spec.names, **spec.kwargs)
-            else:
-                spec(sp)
-        sp.set_defaults(_subcommand=sub.name)
-    return parser
-
-
-def subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    """The parser of subcommand ``name`` inside ``parser``."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[name]
-    raise KeyError(name)
-
-
 # -- run ------------------------------------------------------------------------------
-
-RUN_DEFAULTS = {"num_actors": 2, "eval_every": 5}
-"""Where ``zmq-rl run`` differs from the learner's defaults. No ``target_return``: an
-env's stop condition comes from its preset (CartPole-v1: 475) or from the user."""
-
 
 def _run_flags(parser: argparse.ArgumentParser) -> None:
     add_learner_flags(parser, defaults=RUN_DEFAULTS)
@@ -161,7 +56,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="draw learning_curve.png into the run dir at the end",
     )
-    from .local import MAX_BACKOFF_S, RESUME_CHANGEABLE
+    from ..run.local_actors import MAX_BACKOFF_S, RESUME_CHANGEABLE
 
     supervision = parser.add_argument_group(
         "supervision", "restarting dead actors and a crashed learner; resuming a run"
@@ -169,7 +64,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     supervision.add_argument(
         "--actor-restarts",
         metavar="N",
-        type=_non_negative(int),
+        type=non_negative(int),
         default=3,
         help="restart an actor process that dies during training up to N times (per actor); "
         "it rejoins as a late joiner. An actor that exits with code 2 (a configuration "
@@ -179,7 +74,7 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     supervision.add_argument(
         "--actor-restart-backoff",
         metavar="SECONDS",
-        type=_non_negative(float),
+        type=non_negative(float),
         default=1.0,
         help="wait before restarting a dead actor, doubled with each consecutive failure "
         f"of that actor (at most {MAX_BACKOFF_S:g} s)",
@@ -198,29 +93,13 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         "--resume-on-crash",
         metavar="N",
         nargs="?",
-        type=_non_negative(int),
+        type=non_negative(int),
         const=3,
         default=0,
         help="when the learner crashes with an error, resume it from its newest checkpoint "
         "while the actors keep running, up to N times (N defaults to 3 when the flag is "
         "given without it; 0 = off)",
     )
-
-
-def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type: ``kind`` (int or float) and >= 0."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
 
 
 @subcommand(
@@ -237,12 +116,11 @@ def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     sections=LEARNER_SECTIONS,
 )
 def run_command(args: argparse.Namespace) -> int:
-    """``zmq-rl run``: a thin layer over :func:`zmq_rl.train` (its engine,
-    ``zmq_rl.api._train_configs``) plus the summary."""
-    from zmq_rl.api import _train_configs
-
-    from .local import resume_configs
-    from .training import make_console, print_summary
+    """``zmq-rl run``: parse, then the run's engine (:func:`zmq_rl.run.engine.train`,
+    as :func:`zmq_rl.train`) plus the summary."""
+    from ..run.engine import train as run_engine
+    from ..run.local_actors import resume_configs
+    from ..run.session import make_console, print_summary
 
     resume = None
     if args.resume is not None:
@@ -254,7 +132,7 @@ def run_command(args: argparse.Namespace) -> int:
         cfg, ppo, policy = configs_from_args(args)
     setup_logging(args.log_level)
     console = make_console()
-    result, outcome, extra = _train_configs(
+    result, outcome, extra = run_engine(
         cfg,
         ppo,
         policy,
@@ -270,10 +148,17 @@ def run_command(args: argparse.Namespace) -> int:
         resume=resume,
         resume_on_crash=args.resume_on_crash,
         resume_command="zmq-rl run --resume",
-        plot=args.plot,
+        plot=_plot_curve if args.plot else None,
     )
     print_summary(console, outcome, extra)
     return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+def _plot_curve(run_dir: Path) -> Path:
+    """``--plot``: draw ``RUN_DIR/learning_curve.png``; its path."""
+    from .plot import CURVE_NAME, plot_runs
+
+    return plot_runs([str(run_dir)], run_dir / CURVE_NAME)
 
 
 # -- eval -----------------------------------------------------------------------------
@@ -371,7 +256,7 @@ def export_command(args: argparse.Namespace) -> int:
     next_state. See docs/embedding.md for running the ONNX file from C."""
     from zmq_rl.deploy import ExportUnavailable, PolicyFileError, export_policy
 
-    from .common import CliFailure
+    from ..run.common import CliFailure
 
     setup_logging(args.log_level)
     try:
@@ -418,7 +303,7 @@ def keys_command(args: argparse.Namespace) -> int:
     ``zmq.auth.create_certificates``; refuse to overwrite unless ``--force``."""
     import zmq.auth
 
-    from .common import CliFailure
+    from ..run.common import CliFailure
 
     public = args.out_dir / f"{args.name}.key"
     secret = args.out_dir / f"{args.name}.key_secret"
@@ -475,7 +360,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def _conformance_flags(parser: argparse.ArgumentParser) -> None:
-    from zmq_rl.conformance.cli import add_conformance_flags
+    from zmq_rl.cli.conformance import add_conformance_flags
 
     add_conformance_flags(parser)
 
@@ -489,7 +374,7 @@ def _conformance_flags(parser: argparse.ArgumentParser) -> None:
 def conformance_command(args: argparse.Namespace) -> int:
     """Print one line per clause of docs/protocol.md (PASS/FAIL/SKIP, MUST/SHOULD, the
     section, what was seen); exit 0 only if every MUST clause passed."""
-    from zmq_rl.conformance.cli import conformance_from_args
+    from zmq_rl.cli.conformance import conformance_from_args
 
     return conformance_from_args(args)
 
@@ -519,12 +404,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return guard(body)
 
 
-# Subcommands defined in their own modules register themselves on import.
-from . import ray_launch, slurm  # noqa: E402, F401
-
 if __name__ == "__main__":
-    # As a script (python -m zmq_rl.cli.main) this module is __main__; the other modules'
-    # subcommands registered themselves in zmq_rl.cli.main, so run that one's main.
-    from zmq_rl.cli.main import main as _registered_main
-
-    sys.exit(_registered_main())
+    sys.exit(main())

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .common import CliFailure
+from ..run.common import CliFailure
 
 __all__ = [
     "BANDS",
@@ -575,7 +575,7 @@ def plot_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m zmq_rl.cli.plot``: the same as ``zmq-rl plot``."""
-    from .common import guard
+    from ..run.common import guard
     from .flags import CliParser, HelpFormatter
 
     parser = CliParser(

@@ -32,10 +32,11 @@ from typing import Any
 
 from zmq_rl.config import ConfigError
 
-from .common import EXIT_INTERRUPTED, CliFailure, release_run_dir, setup_logging
+from ..run.common import EXIT_INTERRUPTED, CliFailure, release_run_dir, setup_logging
+from ..run.fleet import FleetLearner
+from .commands import RUN_DEFAULTS, build_parser, non_negative, subcommand, subparser
 from .flags import LOG_LEVELS
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
-from .main import RUN_DEFAULTS, _non_negative, build_parser, subcommand, subparser
 from .slurm import console_command
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def parse_resources(items: Sequence[str]) -> dict[str, float]:
 class RayActors:
     """Start ``count`` Ray actors around a learner run, watch them, stop them.
 
-    A context manager (``around_run`` of :func:`~zmq_rl.cli.training.train`): on
+    A context manager (``around_run`` of :func:`~zmq_rl.run.session.train`): on
     enter it creates the actors (each starts its ``zmq-actor``); a monitor thread
     polls their status, logs every restart Ray made (a new worker pid) and stops
     the run with an error when a ``zmq-actor`` exits with a configuration error;
@@ -177,7 +178,7 @@ class RayActors:
 
     def __init__(
         self,
-        learner: Any,
+        learner: FleetLearner,
         count: int,
         command: Sequence[str],
         *,
@@ -331,7 +332,7 @@ def _ray_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--actor-restarts",
         metavar="N",
-        type=_non_negative(int),
+        type=non_negative(int),
         default=3,
         help="Ray max_restarts of each actor: how often Ray restarts one whose process "
         "died (-1 is not accepted: bounded, like zmq-rl run)",
@@ -376,15 +377,16 @@ def ray_command(args: argparse.Namespace) -> int:
         import ray
     except ImportError:
         raise CliFailure("Ray is not installed: pip install 'zmq_rl[ray]'") from None
-    from .local import resume_configs
-    from .training import make_console, print_summary, train
+    from ..run.engine import train as run_engine
+    from ..run.local_actors import resume_configs
+    from ..run.session import make_console, print_summary
 
     resources = parse_resources(args.actor_resources)
     if args.actor_cpus < 0:
         raise ConfigError("actor_cpus", args.actor_cpus, "must be >= 0")
     resume = None
     if args.resume is not None:
-        ray_parser = subparser(build_parser(), "ray")
+        ray_parser = subparser(build_parser("ray"), "ray")
         defaults = {a.dest: a.default for a in ray_parser._actions}
         cfg, ppo, policy, overrides = resume_configs(args.resume, args, defaults, LEARNER_SECTIONS)
         resume = (cfg.run_dir, overrides)
@@ -419,7 +421,7 @@ def ray_command(args: argparse.Namespace) -> int:
     log_dir = Path(cfg.run_dir).resolve() / "logs" if cfg.run_dir else None
     holder: dict[str, RayActors] = {}
 
-    def around_run(learner: Any) -> RayActors:
+    def around_run(learner: FleetLearner) -> RayActors:
         holder["actors"] = RayActors(
             learner,
             cfg.num_actors,
@@ -433,13 +435,14 @@ def ray_command(args: argparse.Namespace) -> int:
         return holder["actors"]
 
     try:
-        outcome = train(
+        _, outcome, _ = run_engine(  # the engine of zmq-rl run, with Ray actors
             cfg,
             ppo,
             policy,
-            console,
+            local_actors=False,
+            fleet=around_run,
+            console=console,
             tensorboard=args.tensorboard,
-            around_run=around_run,
             command="zmq-rl ray",
             resume=resume,
             preset=getattr(args, "applied_preset", None),

@@ -33,10 +33,10 @@ from pathlib import Path
 
 from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig, replace
 
-from .common import CliFailure, release_run_dir
+from ..run.common import CliFailure, release_run_dir
+from .commands import RUN_DEFAULTS, non_negative, subcommand
 from .flags import LOG_LEVELS, dump_toml
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
-from .main import RUN_DEFAULTS, _non_negative, subcommand
 
 __all__ = ["SlurmJob", "console_command", "make_keys", "render_script", "write_job"]
 
@@ -331,7 +331,7 @@ def submit(script: Path) -> str:
 
 
 def _positive(text: str) -> int:
-    value = _non_negative(int)(text)
+    value = non_negative(int)(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
     return value
@@ -383,14 +383,14 @@ def _slurm_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--actor-restarts",
         metavar="N",
-        type=_non_negative(int),
+        type=non_negative(int),
         default=3,
         help="restart a failed actor task's zmq-actor up to N times",
     )
     group.add_argument(
         "--actor-restart-backoff",
         metavar="SECONDS",
-        type=_non_negative(int),
+        type=non_negative(int),
         default=1,
         help=f"delay before an actor restart, doubled per failure (at most {MAX_BACKOFF_S} s)",
     )
@@ -455,7 +455,7 @@ def slurm_command(args: argparse.Namespace) -> int:
     given_run_dir = cfg.run_dir
     run_dir = Path(cfg.run_dir).resolve()
     cfg = replace(cfg, run_dir=str(run_dir))
-    from .training import check_run_dir_is_new
+    from ..run.session import check_run_dir_is_new
 
     try:
         check_run_dir_is_new(str(run_dir), "sbatch RUN_DIR/slurm/job.sbatch  # resumes")

@@ -1,7 +1,7 @@
 """``zmq-rl conformance actor -- CMD ARGS...``: drive an actor command through the
 clauses of docs/protocol.md (section 11.2).
 
-The learner here is zmq_rl's own receiving side (:class:`~zmq_rl.ingest.Ingest`: the
+The learner here is zmq_rl's own receiving side (:class:`~zmq_rl.learner.ingest.Ingest`: the
 real sockets, decode, membership and fragment checks, heartbeats, welcomes) with a
 *scripted* training loop instead of PPO: it takes a rollout whenever every member
 slot holds ``num_steps`` rows and publishes the next version (the same tensors),
@@ -37,22 +37,21 @@ import numpy as np
 import zmq
 
 from ..config import LearnerConfig, PolicyConfig
-from ..ingest import Ingest
-from ..learner import run_settings
-from ..protocol import (
+from ..learner.ingest import Ingest
+from ..learner.membership import ActorRecord
+from ..learner.settings import run_settings
+from ..report import LearnerReport
+from ..wire.protocol import (
     Bye,
     Fragment,
     Heartbeat,
     Hello,
-    ProtocolError,
     Shutdown,
     Weights,
-    decode,
     encode,
 )
-from ..report import LearnerReport
-from ..spaces import leaves, map_value
-from ..transport import SocketOptions, make_socket, tcp_endpoint
+from ..wire.spaces import leaves, map_value
+from ..wire.transport import SocketOptions, make_socket, tcp_endpoint
 from .report import Clause, Report
 
 __all__ = ["ActorCheckOptions", "CLAUSES", "check_actor"]
@@ -277,56 +276,35 @@ class Observer:
         self.stale_rows[version] = Counter()
 
 
-class ObservedIngest(Ingest):
-    """The learner's receiving side, with every frame also handed to an Observer."""
+class IngestWatch:
+    """Hands what the learner's receiving side handled to an :class:`Observer`, through
+    the ingest's public hooks (:class:`~zmq_rl.learner.ingest.IngestObserver`)."""
 
-    observer: Observer
+    def __init__(self, ingest: Ingest, observer: Observer) -> None:
+        self.ingest, self.observer = ingest, observer
 
-    def _on_experience(self, frame: zmq.Frame) -> None:
-        try:
-            fragment = decode(frame.buffer, (Fragment,), self.max_message_bytes)
-        except ProtocolError:
-            fragment = None
-        before = {k: v for k, v in self.counters.items() if k.startswith("rejected/experience/")}
-        super()._on_experience(frame)
-        reason = next(
-            (
-                k.rsplit("/", 1)[1]
-                for k, v in self.counters.items()
-                if k.startswith("rejected/experience/") and v != before.get(k, 0)
-            ),
-            None,
-        )
-        assert fragment is None or isinstance(fragment, Fragment)
-        self.observer.on_fragment(fragment, reason, time.monotonic())
+    def on_experience(self, fragment: Fragment | None, rejected: str | None) -> None:
+        """A fragment (None: it did not decode) and why it was rejected (None: queued)."""
+        self.observer.on_fragment(fragment, rejected, time.monotonic())
 
-    def _on_control(self, frames: list[zmq.Frame]) -> None:
-        now = time.monotonic()
-        message = None
-        if len(frames) == 2:
-            try:
-                message = decode(frames[1].buffer, (Hello, Heartbeat, Bye), self.max_message_bytes)
-            except ProtocolError:
-                message = None
-        registered = self.counters["registered"]
-        super()._on_control(frames)
-        obs = self.observer
+    def on_control(self, message: Hello | Heartbeat | Bye, rec: ActorRecord | None) -> None:
+        """A hello (with the record it registered) or a heartbeat or bye."""
+        now, obs = time.monotonic(), self.observer
         if isinstance(message, Hello):
             obs.hellos.append((now, message))
-            if self.counters["registered"] > registered:
-                rec = self.members.get(self.members.by_routing[frames[0].bytes])
+            if rec is not None:
                 reg = Registration(
                     token=rec.token,
                     actor_id=rec.actor_id,
                     base_version=rec.base_version,
                     num_envs=rec.num_envs,
                     welcomed_at=now,
-                    run_id=self.run_id,
+                    run_id=self.ingest.run_id,
                     hello=message,
                 )
                 obs.registrations.append(reg)
                 obs.by_token[rec.token] = reg
-        elif isinstance(message, (Heartbeat, Bye)) and message.token in obs.by_token:
+        elif message.token in obs.by_token:
             reg = obs.by_token[message.token]
             if isinstance(message, Heartbeat):
                 reg.heartbeats.append(now)
@@ -335,12 +313,13 @@ class ObservedIngest(Ingest):
 
 
 class ScriptedLearner:
-    """A learner run made of an :class:`ObservedIngest` and a scripted update loop."""
+    """A learner run made of the learner's :class:`~zmq_rl.learner.ingest.Ingest`
+    (watched by an :class:`IngestWatch`) and a scripted update loop."""
 
     def __init__(self, options: ActorCheckOptions, observer: Observer, port: int) -> None:
         import gymnasium as gym
 
-        from ..policy import build_policy, export_weights
+        from ..rl.policy import build_policy, export_weights
 
         self.options, self.observer = options, observer
         self.cfg = LearnerConfig(
@@ -365,7 +344,7 @@ class ScriptedLearner:
         settings = run_settings(self.cfg, *spaces, policy_cfg, weights_bytes=len(encode(weights)))
         self.settings = dataclasses.replace(settings, heartbeat_interval=options.heartbeat_interval)
         self.counters: Counter[str] = Counter()
-        self.ingest: ObservedIngest | None = None
+        self.ingest: Ingest | None = None
 
     def start(self, bind_timeout: float = 5.0) -> None:
         """Bind a fresh run (a new run id) on the configured ports (retrying while the
@@ -374,7 +353,7 @@ class ScriptedLearner:
         deadline = time.monotonic() + bind_timeout
         while True:
             try:
-                ingest = ObservedIngest(
+                ingest = Ingest(
                     self.cfg,
                     self.settings,
                     run_id=self.run_id,
@@ -389,7 +368,7 @@ class ScriptedLearner:
                 if time.monotonic() > deadline:
                     raise
                 zmq.Poller().poll(50)  # the old listener is still closing
-        ingest.observer = self.observer
+        ingest.observer = IngestWatch(ingest, self.observer)
         self.observer.run_id = self.run_id
         ingest.publish(self._weights(), send=False)
         self.ingest = ingest
@@ -436,7 +415,7 @@ class ScriptedLearner:
         assert ingest is not None
         ingest.shutting_down = True
         for rec in ingest.members:
-            ingest._send_control(rec.routing_id, Shutdown("conformance run over", self.run_id))
+            ingest.send_control(rec.routing_id, Shutdown("conformance run over", self.run_id))
 
 
 def free_port_block(host: str = "127.0.0.1") -> int:

@@ -23,7 +23,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from ..protocol import (
+from ..wire.codec import PROTOCOL_VERSION
+from ..wire.protocol import (
     Fragment,
     Heartbeat,
     Hello,
@@ -35,9 +36,8 @@ from ..protocol import (
     decode,
     encode,
 )
-from ..spaces import space_spec
-from ..transport import SocketOptions, make_socket, parse_learner_address, tcp_endpoint
-from ..wire import PROTOCOL_VERSION
+from ..wire.spaces import space_spec
+from ..wire.transport import SocketOptions, make_socket, parse_learner_address, tcp_endpoint
 from . import vectors as V
 from .report import Clause, Report
 

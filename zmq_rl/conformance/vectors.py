@@ -1,7 +1,7 @@
 """The golden vectors of the wire protocol (docs/protocol.md section 11.1).
 
-Every valid vector is one frame written by :func:`zmq_rl.protocol.encode` (or, for a
-space spec, the msgpack map of :func:`zmq_rl.spaces.space_spec`) and its *view*: JSON
+Every valid vector is one frame written by :func:`zmq_rl.wire.protocol.encode` (or, for a
+space spec, the msgpack map of :func:`zmq_rl.wire.spaces.space_spec`) and its *view*: JSON
 that keeps msgpack's types apart (:func:`to_view`, :func:`from_view`). Every invalid
 vector is a frame a receiver must reject, with the reason and the counter. The
 invalid fragments are *mutations* of a valid one (:data:`FRAGMENT_MUTATIONS`), so the
@@ -27,7 +27,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..protocol import (
+from ..wire.codec import ARRAY_DTYPES, PROTOCOL_VERSION, ProtocolVersionMismatch
+from ..wire.protocol import (
     Bye,
     Fragment,
     Heartbeat,
@@ -39,8 +40,7 @@ from ..protocol import (
     Welcome,
     encode,
 )
-from ..spaces import space_spec
-from ..wire import ARRAY_DTYPES, PROTOCOL_VERSION, ProtocolVersionMismatch
+from ..wire.spaces import space_spec
 
 __all__ = [
     "FRAGMENT_MUTATIONS",
@@ -1016,7 +1016,7 @@ The view (§11.1):
 {pretty}
 ```
 
-Encoded by `zmq_rl.protocol.encode`, this is one frame of **{len(frame)} bytes**: a
+Encoded by `zmq_rl.wire.protocol.encode`, this is one frame of **{len(frame)} bytes**: a
 `map16` of {len(view)} entries (`{frame[:3].hex()}`). With no truncated cell,
 `final_obs_index` is `{{"dtype": "int32", "shape": [0], "data": <bin 0>}}` and
 `final_obs` is `{{"dtype": "float32", "shape": [0, 4], "data": <bin 0>}}`; both keys

@@ -1,0 +1,337 @@
+"""The layout of zmq_rl (issue 27, docs/design.md): wings that import only downwards.
+
+Reads every import of every module of zmq_rl/ with ``ast`` (nothing is executed;
+function-level and ``TYPE_CHECKING`` imports count too, since they are dependencies
+all the same) and checks three rules:
+
+- no import cycle between modules;
+- a module imports only modules of a lower rank (``RANKS``) or of its own wing: ``wire``
+  at the bottom, ``rl`` above it, ``actor`` and ``learner`` above both and never
+  importing each other, ``run`` above them, ``api``, ``conformance`` and ``cli`` on top;
+- no module outside ``zmq_rl/cli/`` imports ``zmq_rl.cli`` (``python -m zmq_rl``,
+  ``__main__``, is the one door into it).
+
+It also checks that the old flat module paths still import (deprecated re-exports,
+docs/api.md) and that importing one wing does not drag in the others.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "zmq_rl"
+
+RANKS: dict[str, int] = {
+    # the base: settings, seeds, the run's report and metric sinks, presets
+    "config": 0,
+    "config_toml": 0,
+    "seeding": 0,
+    "report": 0,
+    "sparse_log": 0,
+    "metrics": 0,
+    "presets": 0,
+    "_moved": 0,
+    # the wire (bytes, messages, spaces, sockets) and the env factory
+    "wire": 1,
+    "envs": 1,
+    # torch placement helpers, then the learning maths
+    "device": 2,
+    "rl": 3,
+    # the two sides of the system: never import each other
+    "actor": 4,
+    "learner": 4,
+    # products built on one side: serving and deploying a trained policy
+    "serve": 5,
+    "deploy": 5,
+    # the engine of a run
+    "run": 6,
+    # the faces: Python API, conformance tool, command line
+    "api": 7,
+    "conformance": 7,
+    "zmq_rl": 8,
+    "cli": 8,
+    "__main__": 9,
+}
+"""Rank of each wing (a sub-package) or top-level module of zmq_rl."""
+
+KNOWN_AGAINST: dict[tuple[str, str], str] = {
+    ("zmq_rl.api", "zmq_rl.cli.flags"): "run/ engine (issue 27 d)",
+    ("zmq_rl.api", "zmq_rl.cli.learner"): "run/ engine (issue 27 d)",
+}
+"""Imports against the wings that the seams of issue 27 still have to remove; each one
+removed must leave this table too (the test fails on a stale entry)."""
+
+KNOWN_CYCLES: dict[frozenset[str], str] = {
+}
+"""Import cycles still to untie (same rule: a stale entry fails)."""
+
+
+def modules() -> dict[str, Path]:
+    """Every module of zmq_rl by dotted name (a package by its own name)."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the modules of zmq_rl it imports (its own parent packages left out)."""
+    edges: dict[str, set[str]] = {name: set() for name in mods}
+    for name, path in mods.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                targets = [module] + [f"{module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if target in mods and target != name and not name.startswith(target + "."):
+                    edges[name].add(target)
+    return edges
+
+
+def wing(module: str) -> str:
+    """The wing (sub-package) or top-level module a module belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def cycles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(frozenset(component))
+    return found
+
+
+@pytest.fixture(scope="module")
+def edges() -> dict[str, set[str]]:
+    return imports(modules())
+
+
+def test_the_walker_sees_relative_function_level_and_type_checking_imports(tmp_path):
+    """The walker itself: a plausible bug (relative levels, nested imports) is caught."""
+    pkg = tmp_path / "zmq_rl"
+    (pkg / "wire").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "wire" / "__init__.py").write_text("")
+    (pkg / "config.py").write_text("def f():\n    from .wire import codec\n")
+    (pkg / "wire" / "codec.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..config import X\n"
+    )
+    found = {}
+    for path in pkg.rglob("*.py"):
+        parts = list(path.relative_to(tmp_path).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    got = imports(found)
+    assert got["zmq_rl.config"] == {"zmq_rl.wire", "zmq_rl.wire.codec"}
+    assert got["zmq_rl.wire.codec"] == {"zmq_rl.config"}
+    assert cycles(got) == [frozenset({"zmq_rl.config", "zmq_rl.wire.codec"})]
+
+
+def test_every_wing_and_top_level_module_has_a_rank():
+    unplaced = sorted({wing(name) for name in modules()} - set(RANKS))
+    assert not unplaced, f"place these in tests/test_layout.py RANKS and docs/design.md: {unplaced}"
+
+
+def test_no_import_cycle_between_modules(edges):
+    found = set(cycles(edges))
+    new = sorted(sorted(c) for c in found - set(KNOWN_CYCLES))
+    assert not new, f"import cycles: {new}"
+    untied = sorted(sorted(c) for c in set(KNOWN_CYCLES) - found)
+    assert not untied, f"untied, so remove them from KNOWN_CYCLES: {untied}"
+
+
+def test_every_import_goes_down_the_wings(edges):
+    against = set()
+    for src, targets in edges.items():
+        for dst in targets:
+            same = wing(src) == wing(dst)
+            if not same and RANKS.get(wing(dst), 99) >= RANKS.get(wing(src), -1):
+                against.add((src, dst))
+    new = sorted(against - set(KNOWN_AGAINST))
+    assert not new, f"imports against the wings (src, dst): {new}"
+    gone = sorted(set(KNOWN_AGAINST) - against)
+    assert not gone, f"gone, so remove them from KNOWN_AGAINST: {gone}"
+
+
+def test_only_the_cli_imports_the_cli(edges):
+    outside = sorted(
+        (src, dst)
+        for src, targets in edges.items()
+        for dst in targets
+        if wing(dst) == "cli" and wing(src) not in ("cli", "__main__")
+        and (src, dst) not in KNOWN_AGAINST
+    )
+    assert not outside, f"modules outside zmq_rl/cli importing it: {outside}"
+
+
+def test_old_module_paths_still_import_as_the_moved_modules():
+    """Deprecated re-exports (docs/api.md): each old path is the very moved module."""
+    from zmq_rl._moved import OLD_PATHS
+
+    assert len(OLD_PATHS) >= 25
+    for old, new in OLD_PATHS.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    from zmq_rl.client import ActorClient
+    from zmq_rl.protocol import RunSettings
+
+    from zmq_rl.actor import GymActor  # old zmq_rl/actor.py
+    from zmq_rl.learner import Learner  # old zmq_rl/learner.py
+    from zmq_rl.wire import PROTOCOL_VERSION, ProtocolError  # old zmq_rl/wire.py
+
+    assert GymActor.__module__ == "zmq_rl.actor.gym_actor"
+    assert Learner.__module__ == "zmq_rl.learner.loop"
+    assert ActorClient.__module__ == "zmq_rl.actor.client"
+    assert RunSettings.__module__ == "zmq_rl.wire.protocol"
+    assert ProtocolError.__module__ == "zmq_rl.wire.codec" and PROTOCOL_VERSION >= 2
+    # a factory string written before the layout (config.toml, presets) still resolves
+    assert importlib.import_module("zmq_rl.cnn").nature_cnn.__module__ == "zmq_rl.rl.cnn"
+
+
+def test_a_wing_imports_without_the_wings_above_it():
+    """Importing the wire or the actor client loads neither side above it nor torch."""
+    code = (
+        "import sys, zmq_rl.wire.protocol, zmq_rl.actor.client;"
+        "print(sorted(m for m in sys.modules if m.startswith(('zmq_rl.learner', 'zmq_rl.cli',"
+        " 'zmq_rl.actor.gym_actor', 'zmq_rl.api'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def _class_lines(path: Path, name: str) -> int:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node.end_lineno - node.lineno + 1
+    raise AssertionError(f"no class {name} in {path}")
+
+
+def test_ingest_keeps_two_jobs_receive_and_control():
+    """The link measurement (learner/links.py) and the ranks protocol (learner/ranks.py)
+    live outside Ingest, which stays under 550 lines."""
+    assert _class_lines(PACKAGE / "learner" / "ingest.py", "Ingest") < 550
+    source = (PACKAGE / "learner" / "ingest.py").read_text()
+    for gone in ("def plan_actors", "def apply_plan", "def rank_report", "def _maybe_advise"):
+        assert gone not in source, gone
+
+
+def test_learner_ranks_use_no_private_member_of_the_learner():
+    """LeaderRanks gets narrow callables (stop_reason, budget_spent, broadcast)."""
+    tree = ast.parse((PACKAGE / "learner" / "ranks.py").read_text())
+    private = sorted(
+        {
+            f"{node.value.id}.{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("learner", "ingest")
+            and node.attr.startswith("_")
+        }
+    )
+    assert not private, private
+
+
+def test_the_conformance_tool_drives_the_learner_through_public_hooks_only():
+    """conformance/ neither subclasses a production class of the learner wing nor
+    calls or overrides its private members (it uses Ingest.observer)."""
+    offences = []
+    for path in (PACKAGE / "conformance").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                if bases & {"Ingest", "Learner", "Membership"}:
+                    offences.append(f"{path.name}: class {node.name}({', '.join(bases)})")
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "ingest"
+                and node.attr.startswith("_")
+            ):
+                offences.append(f"{path.name}: ingest.{node.attr}")
+    assert not offences, offences
+
+
+def test_every_old_module_path_is_in_the_deprecation_note():
+    """docs/api.md, 'Old import paths', lists every old path that still imports."""
+    from zmq_rl._moved import OLD_PATHS
+
+    text = (ROOT / "docs" / "api.md").read_text()
+    note = text[text.index("## Old import paths") :]
+    missing = [old for old in [*OLD_PATHS, "zmq_rl.wire", "zmq_rl.actor", "zmq_rl.learner"]
+               if f"`{old}`" not in note]  # fmt: skip
+    assert not missing, missing
+
+
+def test_no_class_hides_its_type_behind_a_getattr_proxy():
+    """A class that forwards unknown attributes (``__getattr__``) hides the type of what
+    it wraps from every caller (cli/local.py's ResumingLearner did): none is left.
+    Module-level ``__getattr__`` (lazy imports, PEP 562) is fine, and so is the one
+    deprecation shim: ``deploy.Prediction`` (``predict``'s ``(action, state)``) forwards
+    the action's array attributes with a FutureWarning while the old return form lasts."""
+    proxies = sorted(
+        f"{path.relative_to(ROOT)}: {node.name}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any(
+            isinstance(item, ast.FunctionDef) and item.name == "__getattr__" for item in node.body
+        )
+    )
+    assert proxies == ["zmq_rl/deploy.py: Prediction"], proxies
+

@@ -1,0 +1,315 @@
+"""``zmq_rl.Agent``: a simulator's whole actor side in three calls.
+
+:class:`~zmq_rl.actor.client.ActorClient` is the low-level layer: the simulator loads
+weights, checks the staleness valve, runs the policy and hands nine arrays to
+``step``. An :class:`Agent` does all of that itself::
+
+    with Agent("learner-host:5555", obs_space, act_space, num_envs=4) as agent:
+        obs = sim.reset()
+        while not agent.shutdown_requested:
+            actions = agent.act(obs)                       # env actions, [4, ...]
+            next_obs, rewards, terminated, truncated, final_obs = sim.step(actions)
+            agent.observe(rewards, terminated, truncated, next_obs, final_obs)
+            obs = next_obs
+
+:meth:`Agent.act` serves control and loads the newest weights without blocking, waits
+while the staleness valve says so (and only then), runs the learner's network (built
+from the welcome; a recurrent one carries its state per slot, reset where an episode
+ended), and returns the env's actions (``zmq_rl.wire.spaces.env_actions``: discrete
+``start`` added, boxes clipped) while it records the policy's. :meth:`Agent.observe`
+records the step. docs/embedding.md describes the contract.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Self
+
+import numpy as np
+import torch
+
+from ..rl.policy import Policy, WeightsMismatch, check_weights, import_weights, policy_from_welcome
+from ..wire.protocol import Weights, Welcome
+from ..wire.spaces import Value, as_value, env_actions, wire_dtype
+from .client import ActorClient
+
+__all__ = ["PAUSE_WAIT_S", "Agent", "PolicyRunner", "coerce_value"]
+
+log = logging.getLogger("zmq_rl.agent")
+
+PAUSE_WAIT_S = 0.05
+"""How long a paused agent blocks on SUB before re-checking control: short, so a
+shutdown or a learner restart is noticed within a step's time."""
+
+
+def coerce_value(space: Any, value: Any) -> Value:
+    """``value`` (array-likes, nested like ``space``) as arrays of the dtypes that travel
+    for ``space`` (a Box's own dtype; int64 indices; int8 binaries), so that float64
+    observations of a float32 box are not refused. Shapes are left to the client's
+    check, which names the slot and the field."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"observation: expected a dict with keys {list(space.spaces)}")
+        return {k: coerce_value(s, value[k]) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        if not isinstance(value, (tuple, list)) or len(value) != len(space.spaces):
+            raise ValueError(f"observation: expected a tuple of {len(space.spaces)} parts")
+        return tuple(coerce_value(s, v) for s, v in zip(space.spaces, value, strict=True))
+    return np.asarray(value, wire_dtype(space))
+
+
+def _tensors(value: Value) -> Any:
+    if isinstance(value, dict):
+        return {k: _tensors(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_tensors(v) for v in value)
+    return torch.from_numpy(np.ascontiguousarray(value))
+
+
+class PolicyRunner:
+    """The learner's network on this side of the wire: built from a welcome, loaded
+    with broadcast weights, run on batches of observations (with the recurrent state
+    of every row for a policy whose ``state_size`` > 0). Shared by :class:`Agent` and
+    the inference server (:mod:`zmq_rl.serve`)."""
+
+    def __init__(self, welcome: Welcome, seed: int) -> None:
+        self.policy: Policy = policy_from_welcome(welcome)
+        self.run_id = welcome.run_id
+        self.version = welcome.weights.version
+        self.observation_space = welcome.settings.observation_space
+        self.action_space = welcome.settings.action_space
+        size = int(getattr(self.policy, "state_size", 0) or 0)
+        if size != welcome.settings.state_size:
+            raise ValueError(
+                f"the policy built from the welcome has state_size {size}, the learner "
+                f"announced state_size {welcome.settings.state_size}"
+            )
+        self.state_size = size
+        self.generator = torch.Generator().manual_seed(int(seed))
+
+    def load(self, weights: Weights) -> bool:
+        """Load ``weights`` when they are newer than the loaded ones; False (the old
+        weights stay) when their tensors do not fit the network."""
+        if weights.version <= self.version:
+            return True
+        try:
+            import_weights(self.policy, weights.tensors)
+        except WeightsMismatch as exc:
+            log.warning("weights version %d do not fit the network: %s", weights.version, exc)
+            return False
+        self.version = weights.version
+        return True
+
+    def initial_state(self, batch: int) -> np.ndarray:
+        """Zero recurrent states for ``batch`` rows (``[batch, 0]`` when feed-forward)."""
+        if not self.state_size:
+            return np.zeros((batch, 0), np.float32)
+        return np.asarray(self.policy.initial_state(batch), np.float32).copy()
+
+    def act(
+        self, obs: Value, state: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """Sample actions for a batch: the policy's actions, log-probs, values and (a
+        recurrent policy only) the next state of every row; ``state`` is the state each
+        row acts from (rows of episodes that just began zeroed by the caller)."""
+        with torch.inference_mode():
+            obs_t = _tensors(obs)
+            if self.state_size:
+                assert state is not None
+                action, log_prob, value, next_state = self.policy.act_recurrent(
+                    obs_t, torch.from_numpy(state), self.generator
+                )
+                next_np = next_state.numpy().astype(np.float32, copy=True)
+            else:
+                action, log_prob, value = self.policy.act(obs_t, self.generator)
+                next_np = None
+        return action.numpy(), log_prob.numpy(), value.numpy(), next_np
+
+
+class Agent:
+    """A simulator's actor: register, act, observe, close (the module's docstring).
+
+    ``learner`` is ``HOST[:PORT]``; the spaces are gymnasium spaces, sent in the
+    hello so the learner refuses a mismatch (None: take the learner's); ``num_envs``
+    slots act in lockstep (0: the learner's ``num_envs``). ``seed`` seeds sampling
+    (-1: the run's seed + 1 + the actor id, as the built-in actor). ``client_options``
+    go to :class:`~zmq_rl.actor.client.ActorClient` (``env_id``, ``actor_id``, ``context``,
+    ``register_timeout``, ``learner_timeout``, ``curve``, ...). The constructor
+    registers (blocking up to ``register_timeout``) and raises what
+    :meth:`ActorClient.register` raises.
+    """
+
+    def __init__(
+        self,
+        learner: str,
+        observation_space: Any = None,
+        action_space: Any = None,
+        num_envs: int = 1,
+        *,
+        seed: int = -1,
+        **client_options: Any,
+    ) -> None:
+        client_options.setdefault("env_id", "")
+        # Weights that do not fit the network are refused before the client adopts
+        # their version (docs/protocol.md section 4.2).
+        client_options.setdefault("weights_check", self._check_weights)
+        self.client = ActorClient(
+            learner,
+            observation_space=observation_space,
+            action_space=action_space,
+            num_envs=num_envs,
+            **client_options,
+        )
+        try:
+            welcome = self.client.register()
+            settings = welcome.settings
+            self.seed = int(seed) if seed >= 0 else settings.seed + 1 + self.client.actor_id
+            self.runner = PolicyRunner(welcome, self.seed)
+        except BaseException:
+            self.client.close()
+            raise
+        self.welcome = welcome
+        self._state = self.runner.initial_state(self.client.num_envs)
+        self._pending: tuple[Value, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._recording = True
+        log.info(
+            "agent %d: %d slots, seed %d, policy version %d",
+            *(self.client.actor_id, self.client.num_envs, self.seed, self.runner.version),
+        )
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def num_envs(self) -> int:
+        """The number of slots (the learner's ``num_envs`` when 0 was asked for)."""
+        return self.client.num_envs
+
+    @property
+    def observation_space(self) -> Any:
+        """The run's observation space (the learner's)."""
+        return self.runner.observation_space
+
+    @property
+    def action_space(self) -> Any:
+        """The run's action space (the learner's; :meth:`act` returns its values)."""
+        return self.runner.action_space
+
+    @property
+    def settings(self) -> Any:
+        """The welcome's :class:`~zmq_rl.wire.protocol.RunSettings`."""
+        return self.client.settings
+
+    @property
+    def policy(self) -> Policy:
+        """The local copy of the learner's network (always the newest loaded weights)."""
+        return self.runner.policy
+
+    @property
+    def shutdown_requested(self) -> bool:
+        """Whether the learner said the run is over: stop stepping, then :meth:`close`."""
+        return self.client.shutdown_requested
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """The client's counters (steps_sent, fragments_sent, ...; sent in the bye)."""
+        return self.client.stats
+
+    # ------------------------------------------------------------------ the loop
+
+    def act(self, obs: Any) -> np.ndarray:
+        """The env actions for ``obs`` (a value of the observation space with leading
+        dimension ``num_envs``): ``[num_envs, ...]``.
+
+        Serves control and loads the newest weights (never waits for them), then,
+        while the staleness valve says wait (or the link is paused, or the learner
+        restarted), waits for weights in :data:`PAUSE_WAIT_S` steps; that is the only
+        time it blocks. After a shutdown request it still returns the policy's
+        actions, but nothing more is recorded. Call :meth:`observe` with the step's
+        outcome before the next ``act``.
+        """
+        if self._pending is not None:
+            raise RuntimeError("act() called twice: observe() the previous step first")
+        client = self.client
+        self._load(client.poll())
+        while not client.shutdown_requested and client.should_pause():
+            self._load(client.wait_for_weights(PAUSE_WAIT_S))
+        obs = coerce_value(self.observation_space, as_value(obs))
+        state = self._state if self.runner.state_size else None
+        actions, log_probs, values, next_state = self.runner.act(obs, state)
+        self._pending = (obs, actions, values, log_probs, self._state)
+        if next_state is not None:
+            self._state = next_state
+        return env_actions(self.action_space, actions)
+
+    def observe(
+        self,
+        rewards: Any,
+        terminated: Any,
+        truncated: Any,
+        next_obs: Any,
+        final_obs: Mapping[int, Any] | None = None,
+    ) -> None:
+        """Record the outcome of the last :meth:`act`'s actions: ``rewards``,
+        ``terminated``, ``truncated`` (``[num_envs]``), ``next_obs`` (the reset
+        observation where an episode ended) and ``final_obs`` (``{slot: obs}``: the
+        true last observation of each slot truncated and not terminated). A recurrent
+        policy's state is zeroed for every slot whose episode ended."""
+        if self._pending is None:
+            raise RuntimeError("observe() without act(): call act() first")
+        obs, actions, values, log_probs, state = self._pending
+        self._pending = None
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool)
+        space = self.observation_space
+        if self.runner.state_size:
+            self._state[terminated | truncated] = 0.0
+        if self.client.shutdown_requested:
+            return
+        self.client.step(
+            obs,
+            actions,
+            np.asarray(rewards, np.float32),
+            terminated,
+            truncated,
+            values,
+            log_probs,
+            coerce_value(space, as_value(next_obs)),
+            {int(k): coerce_value(space, as_value(v)) for k, v in (final_obs or {}).items()},
+            state if self.runner.state_size else None,
+        )
+
+    def flush(self) -> None:
+        """Send the partly filled fragments now (before stopping on your own)."""
+        self.client.flush()
+
+    def close(self, extra_stats: Mapping[str, float] | None = None) -> None:
+        """Say bye (with :attr:`stats` plus ``extra_stats``) and close the sockets."""
+        self.client.close(extra_stats)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _check_weights(self, weights: Weights) -> None:
+        """Raise :class:`~zmq_rl.rl.policy.WeightsMismatch` when ``weights`` (of the
+        current run) do not fit the network exactly (the client's ``weights_check``)."""
+        runner = getattr(self, "runner", None)
+        if runner is not None and weights.run_id == runner.run_id:
+            check_weights(runner.policy, weights.tensors)
+
+    def _load(self, weights: Weights | None) -> None:
+        if weights is None:
+            return
+        if weights.run_id != self.runner.run_id and self.client.welcome is not None:
+            # Registered again with a restarted learner: its network may differ.
+            self.welcome = self.client.welcome
+            self.runner = PolicyRunner(self.welcome, self.seed)
+            self._state = self.runner.initial_state(self.client.num_envs)
+            return
+        if not self.runner.load(weights):
+            self.client.reject_weights(weights, WeightsMismatch("weights do not fit the network"))

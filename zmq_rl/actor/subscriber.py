@@ -1,0 +1,152 @@
+"""The actor's weights subscription: the SUB socket, newest weights win.
+
+:class:`WeightsSubscriber` drains every weights frame that arrived and decodes them
+newest first, so only the newest valid blob of the actor's run costs a full decode.
+Frames of another run tell the client that the learner restarted. No RL here.
+
+It also keeps the subscription alive. libzmq drops a SUB's connection for good when
+a frame exceeds the socket's ``ZMQ_MAXMSGSIZE`` (it does not reconnect, and says
+nothing but a ``DISCONNECTED`` monitor event); a subscriber that stopped receiving
+would leave the actor acting on stale weights forever. So the subscriber watches that
+event and re-creates the SUB, and :meth:`WeightsSubscriber.check` does the same when
+the learner's heartbeats announce a version newer than the loaded one for too long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import zmq
+
+from ..sparse_log import log_sparsely
+from ..wire.protocol import ProtocolError, Weights, decode
+from ..wire.transport import readable
+
+__all__ = ["WeightsSubscriber"]
+
+log = logging.getLogger("zmq_rl.subscriber")
+
+class WeightsSubscriber:
+    """Newest-wins reader of the learner's PUB; ``reject(where, error)`` counts and
+    logs a frame that does not decode."""
+
+    def __init__(
+        self,
+        rejects: Counter[str],
+        reject: Callable[[str, ProtocolError], None],
+        max_message_bytes: int,
+    ) -> None:
+        self.rejects = rejects
+        self.reject = reject
+        self.max_message_bytes = max_message_bytes
+        self.socket: zmq.Socket | None = None
+        self.saw_other_run = False
+        self.resubscriptions = 0
+        """How often the SUB was re-created (a dropped connection, weights behind)."""
+        self._connect: Callable[[], zmq.Socket] | None = None
+        self._monitor: zmq.Socket | None = None
+        self._behind_since: float | None = None
+
+    def start(self, socket: zmq.Socket, connect: Callable[[], zmq.Socket] | None = None) -> None:
+        """Read from ``socket`` (subscribed and connected) from now on; the old one
+        closes. ``connect()`` makes a new such socket: with it, a dropped connection
+        is noticed and the subscription made again (:meth:`check`)."""
+        self.close(linger=0)
+        self.socket = socket
+        self._connect = connect
+        self._behind_since = None
+        if connect is not None:
+            self._monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+    def close(self, linger: int | None = None) -> None:
+        """Close the SUB socket (and its monitor)."""
+        if self.socket is not None:
+            if self._monitor is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self.socket.disable_monitor()
+                self._monitor.close(linger=0)
+                self._monitor = None
+            self.socket.close(linger=linger)
+            self.socket = None
+
+    def pending(self) -> bool:
+        """Whether a weights frame can be read now (never blocks)."""
+        return self.socket is not None and readable(self.socket)
+
+    def check(self, loaded: int, announced: int, stale_after: float) -> bool:
+        """Re-create the SUB when libzmq dropped its connection (a frame over
+        ``max_message_bytes``, which libzmq does not size, or the learner's PUB went
+        away), or when the learner has announced (heartbeat ``version``) a version
+        newer than the ``loaded`` one for ``stale_after`` seconds. Returns whether it
+        did; each time is logged (rate-limited) and counted in ``rejects``
+        (``weights:connection_dropped``, ``weights:behind``)."""
+        if self.socket is None or self._connect is None:
+            return False
+        now = time.monotonic()
+        if self._monitor is not None and readable(self._monitor):
+            while readable(self._monitor):
+                self._monitor.recv_multipart()
+            self._resubscribe(
+                "connection_dropped",
+                "libzmq dropped the weights connection: a frame over this actor's limit "
+                f"of {self.max_message_bytes:,} bytes (libzmq does not report its size), "
+                "or the learner's PUB closed",
+            )
+            return True
+        if announced <= loaded:
+            self._behind_since = None
+            return False
+        if self._behind_since is None:
+            self._behind_since = now
+            return False
+        if now - self._behind_since < stale_after:
+            return False
+        self._resubscribe(
+            "behind",
+            f"the learner announced version {announced} but no weights newer than "
+            f"{loaded} arrived for {now - self._behind_since:.1f}s",
+        )
+        return True
+
+    def _resubscribe(self, reason: str, why: str) -> None:
+        assert self._connect is not None
+        self.resubscriptions += 1
+        self.rejects[f"weights:{reason}"] += 1
+        log_sparsely(
+            log,
+            self.resubscriptions,
+            logging.WARNING,
+            "%s; subscribing to the weights again (re-subscription %d)",
+            why,
+            self.resubscriptions,
+            quiet=logging.DEBUG,
+        )
+        self.start(self._connect(), self._connect)
+
+    def newest(self, run_id: str) -> Weights | None:
+        """Drain every queued frame; return the newest valid weights of ``run_id``
+        (whatever their version), or None. Frames of another run are counted
+        (``weights:other_run``) and set :attr:`saw_other_run` until the next call.
+        A frame that does not decode is counted and logged with its size."""
+        self.saw_other_run = False
+        frames = []
+        while self.pending():
+            assert self.socket is not None
+            frames.append(self.socket.recv(copy=False).buffer)
+        for frame in reversed(frames):
+            try:
+                weights = decode(frame, (Weights,), self.max_message_bytes)
+            except ProtocolError as exc:
+                self.reject("weights", ProtocolError(exc.reason, f"{exc} ({len(frame):,} bytes)"))
+                continue
+            assert isinstance(weights, Weights)
+            if weights.run_id != run_id:
+                self.rejects["weights:other_run"] += 1
+                self.saw_other_run = True
+                continue
+            return weights
+        return None

@@ -1,0 +1,685 @@
+"""The learner's receiving side: sockets, decode, membership, slot queues, control.
+
+:class:`Ingest` binds the learner's three sockets, reads fragments into the per-slot
+queues (every check in :meth:`~zmq_rl.learner.membership.Membership.admit`), serves hello,
+heartbeat and bye on the control socket, sends heartbeats, evicts silent actors,
+welcomes, publishes weights and shuts the actors down. Its
+:class:`~zmq_rl.learner.links.Links` measures each actor's link from the heartbeats
+(round trip, valve share, the lead advice). It holds no RL object: the
+:class:`~zmq_rl.learner.loop.Learner` asks it for rollouts' rows and tells it the policy
+version (a callable) and what to forget when an actor leaves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import socket
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import zmq
+
+from ..config import LearnerConfig
+from ..report import LearnerReport
+from ..rl.rollout import Rollout, SlotKey, SlotQueues
+from ..sparse_log import log_sparsely
+from ..wire.protocol import (
+    Bye,
+    Fragment,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Refuse,
+    RunSettings,
+    Shutdown,
+    Weights,
+    Welcome,
+    decode,
+    encode,
+)
+from ..wire.spaces import space_spec
+from ..wire.transport import bind_learner_sockets, tcp_endpoint
+from .links import Links
+from .membership import (
+    ActorRecord,
+    FragmentRejected,
+    Membership,
+    MembershipLimits,
+    check_hello,
+    invalid_hello_refusal,
+)
+
+__all__ = ["Ingest", "IngestObserver", "RankPart"]
+
+log = logging.getLogger("zmq_rl.ingest")
+
+T = TypeVar("T")
+
+DRAIN_S = 0.005
+"""Longest one socket is read in one go (fairness under floods)."""
+POLL_MS = 50
+"""Longest a poll blocks, so timers (heartbeats, timeouts) run on time."""
+SHUTDOWN_GRACE_S = 3.0
+"""How long the learner waits for every actor's bye after asking them to stop."""
+PENDING_SILENCE_INTERVALS = 5.0
+"""Heartbeat intervals a registration that has not joined the rollout may stay
+silent (no heartbeat, no fragment) before it is dropped; a live actor heartbeats
+every interval."""
+
+
+CONTROL_SLACK_BYTES = 128 * 1024
+"""Room in the control message limit beyond the spaces and the per-slot lists: ids,
+host and env names, a bye's stats (a legitimate one is under 2 KB)."""
+
+
+def wake_pair(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
+    """An inproc PAIR (receiving end, sending end) that wakes a thread blocked in a
+    poll; HWM 1 each (one pending wake is enough), linger 0."""
+    ends = []
+    for _ in range(2):
+        sock = ctx.socket(zmq.PAIR)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 1)
+        sock.setsockopt(zmq.RCVHWM, 1)
+        ends.append(sock)
+    ends[0].bind(f"inproc://{name}")
+    ends[1].connect(f"inproc://{name}")
+    return ends[0], ends[1]
+
+
+def largest_control_bytes(observation_space: Any, action_space: Any, max_envs: int) -> int:
+    """The learner's control message limit (ROUTER ``ZMQ_MAXMSGSIZE``): twice what
+    a legitimate hello (both space specs, up to ``max_envs`` per-slot integers) or bye
+    can be for the run's spaces, plus :data:`CONTROL_SLACK_BYTES`. A hello of other
+    spaces larger than that costs its sender the connection instead of a
+    ``space_mismatch`` refusal; anything bigger is never legitimate."""
+    import msgpack
+
+    specs = len(msgpack.packb([space_spec(observation_space), space_spec(action_space)]))
+    return 2 * (specs + 9 * max_envs) + CONTROL_SLACK_BYTES
+
+
+class RankPart(Protocol):
+    """What :class:`Ingest` asks of its part of the learner-ranks protocol when there
+    are several learner ranks (:class:`zmq_rl.learner.ranks.RankRouting`)."""
+
+    def assign_rank(self, members: Membership, new: ActorRecord) -> int:
+        """Rank 0: the learner rank a new registration's experience goes to."""
+        ...
+
+    def delivered_elsewhere(self, rec: ActorRecord) -> bool:
+        """Rank 0: whether another rank's actor delivered every slot (its last report)."""
+        ...
+
+    def hold(self, fragment: Fragment, key: str, size: int, held_before: bool) -> bool:
+        """Rank > 0: keep a fragment of an actor not planned yet; False: reject it."""
+        ...
+
+
+class IngestObserver(Protocol):
+    """Public hooks for a tool that watches what the learner receives (the conformance
+    tool, :mod:`zmq_rl.conformance.actor`): called after each message is handled."""
+
+    def on_experience(self, fragment: Fragment | None, rejected: str | None) -> None:
+        """An experience frame: the fragment (None: it did not decode) and the reason
+        it was rejected (None: it was queued or held)."""
+        ...
+
+    def on_control(self, message: Hello | Heartbeat | Bye, rec: ActorRecord | None) -> None:
+        """A decoded control message: a hello with the record it registered (None:
+        refused), or a heartbeat or bye with its sender's record (None: unknown)."""
+        ...
+
+
+class Ingest:
+    """Sockets, membership and slot queues of one learner run.
+
+    ``version()`` is the newest policy version, ``forget_slots(keys)`` is called
+    for the slots of an actor that left (their unfinished episodes lost rows);
+    ``report`` and ``counters`` are the run's, shared with the learner.
+    """
+
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        settings: RunSettings,
+        *,
+        run_id: str,
+        report: LearnerReport,
+        counters: Counter[str],
+        version: Callable[[], int],
+        forget_slots: Callable[[list[SlotKey]], None],
+        context: zmq.Context | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        ranks: RankPart | None = None,
+    ) -> None:
+        self.cfg = cfg
+        # Data-parallel learner ranks (num_learners): rank 0 serves control and
+        # registers every actor; rank r > 0 only receives its actors' fragments.
+        # ``ranks`` is this ingest's part of their protocol (learner/ranks.py).
+        if (world_size > 1) != (ranks is not None):
+            raise ValueError(f"world_size={world_size} needs a ranks part exactly when > 1")
+        self.rank, self.world_size, self.ranks = rank, world_size, ranks
+        self.observer: IngestObserver | None = None  # public hooks (conformance tool)
+        self.settings = settings
+        self.spaces = (settings.observation_space, settings.action_space)
+        self.run_id = run_id
+        self.report = report
+        self.counters = counters
+        self.version = version
+        self.forget_slots = forget_slots
+        self.max_message_bytes = settings.max_fragment_bytes
+        self.control_max_bytes = largest_control_bytes(*self.spaces, cfg.max_envs_per_actor)
+        self.members = Membership()
+        self.limits = MembershipLimits(cfg.max_actors, cfg.max_envs_per_actor, cfg.max_total_envs)
+        self.queues = SlotQueues()
+        # An actor that follows the staleness valve never has more than its lead
+        # queued per slot; anything past this (with slack) is a misbehaving peer.
+        self._slot_cap = (
+            cfg.effective_max_lead_steps() + cfg.steps_per_broadcast() + cfg.fragment_length
+        )
+        self.started = False  # training started: later joiners wait for a broadcast
+        self.shutting_down = False
+        self.current_weights: Weights | None = None
+        self._last_heartbeat = 0.0
+        # Processes a supervisor saw exit (any thread appends; pump reads). Bounded by
+        # what one pump handles: the supervisor reports each exit once.
+        self._exited: deque[int] = deque(maxlen=1024)
+        self.links = Links(settings, lambda: self.started)  # round trips, the lead advice
+        # While serve_during runs its work, forget_slots calls wait here: the work (a
+        # PPO update) owns the trainer's per-slot state until it returns.
+        self._deferred_forget: list[list[SlotKey]] | None = None
+        self.sockets = bind_learner_sockets(
+            context or zmq.Context.instance(),
+            cfg,
+            self.max_message_bytes,
+            control_max_bytes=self.control_max_bytes,
+            rank=rank,
+        )
+        self.control, self.experience = self.sockets.control, self.sockets.experience
+        receiving = [s for s in (self.control, self.experience) if s is not None]
+        self.poller = zmq.Poller()
+        for sock in receiving:
+            self.poller.register(sock, zmq.POLLIN)
+        # serve_during's thread also polls a wake socket, so the work's end stops it
+        # at once instead of after a poll timeout (made only when the thread is on;
+        # always on rank 0 of several learner ranks, which waits in collectives).
+        self.serve_thread = cfg.ingest_thread or (world_size > 1 and rank == 0)
+        self._wake = self._waker = None
+        self._serve_poller = zmq.Poller()
+        if self.serve_thread:
+            self._wake, self._waker = wake_pair(
+                self.experience.context, f"zmq-rl-ingest-{id(self)}"
+            )
+            for sock in (*receiving, self._wake):
+                self._serve_poller.register(sock, zmq.POLLIN)
+        log.info("learner %s: run id %s", tcp_endpoint(cfg.host, cfg.port), run_id)
+
+    def close(self) -> None:
+        """Close every socket (linger 0)."""
+        for sock in (self._wake, self._waker):
+            if sock is not None:
+                sock.close(linger=0)
+        self.sockets.close()
+
+    def serve_during(self, work: Callable[[], T]) -> T:
+        """Run ``work()`` on this thread while a thread of the ingest serves both
+        receiving sockets (fragments, hellos, heartbeats, byes, evictions), so
+        receiving never stops while PPO trains (``ingest_thread``; off: just
+        ``work()``). The caller must not touch the sockets, the queues or the
+        membership inside ``work``: the thread owns them until it is joined, which
+        happens before this returns (the handover is the join, so what the thread
+        queued is seen whole). ``forget_slots`` calls made meanwhile are applied after
+        the join, because ``work`` owns the trainer's per-slot state. The queues the
+        thread fills stay bounded: an actor that obeys its staleness valve has at most
+        ``max_lead_steps + steps_per_broadcast + fragment_length`` rows queued per
+        slot (the ``over_lead`` cap refuses more), and the version that moves the
+        valve changes only outside ``work``.
+
+        The time ``work`` takes counts as the learner's busy time (the valve's lead
+        advice), as without the thread: rows arrive, but the version does not move."""
+        if not self.serve_thread:
+            return work()
+        stop = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                while not stop.is_set():
+                    self.pump(POLL_MS, self._serve_poller)
+                    while self._wake.poll(0):
+                        self._wake.recv()
+            except BaseException as exc:  # re-raised on the caller's thread
+                failure.append(exc)
+
+        self._deferred_forget = []
+        busy, start = self.links.busy, time.monotonic()
+        thread = threading.Thread(target=serve, name="zmq-rl-ingest", daemon=True)
+        thread.start()
+        try:
+            return work()
+        finally:
+            stop.set()
+            with contextlib.suppress(zmq.Again):  # a wake is already waiting
+                self._waker.send(b"", zmq.NOBLOCK)
+            thread.join()
+            deferred, self._deferred_forget = self._deferred_forget, None
+            for keys in deferred:
+                self.forget_slots(keys)
+            self.links.worked(busy, start, time.monotonic())
+            if failure:
+                raise failure[0]
+
+    def publish(self, weights: Weights, send: bool = True) -> None:
+        """Make ``weights`` what welcomes carry and, with ``send``, PUBlish them."""
+        self.current_weights = weights
+        if send:
+            self.links.cycle_ended()
+            self.sockets.weights.send(encode(weights), copy=False)
+            self.report.broadcasts_sent += 1
+            self.report.last_policy_version = weights.version
+
+    def discard_queued(self, reason: str) -> None:
+        """Drop every queued row, counted as ``discarded/steps/<reason>``."""
+        queued = self.queues.total_rows()
+        if queued:
+            self.counters[f"discarded/steps/{reason}"] += queued
+            self.queues = SlotQueues()
+
+    def shutdown_actors(self, reason: str) -> None:
+        """Tell every actor to stop; collect byes and trailing fragments (bounded)."""
+        self.shutting_down = True
+        message = Shutdown(reason=reason, run_id=self.run_id)
+        for rec in self.members:
+            self.send_control(rec.routing_id, message)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        while time.monotonic() < deadline:
+            # Another rank's actor is caught up there (rank 0 gets only its bye).
+            if all(
+                rec.said_bye and (rec.rank != self.rank or rec.caught_up()) for rec in self.members
+            ):
+                break
+            self.pump(POLL_MS)
+        missing = [rec.actor_id for rec in self.members if not rec.said_bye]
+        if missing:
+            log.warning("no bye from actor(s) %s within %.1fs", missing, SHUTDOWN_GRACE_S)
+
+    def pump(self, timeout_ms: int, poller: zmq.Poller | None = None) -> None:
+        """Handle every message that arrives within ``timeout_ms`` (``poller``: one
+        that polls the two receiving sockets and more, :meth:`serve_during`'s).
+
+        Each socket is drained for at most :data:`DRAIN_S`, so a flood on one of them
+        can neither starve the other nor delay the rollout check. Silent actors are
+        evicted only after what arrived was read: while the learner was busy (a long
+        update, an evaluation), live actors' heartbeats queued up and must count.
+        """
+        self.links.pump_started(time.monotonic())
+        while self._exited:
+            self._declare_exited(self._exited.popleft())
+        events = dict((poller or self.poller).poll(timeout_ms))
+        if self.control in events:
+            self._drain(
+                lambda: self.control.recv_multipart(zmq.NOBLOCK, copy=False), self._on_control
+            )
+        if self.experience in events:
+            self._drain(lambda: self.experience.recv(zmq.NOBLOCK, copy=False), self._on_experience)
+        # After reading: a heartbeat echoes the newest one each actor sent (an actor
+        # paused for the link resumes on that echo), also right after a long update.
+        self._maybe_heartbeat()
+        self._evict_silent_actors()
+        if self.sockets.handshakes is not None:  # counted by its thread, copied here
+            for kind, count in list(self.sockets.handshakes.failures.items()):
+                self.counters[f"auth/handshake_failed/{kind}"] = count
+        self.links.pump_ended(time.monotonic())
+
+    @staticmethod
+    def _drain(receive: Callable[[], Any], handle: Callable[[Any], None]) -> None:
+        """Handle what ``receive`` returns until it raises zmq.Again or DRAIN_S passed."""
+        end = time.monotonic() + DRAIN_S
+        while time.monotonic() < end:
+            try:
+                message = receive()
+            except zmq.Again:
+                return
+            handle(message)
+
+    def _reject(self, where: str, reason: str, detail: str) -> None:
+        key = f"rejected/{where}/{reason}"
+        self.counters[key] += 1
+        count = self.counters[key]
+        log_sparsely(log, count, logging.WARNING, "rejected %s message #%d (%s): %s",
+                     where, count, reason, detail)  # fmt: skip
+
+    def _sender_key(self, frame: zmq.Frame) -> str:
+        """The CURVE public key (z85) that sent ``frame``; empty without CURVE."""
+        if self.sockets.auth is None:
+            return ""
+        try:
+            return frame.get("User-Id") or ""
+        except zmq.ZMQError:
+            return ""
+
+    def _on_experience(self, frame: zmq.Frame) -> None:
+        try:
+            fragment = decode(frame.buffer, (Fragment,), self.max_message_bytes)
+        except ProtocolError as exc:
+            self._reject("experience", exc.reason, str(exc))
+            if self.observer is not None:
+                self.observer.on_experience(None, exc.reason)
+            return
+        assert isinstance(fragment, Fragment)
+        rejected = self.admit_fragment(
+            fragment, self._sender_key(frame), len(frame.buffer), held_before=False
+        )
+        if self.observer is not None:
+            self.observer.on_experience(fragment, rejected)
+
+    def admit_fragment(
+        self, fragment: Fragment, key: str, size: int, held_before: bool | None
+    ) -> str | None:
+        """Check a decoded fragment (:meth:`Membership.admit`) and queue it; return the
+        reason it was rejected (None: queued or held). On a learner rank > 0, one of an
+        actor not planned yet is held (``held_before`` says whether it was held through
+        a plan already; None: never hold)."""
+        try:
+            rec, gap = self.members.admit(
+                fragment,
+                key,
+                run_id=self.run_id,
+                version=self.version(),
+                spaces=self.spaces,
+                queued_rows=self.queues.rows,
+                slot_cap=self._slot_cap,
+                now=time.monotonic(),
+                state_size=self.settings.state_size,
+            )
+        except FragmentRejected as exc:
+            if (
+                held_before is not None
+                and exc.reason == "unknown_actor"
+                and self.ranks is not None
+                and self.ranks.hold(fragment, key, size, held_before)
+            ):
+                return None
+            self._reject("experience", exc.reason, str(exc))
+            return exc.reason
+        self._queue(rec, fragment, gap)
+        return None
+
+    def _queue(self, rec: ActorRecord, fragment: Fragment, gap: int) -> None:
+        if gap:
+            self.counters["experience/seq_gaps"] += gap
+        steps = fragment.length * fragment.num_slots
+        self.counters["received/fragments"] += 1
+        self.counters["received/steps"] += steps
+        if rec.said_bye and not self.shutting_down:
+            self.counters["discarded/steps/actor_left"] += steps
+            self.counters["discarded/fragments/actor_left"] += 1
+            return
+        self.queues.push(fragment)
+
+    def _on_control(self, frames: list[zmq.Frame]) -> None:
+        if len(frames) != 2:
+            self._reject("control", "bad_frames", f"{len(frames)} frames")
+            return
+        routing_id, frame = frames[0].bytes, frames[1]
+        try:
+            message = decode(frame.buffer, (Hello, Heartbeat, Bye), self.control_max_bytes)
+        except ProtocolError as exc:  # another version, or a hello that waits: say why
+            self._reject("control", exc.reason, str(exc))
+            if refusal := invalid_hello_refusal(frame.buffer, exc, self.control_max_bytes):
+                self.send_control(routing_id, refusal)
+            return
+        if isinstance(message, Hello):
+            rec = self._on_hello(routing_id, message, self._sender_key(frame))
+            if self.observer is not None:
+                self.observer.on_control(message, rec)
+            return
+        rec = self.members.sender(routing_id, message.actor_id, message.token)
+        if self.observer is not None:
+            self.observer.on_control(message, rec)
+        if rec is None:
+            self._reject("control", "unknown_actor", f"{message.TYPE} from unregistered peer")
+            reason = f"actor {message.actor_id} is not registered in run {self.run_id}"
+            self.send_control(routing_id, Refuse("reregister", f"{reason}; say hello again"))
+            return
+        rec.last_seen = time.monotonic()
+        if isinstance(message, Heartbeat):
+            self._on_heartbeat(rec, message, rec.last_seen)
+            return
+        if isinstance(message, Bye):
+            rec.said_bye = True
+            rec.bye_stats = message.stats
+            rec.bye_last_seq = message.last_seq
+            log.info("actor %d said bye: %s", rec.actor_id, message.stats)
+            if not self.shutting_down:
+                rec.member = False
+                fragments, rows = self.queues.drop_actor(rec.actor_id)
+                self.counters["discarded/steps/actor_left"] += rows
+                self.counters["discarded/fragments/actor_left"] += fragments
+
+    def _on_hello(self, routing_id: bytes, hello: Hello, key: str = "") -> ActorRecord | None:
+        """Register and welcome the sender of ``hello`` (its record), or refuse it (None)."""
+        problem = check_hello(
+            self.members,
+            routing_id,
+            hello,
+            self.cfg.env_id,
+            *self.spaces,
+            limits=self.limits,
+            default_envs=self.settings.num_envs,
+        )
+        if problem:
+            code, reason = problem
+            self.counters[f"refused/{code}"] += 1
+            log.warning("refused actor from %s pid %d: %s", hello.host, hello.pid, reason)
+            self.send_control(routing_id, Refuse(code, reason))
+            return None
+        rec, replaced = self.members.register(
+            routing_id,
+            hello,
+            version=self.version(),
+            started=self.started,
+            default_envs=self.settings.num_envs,
+            now=time.monotonic(),
+        )
+        rec.key = key  # with CURVE, only this key may send this actor's fragments
+        rec.rank = self.ranks.assign_rank(self.members, rec) if self.ranks is not None else 0
+        for old in replaced:
+            self.forget_actor(old, "re-registered")
+        self.counters["registered"] += 1
+        log.info(
+            "actor %d registered from %s pid %d with %d env(s); base version %d%s",
+            rec.actor_id,
+            hello.host,
+            hello.pid,
+            rec.num_envs,
+            rec.base_version,
+            f"; its experience goes to learner rank {rec.rank}" if self.world_size > 1 else "",
+        )
+        self.send_control(routing_id, self._welcome(rec))
+        return rec
+
+    def _welcome(self, rec: ActorRecord) -> Welcome:
+        cfg = self.cfg
+        return Welcome(
+            actor_id=rec.actor_id,
+            run_id=self.run_id,
+            token=rec.token,
+            base_version=rec.base_version,
+            experience_port=cfg.experience_port(rec.rank),
+            weights_port=cfg.weights_port(),
+            settings=dataclasses.replace(self.settings, num_envs=rec.num_envs),
+            weights=self.current_weights,
+        )
+
+    def send_control(self, routing_id: bytes, message: Any) -> bool:
+        """Send ``message`` to one peer's control socket now; False if it cannot go."""
+        try:
+            self.control.send_multipart([routing_id, encode(message)], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:  # EHOSTUNREACH (peer gone) or EAGAIN (its queue is full)
+            self.counters["control/undeliverable"] += 1
+            return False
+
+    def _maybe_heartbeat(self) -> None:
+        if self.control is None:  # a learner rank > 0: rank 0 heartbeats
+            return
+        now = time.monotonic()
+        if now - self._last_heartbeat < self.settings.heartbeat_interval:
+            return
+        self._last_heartbeat = now
+        for rec in self.members:
+            if not rec.said_bye:
+                self.send_control(rec.routing_id, self._heartbeat(rec, now))
+
+    def _heartbeat(self, rec: ActorRecord, now: float) -> Heartbeat:
+        """The learner's heartbeat to ``rec``: the version, the echo of its newest
+        heartbeat and (protocol v2) its base version."""
+        echo = rec.peer_sent_at
+        fields: dict[str, Any] = dict(
+            actor_id=-1,
+            run_id=self.run_id,
+            version=self.version(),
+            sent_at=now,
+            echo=echo,
+            held=None if echo is None else max(0.0, now - rec.peer_heard_at),
+            base_version=rec.base_version,
+        )
+        return Heartbeat(**fields)
+
+    # ------------------------------------------------------------------ joining
+
+    def delivered(self, rec: ActorRecord) -> bool:
+        """Whether every slot of ``rec`` has rows queued (it may join the rollout);
+        for another rank's actor, whether that rank said so in its last report."""
+        if rec.rank != self.rank:
+            return self.ranks is not None and self.ranks.delivered_elsewhere(rec)
+        return all(self.queues.rows(key) > 0 for key in rec.slots())
+
+    def take_rollout(self, slots: list[SlotKey], num_steps: int) -> Rollout:
+        """Take ``num_steps`` rows of every slot in ``slots`` (all ready) as one rollout
+        and count them consumed for their actors (when taken: an actor may leave while
+        the update runs)."""
+        rollout = self.queues.take(slots, num_steps)
+        for actor_id, _ in rollout.slots:
+            self.members.get(actor_id).steps_consumed += rollout.num_steps
+        return rollout
+
+    def local_member_slots(self) -> list[SlotKey]:
+        """The member slots whose rows this learner rank receives."""
+        return [
+            key
+            for rec in self.members
+            if rec.member and rec.rank == self.rank
+            for key in rec.slots()
+        ]
+
+    def can_admit(self) -> bool:
+        """Whether a registration waiting to join may join now (see :meth:`admit_pending`)."""
+        return any(self.delivered(r) for r in self.members.pending())
+
+    def admit_pending(self) -> list[ActorRecord]:
+        """At a broadcast (the version was just incremented): registrations waiting to
+        join become members from this version on: only those that delivered rows for
+        every slot (:meth:`delivered`), so a hello that sends nothing
+        never makes a rollout wait. Each one left waiting gets ``base_version =
+        version + 1`` (the version it can join at), sent at once in a heartbeat, so
+        its staleness valve counts from there and stays exact."""
+        admitted = self.members.admit_pending(self.delivered)
+        now = time.monotonic()
+        for rec in self.members.pending():
+            rec.base_version = self.version() + 1
+            self.send_control(rec.routing_id, self._heartbeat(rec, now))
+        return admitted
+
+    # ------------------------------------------------------------------ links
+
+    def _on_heartbeat(self, rec: ActorRecord, beat: Heartbeat, now: float) -> None:
+        """An actor's heartbeat: keep its ``sent_at`` to echo; the link measures the
+        rest (:meth:`Links.on_heartbeat <zmq_rl.learner.links.Links.on_heartbeat>`)."""
+        if beat.sent_at is not None:
+            rec.peer_sent_at, rec.peer_heard_at = beat.sent_at, now
+        self.links.on_heartbeat(rec, beat, now)
+
+    def cycle_time(self) -> float | None:
+        """The learner's busy time per broadcast cycle (:meth:`Links.cycle_time
+        <zmq_rl.learner.links.Links.cycle_time>`)."""
+        return self.links.cycle_time()
+
+    def link_stats(self) -> dict[str, float]:
+        """The link figures of the metrics row (:meth:`Links.stats
+        <zmq_rl.learner.links.Links.stats>`)."""
+        return self.links.stats(self.members)
+
+    def _evict_silent_actors(self) -> None:
+        """Declare dead every actor silent for ``actor_timeout``: its slots leave the
+        rollout being filled and what it had queued is discarded (counted). Drop
+        every registration that has not joined and has sent nothing for
+        :data:`PENDING_SILENCE_INTERVALS` heartbeat intervals (one line per pump)."""
+        if self.shutting_down:
+            return
+        now, timeout = time.monotonic(), self.cfg.actor_timeout
+        silence = min(timeout, PENDING_SILENCE_INTERVALS * self.settings.heartbeat_interval)
+        dropped = self.members.drop_silent_pending(now, silence) if self.rank == 0 else []
+        if dropped:
+            self.counters["actors/dropped_silent"] += len(dropped)
+            ids = [rec.actor_id for rec in dropped]
+            log.warning(
+                "dropped %d registration(s) that sent nothing for %.1fs and had not joined "
+                "the rollout: actor id(s) %s%s",
+                *(len(ids), silence, ids[:10], " ..." if len(ids) > 10 else ""),
+            )
+            for rec in dropped:
+                self.forget_actor(rec, "dropped_silent")
+        short = self.queues.short_slots(self.local_member_slots(), self.cfg.num_steps)
+        short_ids = {a for a, _ in short}
+        # A rank > 0 hears no heartbeats: only "no fragment while waited on" applies.
+        for rec, why in self.members.evict_silent(now, timeout, short_ids, self.rank == 0):
+            log.warning(
+                "actor %d (%s pid %d) %s > actor_timeout=%gs: declared dead",
+                *(rec.actor_id, rec.host, rec.pid, why, timeout),
+            )
+            self.report.dead_actors.append(
+                rec.death_line(now, self.report.updates_completed, self.version())
+            )
+            self.counters["actors/declared_dead"] += 1
+            self.forget_actor(rec, "actor_dead")
+
+    def actor_exited(self, pid: int) -> None:
+        """A supervisor saw the process ``pid`` (on this host) exit: its registration
+        is declared dead at the next pump instead of after ``actor_timeout``. Safe to
+        call from any thread."""
+        self._exited.append(pid)
+
+    def _declare_exited(self, pid: int) -> None:
+        host = socket.gethostname()[:200]
+        for rec in self.members:
+            if rec.pid == pid and rec.host == host and not rec.said_bye:
+                log.warning(
+                    "actor %d (%s pid %d): its process exited: declared dead",
+                    *(rec.actor_id, rec.host, rec.pid),
+                )
+                self.report.dead_actors.append(
+                    rec.death_line(time.monotonic(), self.report.updates_completed, self.version())
+                )
+                self.counters["actors/declared_dead"] += 1
+                self.forget_actor(self.members.remove(rec.actor_id), "actor_dead")
+
+    def forget_actor(self, rec: ActorRecord, reason: str) -> None:
+        """Discard (and count) what a removed actor had queued; keep its report line."""
+        if self._deferred_forget is not None:  # serve_during's work owns the trainer
+            self._deferred_forget.append(rec.slots())
+        else:
+            self.forget_slots(rec.slots())  # its unfinished episodes lost rows
+        fragments, rows = self.queues.drop_actor(rec.actor_id)
+        if rows:
+            self.counters[f"discarded/steps/{reason}"] += rows
+            self.counters[f"discarded/fragments/{reason}"] += fragments
+        self.report.departed_actors.append({**rec.summary(), "left_because": reason})

@@ -1,0 +1,289 @@
+"""The run's record: evaluations, the per-update metrics row, the progress line.
+
+:class:`RunLog` writes what the learner reports as it goes: every update's row to
+``metrics.jsonl`` and the ``on_update`` hook, the log line (which names the learner's
+device), and deterministic evaluations into the :class:`~zmq_rl.report.LearnerReport`.
+Every evaluation also becomes an evaluation row (:func:`evaluation_row`), written to
+``metrics.jsonl`` and the ``on_evaluation`` hook when its result is known, at the
+update, env step and wall time it *measured* (a background evaluation's result
+arrives updates later; the final one after the last update row). No sockets here.
+
+Evaluation runs on the CPU whatever the learner's device: its envs step on the
+CPU and it acts on one observation per unfinished episode, a batch of at most
+``eval_episodes`` rows, for which a GPU's launch and transfer latency costs more
+than the forward pass itself. The background evaluator gets CPU weights
+(:func:`~zmq_rl.rl.policy.export_weights`); an in-process evaluation of a policy on
+CUDA uses a CPU copy of it (:meth:`RunLog.evaluate`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import LearnerConfig, PolicyConfig
+from ..metrics import JsonlMetrics
+from ..report import LearnerReport
+from ..rl.policy import Policy, export_weights
+from .evaluation import BackgroundEvaluator, evaluate_policy
+
+__all__ = ["BestPolicy", "RunLog", "evaluation_row"]
+
+log = logging.getLogger("zmq_rl.runlog")
+
+EVAL_SEED_OFFSET = 10_000
+"""Evaluation episodes are seeded from ``seed + EVAL_SEED_OFFSET``, away from the actors'."""
+BACKGROUND_FINISH_S = 120.0
+"""How long the end of a run waits for a background evaluation still running."""
+
+
+@dataclass
+class BestPolicy:
+    """The evaluated policy with the highest mean return so far: its evaluation row,
+    the policy version it was, and its tensors (CPU, as broadcast)."""
+
+    result: dict[str, Any]
+    version: int
+    weights: list[tuple[str, np.ndarray]]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The tensors as a ``state_dict`` (what :func:`~zmq_rl.learner.checkpoint.save_policy`
+        writes)."""
+        return {name: torch.from_numpy(array) for name, array in self.weights}
+
+
+def evaluation_row(result: dict[str, Any]) -> dict[str, Any]:
+    """The metrics row of one evaluation (a ``report.evaluations`` entry): ``update``,
+    ``env_steps`` and ``wall_seconds`` of the snapshot it measured, ``eval/mean_return``
+    and ``eval/std_return`` (and ``reported_at_update`` for a background one). The
+    sinks draw its ``eval/`` scalars at its ``env_steps``
+    (:meth:`~zmq_rl.metrics.MetricsWriter.write`)."""
+    row = {
+        "update": result["updates"],
+        "env_steps": result["env_steps"],
+        "wall_seconds": result["wall_seconds"],
+        "eval/mean_return": result["mean_return"],
+        "eval/std_return": result["std_return"],
+    }
+    if "reported_at_update" in result:
+        row["reported_at_update"] = result["reported_at_update"]
+    return row
+
+
+class RunLog:
+    """Records one run's progress into ``report`` (and ``run_dir/metrics.jsonl``).
+
+    It also keeps the best evaluated policy (:attr:`best`): with ``target_return`` the
+    run stops on an evaluation that reached it, but the policy trained on while that
+    evaluation ran in the background may be worse, so the one that was measured is
+    kept apart (the learner writes it as ``policy-best.pt``). What it holds is
+    bounded: the best snapshot, plus the weights of the snapshots submitted to the
+    background evaluator and not yet reported (at most the running one and the one
+    waiting).
+
+    ``on_update(row)`` gets every update's row; ``on_evaluation(row)`` every
+    evaluation's row (:func:`evaluation_row`), both as ``metrics.jsonl`` gets them."""
+
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        report: LearnerReport,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+        policy_cfg: PolicyConfig | None = None,
+        on_evaluation: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.report = report
+        self.on_update = on_update
+        self.on_evaluation = on_evaluation
+        self.start = time.monotonic()
+        self.steps_at_start = report.env_steps_consumed
+        self._metrics = JsonlMetrics(cfg.run_dir) if cfg.run_dir else None
+        self.evaluator = None
+        self._cpu_policy: Policy | None = None
+        self.best: BestPolicy | None = None
+        # Snapshots in the background evaluator, by tag: (version, weights).
+        self._submitted: dict[tuple[int, int, float], tuple[int, Any]] = {}
+        if cfg.eval_every and cfg.eval_in_background:
+            seed = cfg.seed + EVAL_SEED_OFFSET
+            self.evaluator = BackgroundEvaluator(
+                cfg.env_id,
+                cfg.eval_episodes,
+                seed,
+                policy_cfg or PolicyConfig(),
+                cfg.env_kwargs_map(),
+                cfg.wrappers,
+            )
+
+    def elapsed(self) -> float:
+        """Seconds since the run started (see :meth:`restart_clock`)."""
+        return time.monotonic() - self.start
+
+    def restart_clock(self) -> None:
+        """Count wall time from now (when the run loop starts), and this session's
+        steps from the report's count now (a resumed run's earlier steps are not
+        this session's throughput)."""
+        self.start = time.monotonic()
+        self.steps_at_start = self.report.env_steps_consumed
+
+    def evaluate(self, policy: Policy) -> dict[str, float]:
+        """Run ``eval_episodes`` deterministic episodes now, in this process, on the
+        CPU (a copy of ``policy`` when it is on a GPU, see the module docstring), and
+        add the result to the report."""
+        cfg = self.cfg
+        seed = cfg.seed + EVAL_SEED_OFFSET
+        tag = self._snapshot_tag()  # the wall time of the weights, not of the result
+        mean, std = evaluate_policy(
+            self._on_cpu(policy),
+            cfg.env_id,
+            cfg.eval_episodes,
+            seed,
+            cfg.env_kwargs_map(),
+            cfg.wrappers,
+        )
+        result = self._add_result(tag, mean, std)
+        if self._is_best(result):
+            self.best = BestPolicy(result, self.report.last_policy_version, export_weights(policy))
+        return result
+
+    def _is_best(self, result: dict[str, Any]) -> bool:
+        mean = result["mean_return"]
+        return math.isfinite(mean) and (self.best is None or mean > self.best.result["mean_return"])
+
+    def _add_background_result(self, tag: Any, mean: float, std: float) -> dict[str, float]:
+        """A result of the background evaluator; the best one's weights are kept."""
+        tag = tuple(tag)
+        result = self._add_result(tag, mean, std)
+        version, weights = self._submitted.pop(tag, (None, None))
+        for older in [t for t in self._submitted if t <= tag]:  # replaced while waiting
+            del self._submitted[older]
+        if weights is not None and self._is_best(result):
+            self.best = BestPolicy(result, version, weights)
+        return result
+
+    def _on_cpu(self, policy: Policy) -> Policy:
+        """``policy`` itself when it is on the CPU; else a CPU copy kept between
+        evaluations and loaded with its current tensors (bit-exact, as an actor's)."""
+        parameter = next(iter(policy.parameters()), None)
+        if parameter is None or parameter.device.type == "cpu":
+            return policy
+        if self._cpu_policy is None:
+            self._cpu_policy = copy.deepcopy(policy).cpu()
+        else:
+            self._cpu_policy.load_state_dict(policy.state_dict())
+        return self._cpu_policy
+
+    def _snapshot_tag(self) -> tuple[int, int, float]:
+        report = self.report
+        return report.updates_completed, report.env_steps_consumed, self.elapsed()
+
+    def _add_result(self, tag: tuple[int, int, float], mean: float, std: float) -> dict[str, float]:
+        updates, env_steps, wall = tag
+        result = {
+            "updates": updates,
+            "env_steps": env_steps,
+            "wall_seconds": wall,
+            "mean_return": mean,
+            "std_return": std,
+        }
+        if self.evaluator is not None:
+            result["reported_at_update"] = self.report.updates_completed
+        self.report.evaluations.append(result)
+        log.info(
+            "evaluation after %d steps: %.1f ± %.1f over %d episodes",
+            *(env_steps, mean, std, self.cfg.eval_episodes),
+        )
+        row = evaluation_row(result)
+        if self._metrics is not None:
+            self._metrics.write(row)
+        if self.on_evaluation is not None:
+            self.on_evaluation(row)
+        return result
+
+    def maybe_evaluate(self, policy: Policy) -> bool:
+        """Evaluate every ``eval_every`` updates (in the background process when
+        ``eval_in_background``: a snapshot is submitted and finished evaluations are
+        collected); each result is recorded as it comes (report, evaluation row);
+        return whether one reached ``target_return``. The update's row gets no
+        evaluation keys: an evaluation has its own row, at the step it measured."""
+        every = self.cfg.eval_every
+        due = bool(every) and self.report.updates_completed % every == 0
+        if self.evaluator is None:
+            finished = [self.evaluate(policy)] if due else []
+        else:
+            if due:
+                tag, weights = self._snapshot_tag(), export_weights(policy)
+                self.evaluator.submit(tag, weights)
+                self._submitted[tag] = (self.report.last_policy_version, weights)
+            finished = [self._add_background_result(*done) for done in self.evaluator.results()]
+        return any(r["mean_return"] >= self.cfg.target_return for r in finished)
+
+    def finish_background(self, timeout: float = BACKGROUND_FINISH_S) -> None:
+        """At the end of the run: collect the evaluation still running (up to
+        ``timeout`` seconds; a snapshot still waiting for its turn is dropped, the
+        final policy is evaluated anyway) and stop the evaluator process."""
+        if self.evaluator is None:
+            return
+        self.evaluator.drop_waiting()
+        deadline = time.monotonic() + timeout
+        while self.evaluator.busy() and time.monotonic() < deadline:
+            for done in self.evaluator.results(timeout=min(1.0, deadline - time.monotonic())):
+                self._add_background_result(*done)
+        self.evaluator.close()
+        self.evaluator = None
+        self._submitted.clear()
+
+    def evaluated_last_update(self) -> bool:
+        """Whether the newest evaluation is of the newest update."""
+        evaluations = self.report.evaluations
+        return bool(evaluations) and evaluations[-1]["updates"] == self.report.updates_completed
+
+    def record(self, metrics: dict[str, float], version: int, actors: int) -> None:
+        """Write the update's row (metrics.jsonl, ``on_update``) and the progress line."""
+        elapsed = self.elapsed()
+        report = self.report
+        row = {
+            "update": report.updates_completed,
+            "env_steps": report.env_steps_consumed,
+            "wall_seconds": elapsed,
+            "version": version,
+            "charts/SPS": (report.env_steps_consumed - self.steps_at_start) / max(elapsed, 1e-9),
+            "charts/mean_return": report.mean_recent_episode_reward(100),
+            "charts/episodes": report.episodes_completed,
+            "charts/actors": actors,
+            **metrics,
+        }
+        if self._metrics is not None:
+            self._metrics.write(row)
+        if self.on_update is not None:
+            self.on_update(row)
+        log.info(
+            "update %d/%d  steps %d  %.0f steps/s  return %s  actors %d  lag %.2f  "
+            "loss %.3f  entropy %.3f  device %s",
+            report.updates_completed,
+            self.cfg.num_updates(),
+            report.env_steps_consumed,
+            row["charts/SPS"],
+            f"{row['charts/mean_return']:.1f}" if report.episodes_completed else "-",
+            actors,
+            metrics["charts/policy_lag_mean"],
+            metrics.get("losses/policy_loss", math.nan),
+            metrics.get("losses/entropy", math.nan),
+            report.device or "cpu",
+        )
+
+    def close(self) -> None:
+        """Close metrics.jsonl and stop the evaluator process."""
+        if self._metrics is not None:
+            self._metrics.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
+            self.evaluator = None

@@ -1,0 +1,218 @@
+"""The training side of the learner: one rollout in, one PPO update out. No sockets.
+
+:class:`Trainer` owns the policy, the PPO optimiser, reward scaling, observation
+statistics, the advantage settings, episode accounting and the policy version.
+The learner (:mod:`zmq_rl.learner.loop`) does the plumbing — sockets, membership,
+rollout assembly — and hands each complete rollout to :meth:`Trainer.update`; the
+split follows Sample Factory's ``learner_worker.py`` (plumbing) and ``learner.py``
+(training).
+
+The policy and the optimiser live on ``cfg.device`` (:mod:`zmq_rl.device`): the
+rollout arrives as host arrays, :func:`~zmq_rl.rl.targets.rollout_to_batch` copies its
+tensors to the device once and runs the targets' forward passes there, PPO runs
+there, and :meth:`Trainer.weights` and :meth:`Trainer.state_dict` hand out CPU
+tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from ..config import LearnerConfig, PolicyConfig, PPOConfig
+from ..device import resolve_device, to_cpu
+from .distributed import Collective, DataParallel
+from .normalization import RewardScaler
+from .policy import Policy, build_policy, export_weights
+from .ppo import PPOTrainer
+from .rollout import Rollout, SlotKey
+from .targets import TargetSettings, rollout_to_batch
+
+__all__ = ["Trainer", "UpdateResult"]
+
+
+@dataclass
+class UpdateResult:
+    """What one update produced: its metrics row and the returns of the episodes
+    that ended in the rollout (in consumption order)."""
+
+    metrics: dict[str, float]
+    episode_returns: list[float]
+
+
+class Trainer:
+    """Policy, optimiser and everything else that one update reads or changes.
+
+    ``version`` counts broadcasts (0 = the initial policy); the learner bumps it
+    with :meth:`next_version` when it publishes. Rollouts must come in consumption
+    order: episode returns run on across rollouts, per slot.
+    """
+
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        ppo_cfg: PPOConfig,
+        policy_cfg: PolicyConfig,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+    ) -> None:
+        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(cfg.torch_threads)
+        self.cfg = cfg
+        self.device: torch.device = resolve_device(cfg.device)
+        # Built on the CPU from the seeded RNG, then moved: the same initial weights
+        # on every device.
+        policy = build_policy(observation_space, action_space, policy_cfg)
+        self.policy: Policy = policy.to(self.device)
+        self.ppo = PPOTrainer(self.policy, ppo_cfg, seed=cfg.seed)
+        self.targets = TargetSettings.from_config(cfg, ppo_cfg)
+        self.reward_scaler = RewardScaler(cfg.gamma) if cfg.normalize_reward else None
+        self.version = 0
+        self.running_return: dict[SlotKey, float] = {}
+        # Recurrent policies: the state each slot's next rollout starts from where it
+        # begins mid-fragment (computed by the learner; not checkpointed: zeros after
+        # a resume).
+        self.carry_states: dict[SlotKey, Any] = {}
+        self.collective: Collective | None = None  # data-parallel ranks (attach)
+
+    def next_version(self) -> int:
+        """Start the next policy version (at a broadcast); return it."""
+        self.version += 1
+        return self.version
+
+    def weights(self) -> list[tuple[str, Any]]:
+        """The policy's tensors as broadcast (:func:`zmq_rl.rl.policy.export_weights`)."""
+        return export_weights(self.policy)
+
+    def forget_slots(self, slots: list[SlotKey]) -> None:
+        """Drop the unfinished episodes of slots that left (their rows are gone)."""
+        for key in slots:
+            self.running_return.pop(key, None)
+            self.carry_states.pop(key, None)
+
+    def attach(self, collective: Collective) -> None:
+        """Train as one of several data-parallel learner ranks (:mod:`zmq_rl.rl.distributed`):
+        gradients are averaged over the ranks at every minibatch, and the observation
+        and reward statistics are rank 0's (its actors sample the same distribution),
+        so every rank holds the identical policy after every update."""
+        self.collective = collective
+        self.ppo.sync = DataParallel(collective)
+
+    def share_state(self) -> None:
+        """Make every rank's training state rank 0's (at the start of a run, after a
+        resume): parameters, buffers, the optimiser's moments, the update count, the
+        IMPACT target network and the reward statistics."""
+        collective = self.collective
+        assert collective is not None
+        collective.share_tensors(self.policy.state_dict().values())
+        if self.ppo.target_policy is not None:
+            collective.share_tensors(self.ppo.target_policy.state_dict().values())
+        optimizer = self.ppo.optimizer
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        have = torch.tensor([int(p in optimizer.state) for p in params], dtype=torch.int64)
+        collective.share_tensors([have])
+        for p, known in zip(params, have.tolist(), strict=True):
+            if not known:
+                continue
+            if p not in optimizer.state:  # as Adam makes it at its first step
+                fused = bool(optimizer.defaults.get("fused"))  # fused Adam: step on the device
+                optimizer.state[p] = {
+                    "step": torch.zeros(
+                        (), dtype=torch.float32, device=p.device if fused else None
+                    ),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                }
+            collective.share_tensors(
+                optimizer.state[p][k] for k in ("step", "exp_avg", "exp_avg_sq")
+            )
+        counts = torch.tensor([self.ppo.updates, self.version], dtype=torch.int64)
+        collective.share_tensors([counts])
+        self.ppo.updates, self.version = (int(v) for v in counts.tolist())
+        self._share_reward_stats()
+
+    def _share_reward_stats(self) -> None:
+        if self.reward_scaler is None or self.collective is None:
+            return
+        scaler = self.reward_scaler
+        stats = torch.tensor(
+            [float(scaler.mean), float(scaler.var), scaler.count], dtype=torch.float64
+        )
+        self.collective.share_tensors([stats])
+        scaler.mean, scaler.var = np.asarray(float(stats[0])), np.asarray(float(stats[1]))
+        scaler.count = float(stats[2])
+
+    def update(self, rollout: Rollout | None, progress: float) -> UpdateResult:
+        """Account the rollout's episodes, update observation statistics, scale
+        rewards, compute targets and run one PPO update; ``progress`` in [0, 1] drives
+        the learning-rate and clip schedules. ``rollout`` is None only on a
+        data-parallel rank that has no rows this update (it still takes the ranks'
+        common steps)."""
+        returns = self._account(rollout) if rollout is not None else []
+        if rollout is not None and hasattr(self.policy, "update_obs_stats"):
+            self.policy.update_obs_stats(rollout.obs)
+        if self.collective is not None:
+            self.collective.share_tensors(self.policy.buffers())
+        if self.reward_scaler is not None:
+            if rollout is not None:
+                done = rollout.terminated | rollout.truncated
+                self.reward_scaler.observe(rollout.rewards, done, rollout.slots)
+            self._share_reward_stats()
+            if rollout is not None:
+                rollout.rewards = self.reward_scaler.apply(rollout.rewards)
+        if rollout is None:
+            return UpdateResult(self.ppo.update(None, progress), returns)
+        batch, diagnostics = rollout_to_batch(
+            rollout, self.policy, self.targets, self.carry_states, device=self.device
+        )
+        metrics = self.ppo.update(batch, progress)
+        metrics.update(diagnostics)
+        metrics["charts/policy_lag_mean"] = float(self.version - rollout.versions.mean())
+        metrics["charts/policy_lag_max"] = float(self.version - rollout.versions.min())
+        return UpdateResult(metrics, returns)
+
+    def _account(self, rollout: Rollout) -> list[float]:
+        """Episode returns completed in ``rollout``, from unscaled rewards, slot by slot
+        in row order; unfinished episodes carry over to the next rollout."""
+        done = rollout.terminated | rollout.truncated
+        finished: list[float] = []
+        for b, key in enumerate(rollout.slots):
+            running = self.running_return.get(key, 0.0)
+            for t in range(rollout.num_steps):
+                running += float(rollout.rewards[t, b])
+                if done[t, b]:
+                    finished.append(running)
+                    running = 0.0
+            self.running_return[key] = running
+        return finished
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors, numbers and JSON strings only (loads with ``weights_only=True``);
+        every tensor on the CPU, so the checkpoint loads on any device."""
+        scaler = self.reward_scaler.state() if self.reward_scaler else None
+        return {
+            "trainer": to_cpu(self.ppo.state_dict()),
+            "version": self.version,
+            "running_reward": json.dumps([[a, b, r] for (a, b), r in self.running_return.items()]),
+            "torch_rng": torch.get_rng_state(),
+            "reward_scaler": json.dumps(scaler),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` output (a checkpoint), whatever device it
+        was written on: tensors are copied onto this trainer's device (the optimiser's
+        state follows its parameters)."""
+        self.ppo.load_state_dict(state["trainer"])
+        self.version = int(state["version"])
+        self.running_return = {
+            (int(a), int(b)): float(r) for a, b, r in json.loads(state["running_reward"])
+        }
+        torch.set_rng_state(state["torch_rng"])
+        scaler_state = json.loads(state.get("reward_scaler", "null"))
+        if self.reward_scaler is not None and scaler_state:
+            self.reward_scaler.load(scaler_state)

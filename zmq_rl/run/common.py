@@ -1,0 +1,356 @@
+"""Pieces every command shares: logging, signals, error exits, env ids, run dirs.
+
+Exit codes of every command: 0 done, 1 failed at run time (learner unreachable or
+refused, starved, an actor crashed), 2 bad configuration or usage (argparse's own
+code), 130 interrupted (Ctrl-C, SIGTERM, or SIGHUP: the terminal or ssh session
+closed, ``tmux kill-session``).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from zmq_rl.config import ConfigError
+
+from ..config_toml import ConfigFileError
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "STOP_SIGNALS",
+    "SUPPORTED_SPACES",
+    "CliFailure",
+    "check_env",
+    "check_learner_host",
+    "check_spaces",
+    "default_run_dir",
+    "ensure_env_importable",
+    "error",
+    "format_duration",
+    "guard",
+    "note_hangup",
+    "release_run_dir",
+    "setup_logging",
+    "sigterm_as_interrupt",
+]
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()),
+)
+"""The signals that stop a command cleanly (exit 130, everything written)."""
+_HANGUP = getattr(signal, "SIGHUP", None)
+
+
+class CliFailure(RuntimeError):
+    """A run-time failure to report as ``error: <message>`` with exit code ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A handler that writes to whatever ``sys.stderr`` is *now*.
+
+    The live progress display swaps ``sys.stderr`` for a proxy that prints above
+    the progress line; a handler bound to the original stream would garble it.
+    """
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
+@contextmanager
+def _own_log_handlers() -> Iterator[None]:
+    """Remove the handlers :func:`setup_logging` added once the command is done (so an
+    in-process call, as in the tests, leaves the root logger as it found it)."""
+    try:
+        yield
+    finally:
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            if isinstance(handler, _StderrHandler):
+                root.removeHandler(handler)
+
+
+def setup_logging(level: str) -> None:
+    """Send log records of ``level`` and above to stderr, one line each."""
+    handler = _StderrHandler()
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+    )
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if isinstance(old, _StderrHandler):  # ours, from an earlier call
+            root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+def error(message: str) -> None:
+    """Print ``error: message`` to stderr."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+_hangups = 0
+
+
+def _is_terminal(fd: int) -> bool:
+    """Whether ``fd`` is a terminal, or was one and has hung up (its writes then fail)."""
+    try:
+        import termios
+
+        termios.tcgetattr(fd)
+    except ImportError:
+        return False
+    except termios.error as exc:
+        return bool(exc.args) and exc.args[0] == errno.EIO
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def note_hangup() -> bool:
+    """Record a SIGHUP; True for the first one of this process.
+
+    The first hangup points stdout and stderr at ``/dev/null`` where they are a
+    terminal: the terminal is gone (or going), and a write to a hung-up terminal
+    fails, which would break the clean stop in the middle. Files and pipes are
+    left alone. Later hangups (a closing terminal can send several) are news to
+    nobody, so the signal handlers ignore them.
+    """
+    global _hangups
+    _hangups += 1
+    if _hangups > 1:
+        return False
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return True
+    try:
+        for fd in (1, 2):
+            if _is_terminal(fd):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    return True
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    if signum == _HANGUP and not note_hangup():
+        return
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise :class:`KeyboardInterrupt` like
+    Ctrl-C, so all three exit cleanly (a repeated SIGHUP is ignored, see
+    :func:`note_hangup`); the previous handlers are restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        sig: signal.signal(sig, _raise_interrupt) for sig in STOP_SIGNALS if sig != signal.SIGINT
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def _no_traceback_on_interrupt() -> Iterator[None]:
+    """Swallow a second Ctrl-C while the first one is being cleaned up after."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def guard(body: Callable[[], int], on_interrupt: Callable[[], None] | None = None) -> int:
+    """Run a command body and turn its expected failures into messages and exit codes.
+
+    :class:`ConfigError` and :class:`ConfigFileError` print ``error: ...`` and give
+    2; :class:`CliFailure` gives its code; :class:`KeyboardInterrupt` (Ctrl-C,
+    SIGTERM or SIGHUP, which raise it while the body runs) calls ``on_interrupt``
+    and gives 130. Anything else is a bug and keeps its traceback.
+    """
+    try:
+        with sigterm_as_interrupt(), _own_log_handlers():
+            return body()
+    except (ConfigError, ConfigFileError) as exc:
+        error(str(exc))
+        return EXIT_CONFIG
+    except CliFailure as exc:
+        error(str(exc))
+        return exc.code
+    except KeyboardInterrupt:
+        with _no_traceback_on_interrupt():
+            if on_interrupt is not None:
+                on_interrupt()
+            print("interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def ensure_env_importable(env_id: str) -> None:
+    """Let a ``module:EnvName-v0`` id import ``module`` from the working directory.
+
+    ``python -m ...`` puts the working directory on ``sys.path``; an installed
+    console script does not. The directory is appended (lowest priority), and only
+    for ids that name a module.
+    """
+    if ":" in env_id:
+        cwd = os.getcwd()
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.append(cwd)
+
+
+SUPPORTED_SPACES = (
+    "observations Box, Discrete, MultiDiscrete, MultiBinary or a Dict/Tuple of those; "
+    "actions Discrete, MultiDiscrete, MultiBinary or Box"
+)
+"""What the built-in policy and the wire protocol take, for error messages."""
+
+
+def check_spaces(env_id: str, observation_space: Any, action_space: Any, factory: str = "") -> None:
+    """Raise :class:`ConfigError` (naming the env and the space) for spaces zmq_rl
+    cannot train on. ``factory``: a custom policy factory is given (it sees the same
+    spaces; the wire still limits what can travel)."""
+    from gymnasium import spaces
+
+    from zmq_rl.wire.codec import ProtocolError
+    from zmq_rl.wire.spaces import space_from_spec, space_spec
+
+    problem = ""
+    try:
+        space_from_spec(space_spec(observation_space))
+    except (TypeError, ProtocolError):
+        problem = f"observation space {observation_space}"
+    if not problem:
+        leaf_action = isinstance(
+            action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Box)
+        )
+        if not leaf_action:
+            problem = f"action space {action_space}"
+    if problem:
+        raise ConfigError("env_id", env_id, f"unsupported {problem}; supported: {SUPPORTED_SPACES}")
+
+
+def check_env(
+    env_id: str,
+    factory: str = "",
+    env_kwargs: Any = None,
+    wrappers: Any = (),
+) -> None:
+    """Make (and close) the env once, as every process of the run will
+    (:func:`zmq_rl.envs.make_env` with ``env_kwargs`` and ``wrappers``), so a bad id
+    or an unsupported space fails as a config error up front (see
+    :func:`check_spaces` for ``factory``)."""
+    from zmq_rl.envs import make_env
+
+    env = make_env(env_id, env_kwargs, wrappers)  # EnvBuildError, a ConfigError
+    try:
+        check_spaces(env_id, env.observation_space, env.action_space, factory)
+    finally:
+        env.close()
+
+
+def check_learner_host(address: str) -> None:
+    """Resolve the host of ``--learner`` now, so a name that does not resolve says so
+    (exit 2) instead of looking like a learner that does not answer. A temporary
+    resolver failure is a :class:`CliFailure` (exit 1)."""
+    from zmq_rl.wire.transport import parse_learner_address
+
+    try:
+        host, port = parse_learner_address(address)
+    except ValueError as exc:
+        raise ConfigError("learner", address, str(exc)) from None
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno == getattr(socket, "EAI_AGAIN", None):
+            raise CliFailure(
+                f"cannot resolve the learner host {host!r} now ({exc.strerror}): "
+                "is the name server reachable?"
+            ) from None
+        raise ConfigError(
+            "learner",
+            address,
+            f"the host name {host!r} does not resolve ({exc.strerror}): check the "
+            "spelling, or give the learner's IP address",
+        ) from None
+
+
+_reserved_run_dirs: set[str] = set()
+
+
+def default_run_dir(env_id: str, root: str = "runs") -> str:
+    """``runs/<env>-<YYYYmmdd-HHMMSS>`` (made unique with ``-2``, ``-3``... if taken).
+
+    The directory is created here, exclusively, so two runs started in the same
+    second (even by two processes) never get the same one; :func:`release_run_dir`
+    removes it again if the command fails before it writes anything.
+    """
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", env_id.split(":")[-1]).strip("_") or "run"
+    base = Path(root) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    candidate, n = base, 1
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+        except FileExistsError:
+            n += 1
+            candidate = base.with_name(f"{base.name}-{n}")
+            continue
+        except OSError as exc:
+            raise ConfigError(
+                "run_dir", str(candidate), f"cannot create it: {exc.strerror or exc}"
+            ) from None
+        _reserved_run_dirs.add(str(candidate))
+        return str(candidate)
+
+
+def release_run_dir(run_dir: str) -> None:
+    """Remove ``run_dir`` if :func:`default_run_dir` made it and it is still empty."""
+    if run_dir in _reserved_run_dirs:
+        _reserved_run_dirs.discard(run_dir)
+        with suppress(OSError):  # not empty (or gone): keep it
+            Path(run_dir).rmdir()
+
+
+def format_duration(seconds: float) -> str:
+    """``75.3`` -> ``"1m15s"``; under a minute ``"12.3s"``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s"

@@ -1,0 +1,101 @@
+"""The staleness valve an actor runs on itself (the client applies it; no sockets).
+
+The learner states the valve's parameters in the welcome's
+:class:`~zmq_rl.wire.protocol.RunSettings`; :meth:`ActorThrottle.from_settings` is the one
+place that turns them into a throttle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ActorThrottle:
+    """The staleness valve of one actor.
+
+    Policy version ``v`` proves that the learner consumed
+    ``(v - base_version) * steps_per_broadcast`` steps from every slot of this actor,
+    so the actor pauses once its steps per slot reach that mark plus
+    ``max_lead_steps`` and waits for the next broadcast. The budget is cumulative:
+    a per-version allowance would let production outpace consumption and grow the
+    backlog (and the staleness) linearly over the run.
+
+    ``base_version`` is the version from which the learner consumes this actor's
+    slots: 0 for the actors present at the start, later for an actor that joins a
+    running learner (its welcome says which). ``max_lead_steps == 0`` disables the
+    valve (unbounded lead).
+    """
+
+    steps_per_broadcast: int
+    max_lead_steps: int
+    base_version: int = 0
+
+    @classmethod
+    def disabled(cls) -> ActorThrottle:
+        """A throttle that never pauses (unbounded lead)."""
+        return cls(steps_per_broadcast=0, max_lead_steps=0)
+
+    def budget(self, version: int) -> int:
+        """Steps per slot this actor may have sent while running ``version``."""
+        return self.proven(version) + self.max_lead_steps
+
+    def proven(self, version: int) -> int:
+        """Steps per slot that ``version`` proves the learner consumed from this actor
+        (if the actor is still a member of the rollout)."""
+        return max(0, version - self.base_version) * self.steps_per_broadcast
+
+    def impossible_for_member(self, version: int, steps_sent: int) -> bool:
+        """Whether weights of ``version`` prove more consumption than an actor that sent
+        ``steps_sent`` steps per slot (its least-advanced slot) can have supplied: the
+        learner trained on without this actor, so its registration is gone."""
+        return self.proven(version) > steps_sent
+
+    def should_pause(self, steps_sent: int, version: int) -> bool:
+        """Whether an actor that sent ``steps_sent`` steps per slot must wait."""
+        return self.max_lead_steps != 0 and steps_sent >= self.budget(version)
+
+    @classmethod
+    def from_settings(cls, settings: Any, base_version: int) -> ActorThrottle:
+        """The valve for an actor welcomed with ``settings`` (a
+        :class:`~zmq_rl.wire.protocol.RunSettings`) whose slots are consumed from
+        ``base_version`` on."""
+        return cls(
+            steps_per_broadcast=settings.steps_per_broadcast,
+            max_lead_steps=settings.max_lead_steps,
+            base_version=base_version,
+        )
+
+
+def fitting_max_lead_steps(
+    *,
+    steps_per_broadcast: int,
+    fragment_length: int,
+    step_rate: float,
+    round_trip: float,
+    cycle_time: float,
+) -> int:
+    """The smallest ``max_lead_steps`` that keeps an actor stepping through a round trip.
+
+    After the learner consumed the ``steps_per_broadcast`` (S) rows of a cycle from a
+    slot, it trains for ``cycle_time`` (U, its update time per broadcast cycle), and
+    the weights that prove it take half a round trip to the actor, whose rows took
+    the other half to arrive: the proof of a row reaches the actor ``round_trip + U``
+    after the row was made. An actor stepping ``r`` steps per second per slot must not
+    reach its budget meanwhile, so
+
+        max_lead_steps >= S + r * (round_trip + U)
+
+    where ``r`` is ``step_rate`` (the actor's rate while not paused) but at most
+    ``S / U``, the rate at which the learner can consume a slot (a faster actor is
+    held by the learner, not by the link). Rounded up to a multiple of
+    ``fragment_length``.
+    """
+    rate = step_rate
+    if cycle_time > 0:
+        rate = min(rate, steps_per_broadcast / cycle_time)
+    need = steps_per_broadcast + max(0.0, rate) * max(0.0, round_trip + cycle_time)
+    chunk = max(1, fragment_length)
+    return int(math.ceil(need / chunk - 1e-9) * chunk)  # (not up for a rounding error)
