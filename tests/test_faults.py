@@ -31,6 +31,7 @@ import psutil
 import pytest
 
 from tests.conftest import STUB_ENV_ID, free_port_block
+from zmq_rl.metrics import is_evaluation_row
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -203,14 +204,15 @@ def wait_line(
 
 
 def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """The complete rows of ``metrics.jsonl`` so far."""
+    """The complete update rows of ``metrics.jsonl`` so far (evaluations have rows of
+    their own there, :func:`zmq_rl.metrics.is_evaluation_row`)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
     rows = []
     for line in path.read_text().splitlines(keepends=True):
-        if line.endswith("\n"):
-            rows.append(json.loads(line))
+        if line.endswith("\n") and not is_evaluation_row(row := json.loads(line)):
+            rows.append(row)
     return rows
 
 

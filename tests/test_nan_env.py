@@ -94,7 +94,9 @@ def test_env_returning_nan_is_named_and_the_run_stops_at_once(
         assert symptom not in done.stderr + log, symptom
     # The run says it within 5 s of the actor starting to collect.
     collecting = re.search(r"^(\d\d):(\d\d):(\d\d) INFO .* collecting on", log, re.M)
-    stopping = re.search(r"^(\d\d):(\d\d):(\d\d) WARNING .*stopping: actor 0", done.stderr, re.M)
+    stopping = re.search(
+        r"^(\d\d):(\d\d):(\d\d) WARNING .*stopping the run: actor 0", done.stderr, re.M
+    )
     assert collecting and stopping, (log, done.stderr)
     seconds = [
         int(h) * 3600 + int(m) * 60 + int(s) for h, m, s in (collecting.groups(), stopping.groups())

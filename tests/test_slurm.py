@@ -18,6 +18,7 @@ import pytest
 from tests.helpers import wait_for
 from tests.ports import free_port_block
 from tests.slurm_cluster import SlurmCluster, skip_reason
+from zmq_rl.metrics import is_evaluation_row
 
 ROOT = Path(__file__).resolve().parents[1]
 ZMQ_RL = [sys.executable, "-m", "zmq_rl.cli.main"]
@@ -64,9 +65,11 @@ def metrics_rows(run_dir: Path) -> list[dict]:
     rows = []
     for line in path.read_text().splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:  # a line being written
             break
+        if not is_evaluation_row(row):  # evaluations have rows of their own
+            rows.append(row)
     return rows
 
 

@@ -413,6 +413,7 @@ class LocalActors:
     def _fail(self, message: str, stop_reason: str) -> None:
         self.failure = message
         log.debug("%s", message)  # the command prints it as its error
+        log.warning("stopping the run: %s", stop_reason)  # when, with a timestamp
         self.learner.request_stop(stop_reason)
 
     def _log_tail(self, slot: _Slot) -> str:
