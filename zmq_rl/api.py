@@ -67,8 +67,7 @@ def make_configs(
     :class:`LearnerConfig`, :class:`PPOConfig` or :class:`PolicyConfig`; an
     unknown name is a :class:`ConfigError` naming it (with a suggestion).
     """
-    from .cli.flags import load_toml, preset_for
-    from .cli.learner import LEARNER_SECTIONS
+    from .config_toml import LEARNER_SECTIONS, load_toml, preset_for
     from .presets import resolve_config_source
 
     if env is not None:
@@ -95,7 +94,7 @@ def _setting_owners(settings: Mapping[str, Any]) -> dict[str, Any]:
     for a name in ``settings`` that no section has."""
     import difflib
 
-    from .cli.learner import LEARNER_SECTIONS
+    from .config_toml import LEARNER_SECTIONS
 
     owner = {f.name: s for s in LEARNER_SECTIONS for f in s.fields()}
     for name in settings:
@@ -175,7 +174,7 @@ def _resolve_run_dir(cfg: LearnerConfig, run_dir: str | os.PathLike[str] | None)
 
 
 def _preset_name(env_id: str, preset: bool, config: Any) -> str | None:
-    from .cli.flags import preset_for
+    from .config_toml import preset_for
 
     return env_id if preset and config is None and preset_for(env_id) is not None else None
 
@@ -397,7 +396,7 @@ def start_actors(
     if count < 1:
         raise ConfigError("count", count, "must be an integer >= 1")
     cfg = _actor_config(learner, settings)
-    from .cli.flags import flag_name
+    from .config_toml import flag_name
 
     defaults = ActorConfig()
     args: list[str] = []

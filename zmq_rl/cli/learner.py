@@ -14,11 +14,11 @@ from typing import Any
 
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 
+from ..config_toml import LEARNER_SECTIONS
 from ..run.common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure, guard, setup_logging
 from .flags import (
     CliParser,
     HelpFormatter,
-    Section,
     add_config_flags,
     add_logging_flag,
     build_configs,
@@ -34,11 +34,6 @@ __all__ = [
     "resolve",
 ]
 
-LEARNER_SECTIONS = (
-    Section("learner", LearnerConfig, "learner (run, rollout, sockets)"),
-    Section("ppo", PPOConfig, "PPO update"),
-    Section("policy", PolicyConfig, "policy network"),
-)
 ALIASES = {"env_id": ["--env"], "num_actors": ["--actors"], "wrappers": ["--wrapper"]}
 RUN_DIR_DEFAULT = "runs/<env>-<timestamp>, new for every run; '' = no run directory"
 PRESET_NOTE = (
