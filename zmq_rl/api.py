@@ -185,6 +185,24 @@ def _preset_name(env_id: str, preset: bool, config: Any) -> str | None:
 # -- training ---------------------------------------------------------------------------
 
 
+def _start_or_resume(
+    env: str | None,
+    run_dir: str | os.PathLike[str] | None,
+    resume: str | os.PathLike[str] | None,
+    preset: bool,
+    config: str | os.PathLike[str] | None,
+    settings: Mapping[str, Any],
+) -> tuple[LearnerConfig, PPOConfig, PolicyConfig, tuple[str, dict[str, Any]] | None]:
+    """The configs of a new run, or of the run in ``resume`` with the engine's resume
+    argument (its run dir and the overrides); shared by :func:`train` and
+    :func:`run_learner`."""
+    if resume is not None:
+        cfg, ppo, policy, overrides = _resume_configs(resume, env, run_dir, config, settings)
+        return cfg, ppo, policy, (cfg.run_dir, overrides)
+    cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
+    return _resolve_run_dir(cfg, run_dir), ppo, policy, None
+
+
 def train(
     env: str | None = None,
     *,
@@ -227,13 +245,7 @@ def train(
     the run cleanly (the result's ``interrupted`` is set).
     """
     Hooks(callbacks)  # a wrong callback fails before anything starts
-    resumed = None
-    if resume is not None:
-        cfg, ppo, policy, overrides = _resume_configs(resume, env, run_dir, config, settings)
-        resumed = (cfg.run_dir, overrides)
-    else:
-        cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
-        cfg = _resolve_run_dir(cfg, run_dir)
+    cfg, ppo, policy, resumed = _start_or_resume(env, run_dir, resume, preset, config, settings)
     return run_engine(
         cfg,
         ppo,
@@ -271,13 +283,7 @@ def run_learner(
     train, and return the :class:`TrainResult`. Arguments as :func:`train`
     (``resume=RUN_DIR`` as ``zmq-learner --resume RUN_DIR``)."""
     Hooks(callbacks)  # a wrong callback fails before anything starts
-    resumed = None
-    if resume is not None:
-        cfg, ppo, policy, overrides = _resume_configs(resume, env, run_dir, config, settings)
-        resumed = (cfg.run_dir, overrides)
-    else:
-        cfg, ppo, policy = make_configs(env, preset=preset, config=config, **settings)
-        cfg = _resolve_run_dir(cfg, run_dir)
+    cfg, ppo, policy, resumed = _start_or_resume(env, run_dir, resume, preset, config, settings)
     return run_engine(
         cfg,
         ppo,
