@@ -51,7 +51,7 @@ from .membership import (
     Membership,
     MembershipLimits,
     check_hello,
-    invalid_hello_refusal,
+    control_refusal,
 )
 
 __all__ = ["Ingest", "IngestObserver", "RankPart"]
@@ -433,7 +433,7 @@ class Ingest:
             message = decode(frame.buffer, (Hello, Heartbeat, Bye), self.control_max_bytes)
         except ProtocolError as exc:  # another version, or a hello that waits: say why
             self._reject("control", exc.reason, str(exc))
-            if refusal := invalid_hello_refusal(frame.buffer, exc, self.control_max_bytes):
+            if refusal := control_refusal(frame.buffer, exc, self.control_max_bytes):
                 self.send_control(routing_id, refusal)
             return
         if isinstance(message, Hello):

@@ -477,6 +477,18 @@ MAX_REFUSE_REASON = 4096
 """The longest ``refuse.reason`` (docs/protocol.md section 4.5)."""
 
 
+def control_refusal(
+    frame: bytes | memoryview, error: ProtocolError, max_bytes: int
+) -> Refuse | None:
+    """The refusal that answers a control frame which failed to decode with ``error``:
+    ``version_mismatch`` for a peer of another protocol version, whatever it sent,
+    ``bad_hello`` for a protocol-2 hello (:func:`invalid_hello_refusal`), else None
+    (docs/protocol.md section 4.5)."""
+    if isinstance(error, ProtocolVersionMismatch):
+        return Refuse("version_mismatch", str(error))
+    return invalid_hello_refusal(frame, error, max_bytes)
+
+
 def invalid_hello_refusal(
     frame: bytes | memoryview, error: ProtocolError, max_bytes: int
 ) -> Refuse | None:
@@ -485,10 +497,7 @@ def invalid_hello_refusal(
     ``type`` is ``"hello"``: a field missing, of the wrong type or out of range), so
     that the actor reads why instead of waiting out its registration timeout
     (docs/protocol.md section 4.5); None for any other frame (still rejected in
-    silence: only a hello waits for an answer). A frame of another protocol version
-    gets ``refuse version_mismatch`` whatever it is (section 4.5)."""
-    if isinstance(error, ProtocolVersionMismatch):
-        return Refuse("version_mismatch", str(error)[:MAX_REFUSE_REASON])
+    silence: only a hello waits for an answer)."""
     try:
         body = unpack_map(frame, max_bytes)
     except ProtocolError:
