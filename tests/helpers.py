@@ -130,6 +130,16 @@ def stub_client(ctx: zmq.Context, port: int, register_timeout: float) -> ActorCl
     )
 
 
+def register_while_pumping(learner: Any, client: ActorClient, timeout: float) -> None:
+    """Register ``client`` in a background thread while ``learner`` (not running its
+    loop) pumps its sockets; bounded by ``timeout``, a failed registration raises."""
+    registering = CheckedBackground(client.register)
+    deadline = time.monotonic() + timeout
+    while registering.alive() and time.monotonic() < deadline:
+        learner.pump(10)
+    registering.join()
+
+
 def pack(body: Any) -> bytes:
     return msgpack.packb(body, use_bin_type=True)
 

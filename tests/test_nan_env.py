@@ -20,7 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import ACT_SPACE, OBS_SPACE, TIMEOUT, CheckedBackground, stub_learner_config
+from tests.helpers import (
+    ACT_SPACE,
+    OBS_SPACE,
+    TIMEOUT,
+    register_while_pumping,
+    stub_learner_config,
+)
 from tests.test_user_envs import zmq_rl_run
 from zmq_rl.actor.client import ActorClient, BadExperience
 from zmq_rl.config import PPOConfig
@@ -118,11 +124,7 @@ def registered(ctx, learner_port):
         register_timeout=TIMEOUT,
     )
     try:
-        registering = CheckedBackground(client.register)
-        deadline = time.monotonic() + TIMEOUT
-        while registering.alive() and time.monotonic() < deadline:
-            learner.pump(10)
-        registering.join()
+        register_while_pumping(learner, client, TIMEOUT)
         yield client
     finally:
         client.close()

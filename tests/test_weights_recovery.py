@@ -26,7 +26,7 @@ from tests.helpers import (
     OBS_SPACE,
     STUB_ENV_ID,
     TIMEOUT,
-    CheckedBackground,
+    register_while_pumping,
     stub_learner_config,
 )
 from zmq_rl.actor import client as client_module
@@ -52,11 +52,7 @@ def pair(ctx, learner_port):
         max_message_bytes=LIMIT,
     )
     try:
-        registering = CheckedBackground(client.register)
-        deadline = time.monotonic() + TIMEOUT
-        while registering.alive() and time.monotonic() < deadline:
-            learner.pump(10)
-        registering.join()
+        register_while_pumping(learner, client, TIMEOUT)
         broadcast_until_loaded(learner, client)
         yield learner, client
     finally:
