@@ -108,7 +108,12 @@ def test_kill_9_of_the_only_actor_of_rank_1_is_survived(tmp_path):
     """The run goes on without rows on rank 1, the replacement is sent to rank 1 and
     its rows are trained on; then the test ends the run with SIGINT. (A budget big
     enough for the replacement on a loaded machine would take a minute: the stub
-    env's steps are spent at hundreds of updates a second.)"""
+    env's steps are spent at hundreds of updates a second.)
+
+    The restart backoff (5 s) outlasts ``actor_timeout`` (3 s), so rank 1 has given up
+    on the dead actor and has no member left when the replacement registers: a rank
+    that received only while it waited on a member never saw the replacement's rows,
+    and the replacement never joined (a CI failure on a loaded machine)."""
     run_dir = tmp_path / "run"
     procs = Procs(tmp_path)
     port = ports()
@@ -124,7 +129,7 @@ def test_kill_9_of_the_only_actor_of_rank_1_is_survived(tmp_path):
                 actor_timeout=3,
                 num_learners=2,
             )
-            + ["--no-plot"],
+            + ["--no-plot", "--actor-restart-backoff", "5"],
         )
         wait_update(run_dir, 20, START_S, procs, [run])
         ranks = ranks_of(run.text())

@@ -70,12 +70,19 @@ class RankRouting:
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
-        self.remote_delivered: set[int] = set()  # rank 0: other ranks' actors that delivered
+        # Rank 0: the registrations (tokens) of other ranks' actors that delivered every
+        # slot in their rank's last report: a registration, not an actor id, so a
+        # restart that reuses the id has delivered nothing until its rank says so.
+        self.remote_delivered: set[bytes] = set()
         # Rank > 0: fragments of actors not planned yet, (fragment, CURVE key, bytes,
         # held through a plan already); bounded by HOLD_MAX_BYTES.
         self.held: deque[tuple[Fragment, str, int, bool]] = deque()
         self.held_bytes = 0
         self.reported_dead = 0  # rank > 0: dead_actors already in a rank report
+        # Rank 0: actor id -> token of each registration in the last plan; the rank
+        # reports of a round speak of these registrations, not of a later one that
+        # reuses the id (a restarted actor registering while the ranks filled).
+        self.planned: dict[int, bytes] = {}
 
     def assign_rank(self, members: Membership, new: ActorRecord) -> int:
         """The learner rank with the fewest live slots (the lowest on a tie): where a
@@ -89,7 +96,7 @@ class RankRouting:
 
     def delivered_elsewhere(self, rec: ActorRecord) -> bool:
         """Rank 0: whether another rank's actor delivered every slot (its last report)."""
-        return rec.actor_id in self.remote_delivered
+        return rec.token in self.remote_delivered
 
     def hold(self, fragment: Fragment, key: str, size: int, held_before: bool) -> bool:
         """Rank > 0: hold a fragment of an actor not planned yet (within
@@ -100,11 +107,20 @@ class RankRouting:
         self.held_bytes += size
         return True
 
-    @staticmethod
-    def plan_actors(ingest: Ingest) -> list[list[Any]]:
+    def plan_actors(self, ingest: Ingest) -> list[list[Any]]:
         """Rank 0: every registration as the plan tells the other ranks: the
         :data:`PLAN_FIELDS` of each record (see :meth:`apply_plan`)."""
+        self.planned = {rec.actor_id: rec.token for rec in ingest.members}
         return [[getattr(rec, name) for name in PLAN_FIELDS] for rec in ingest.members]
+
+    def _planned_record(self, ingest: Ingest, actor_id: int) -> ActorRecord | None:
+        """Rank 0: the registration a rank report's ``actor_id`` means: the one of the
+        last plan, if rank 0 still has it (None when it left or its id now belongs to
+        a newer registration, whose counts and life the report does not describe)."""
+        rec = ingest.members.get(actor_id)
+        if rec is None or self.planned.get(actor_id) != rec.token:
+            return None
+        return rec
 
     def apply_plan(self, ingest: Ingest, actors: list[list[Any]]) -> None:
         """Rank > 0: make this rank's registrations rank 0's (:meth:`plan_actors`):
@@ -154,16 +170,18 @@ class RankRouting:
     def apply_rank_report(self, ingest: Ingest, report: dict[str, Any]) -> None:
         """Rank 0: take another rank's :meth:`rank_report`: its actors' counts, which
         waiting ones delivered, and its declared deaths (removed here, so the next plan
-        and the heartbeats agree)."""
+        and the heartbeats agree). Entries about a registration that rank 0 no longer
+        has are skipped: a death declared while a replacement took the same actor id
+        must not remove the replacement."""
         for actor_id, (received, fragments, consumed, delivered) in report["actors"].items():
-            rec = ingest.members.get(actor_id)
+            rec = self._planned_record(ingest, actor_id)
             if rec is None:
                 continue
             rec.steps_received, rec.fragments_received = received, fragments
             rec.steps_consumed = consumed
-            (self.remote_delivered.add if delivered else self.remote_delivered.discard)(actor_id)
+            (self.remote_delivered.add if delivered else self.remote_delivered.discard)(rec.token)
         for line in report["dead"]:
-            rec = ingest.members.get(line["actor_id"])
+            rec = self._planned_record(ingest, line["actor_id"])
             if rec is None:
                 continue
             ingest_log.warning("actor %d (%s pid %d) declared dead by its learner rank %d",
@@ -548,8 +566,11 @@ class _Rounds:
     def _fill(self) -> list[Any]:
         """Receive until this rank's member slots hold ``num_steps`` rows each; a
         member that sends nothing while waited on for ``actor_timeout`` is declared
-        dead (and leaves the slots), so this ends."""
+        dead (and leaves the slots), so this ends. It receives at least once even
+        without a member slot, so a registration waiting to join on this rank
+        delivers its first rows and rank 0 can admit it."""
         ingest, need = self.ingest, self.cfg.num_steps
+        ingest.pump(0)
         while True:
             slots = ingest.local_member_slots()
             if not slots or ingest.queues.ready(slots, need):
