@@ -82,9 +82,9 @@ def test_policy_obs_stats_match_numpy_and_normalise_and_clip() -> None:
     want = (obs.double() - torch.from_numpy(flat.mean(axis=0))) / torch.from_numpy(
         np.sqrt(flat.var(axis=0) + 1e-8)
     )
-    torch.testing.assert_close(policy._flat(obs), want.float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(policy.flat_obs(obs), want.float(), rtol=1e-5, atol=1e-6)
     far = torch.full((1, 5), 1e6)
-    assert torch.equal(policy._flat(far), torch.full((1, 5), OBS_CLIP))
+    assert torch.equal(policy.flat_obs(far), torch.full((1, 5), OBS_CLIP))
     # Without normalize_obs there are no statistics, and updating them is a no-op.
     plain = build_policy(OBS_SPACE, DISCRETE, PolicyConfig(hidden_sizes=(16, 16)))
     plain.update_obs_stats(chunks[0])

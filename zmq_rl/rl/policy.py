@@ -104,6 +104,7 @@ class ActorCritic(nn.Module):
         self.discrete = bool(discrete)
         self.shared_trunk = bool(cfg.shared_trunk)
         self._activation = _ACTIVATION_FNS[cfg.activation]
+        self.activation_name = cfg.activation
         width = cfg.hidden_sizes[-1]
         if self.shared_trunk:
             self.trunk = _trunk(self.obs_dim, cfg)
@@ -143,8 +144,10 @@ class ActorCritic(nn.Module):
 
     # -- forward pieces -------------------------------------------------------------
 
-    def _flat(self, obs: torch.Tensor) -> torch.Tensor:
-        """``[B, *obs_shape]`` -> ``[B, obs_dim]`` in the parameters' dtype."""
+    def flat_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        """The trunks' input: ``[B, *obs_shape]`` -> ``[B, obs_dim]`` in the parameters'
+        dtype, normalised and clipped with ``normalize_obs`` (no parameter takes part,
+        so closed-form gradients, :mod:`zmq_rl.rl.analytic`, start from it)."""
         flat = obs.reshape(obs.shape[0], -1)
         if flat.shape[1] != self.obs_dim:
             raise ValueError(
@@ -175,7 +178,7 @@ class ActorCritic(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution parameters and values: (logits ``[B, n]`` or mean ``[B, act_dim]``,
         value ``[B]``). Computing both in one call shares the trunk when it is shared."""
-        x = self._flat(obs)
+        x = self.flat_obs(obs)
         head = self.policy_head
         if self.shared_trunk:
             h = self._run(self.trunk, x)
@@ -185,7 +188,7 @@ class ActorCritic(nn.Module):
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State values ``V(obs)``, ``[B]`` (bootstrap values for the learner)."""
-        x = self._flat(obs)
+        x = self.flat_obs(obs)
         return self._value_of(self._run(self.trunk if self.shared_trunk else self.critic_trunk, x))
 
     # -- sampling (actor hot path) ----------------------------------------------------

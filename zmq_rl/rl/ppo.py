@@ -27,8 +27,10 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
+from torch.optim.adam import adam as functional_adam
 
 from zmq_rl.config import PPOConfig
+from zmq_rl.rl.analytic import AnalyticBatch, AnalyticLoss, analytic_support, ppo_gradients
 from zmq_rl.rl.policy import Policy
 from zmq_rl.wire.spaces import leaves, map_value
 
@@ -493,8 +495,11 @@ class _Tally:
             torch.ones((), dtype=torch.bool, device=device),
         )
 
-    def add(self, loss: PPOLoss) -> None:
-        self.sums += torch.stack([getattr(loss, key).detach() for key in _MEAN_KEYS]).double()
+    def add(self, loss: PPOLoss | AnalyticLoss) -> None:
+        if isinstance(loss, AnalyticLoss):
+            self.sums += loss.terms  # already stacked, in _MEAN_KEYS order
+        else:
+            self.sums += torch.stack([getattr(loss, key).detach() for key in _MEAN_KEYS]).double()
         self.minibatches += 1
 
 
@@ -523,6 +528,89 @@ class _Plan:
             bounds.append((start, end))
             start = end
         return bounds
+
+
+class _FlatSteps:
+    """The unchecked step of closed-form gradients at the cost of its math: every
+    gradient lives in one flat buffer (the norm clip is one norm and one scale instead
+    of ``clip_grad_norm_``'s per-tensor passes), and Adam runs through torch's
+    functional ``adam`` on the optimiser's own state tensors, listed once (no
+    per-step grouping or profiler records; ``optimizer.step()`` when step hooks are
+    registered). The same arithmetic as ``clip_grad_norm_(foreach=True)`` followed
+    by ``optimizer.step()``."""
+
+    def __init__(self, trainer: PPOTrainer) -> None:
+        self.trainer = trainer
+        params = trainer.params
+        sizes = [p.numel() for p in params]
+        self.flat = torch.zeros(sum(sizes), dtype=params[0].dtype, device=params[0].device)
+        self.views = {
+            p: view.view_as(p) for p, view in zip(params, self.flat.split(sizes), strict=True)
+        }
+        self._adam_lists: tuple[list[torch.Tensor], ...] | None = None
+
+    def set_grads(self) -> None:
+        """Point every parameter's ``grad`` at its part of the flat buffer."""
+        for param, view in self.views.items():
+            param.grad = view
+
+    def clip_and_step(self, max_grad_norm: float, finite: torch.Tensor) -> None:
+        """Clip the global gradient norm to ``max_grad_norm``, fold its finiteness into
+        ``finite`` (no read of the device) and take Adam's step."""
+        norm = torch.linalg.vector_norm(self.flat)
+        self.flat.mul_(torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0))
+        torch.logical_and(finite, torch.isfinite(norm), out=finite)
+        optimizer = self.trainer.optimizer
+        lists = self._lists(optimizer)
+        if lists is None or _has_step_hooks(optimizer):
+            optimizer.step()  # the first step creates Adam's state; hooks must run
+            return
+        group = optimizer.param_groups[0]
+        beta1, beta2 = group["betas"]
+        functional_adam(
+            *lists, amsgrad=group["amsgrad"], beta1=beta1, beta2=beta2, lr=group["lr"],
+            weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+            foreach=group["foreach"], capturable=group["capturable"],
+            differentiable=group["differentiable"], fused=group["fused"],
+            decoupled_weight_decay=group["decoupled_weight_decay"],
+        )  # fmt: skip
+
+    def _lists(self, optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], ...] | None:
+        """Adam's (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps), or
+        None before its state exists; listed again whenever the state was replaced
+        (a restore or a checkpoint load)."""
+        params = self.trainer.params
+        first = optimizer.state.get(params[0], {}).get("exp_avg")
+        if first is None:
+            self._adam_lists = None
+            return None
+        if self._adam_lists is None or self._adam_lists[2][0] is not first:
+            states = [optimizer.state[p] for p in params]
+            self._adam_lists = (
+                list(params),
+                [self.views[p] for p in params],
+                [s["exp_avg"] for s in states],
+                [s["exp_avg_sq"] for s in states],
+                [s["max_exp_avg_sq"] for s in states if "max_exp_avg_sq" in s],
+                [s["step"] for s in states],
+            )
+        return self._adam_lists
+
+
+def _has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a step hook is registered on ``optimizer`` or globally (then only
+    ``optimizer.step()`` runs it); True where torch keeps them elsewhere."""
+    from torch.optim import optimizer as module
+
+    try:
+        return bool(
+            optimizer._optimizer_step_pre_hooks
+            or optimizer._optimizer_step_post_hooks
+            or module._global_optimizer_pre_hooks
+            or module._global_optimizer_post_hooks
+        )
+    except AttributeError:
+        return True
 
 
 class _CudaGraphs:
@@ -657,6 +745,11 @@ class PPOTrainer:
             _CudaGraphs(self) if cfg.cuda_graphs and on_cuda else None
         )
         """CUDA graphs of the minibatch step (``cuda_graphs`` on a CUDA device)."""
+        self.flat: _FlatSteps | None = None
+        """Closed-form gradients (:mod:`zmq_rl.rl.analytic`) in one flat buffer, for
+        the steps no graph takes (``analytic_gradients`` and a policy it supports)."""
+        if cfg.analytic_gradients and analytic_support(policy, cfg) is None:
+            self.flat = _FlatSteps(self)
         self._set_lr(cfg.learning_rate)
         self.generator = torch.Generator()
         self.generator.manual_seed(int(seed))
@@ -841,10 +934,13 @@ class PPOTrainer:
         graphable = not checked and rows.lengths is None and self.sync is None
         if graphable and self.graphs is not None and self.graphs.step(rows, plan.clip_range, tally):
             return
-        inputs, weight = self._loss_inputs(rows)
-        loss = objective_loss(inputs, cfg, plan.clip_range)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.total.backward()
+        if self.flat is not None and rows.lengths is None:
+            loss, weight = self._analytic_gradients(self.flat, rows, plan.clip_range)
+        else:
+            inputs, weight = self._loss_inputs(rows)
+            loss = objective_loss(inputs, cfg, plan.clip_range)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.total.backward()
         approx_kl = float(loss.approx_kl) if cfg.target_kl > 0.0 else 0.0
         tally.steps += 1
         if self.sync is not None:
@@ -857,6 +953,8 @@ class PPOTrainer:
                 # must not turn the weights into NaN: skip it and count it.
                 tally.skipped += 1
                 return
+        elif self.flat is not None and rows.lengths is None:
+            self.flat.clip_and_step(cfg.max_grad_norm, tally.finite)
         else:
             norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm, foreach=True)
             torch.logical_and(tally.finite, torch.isfinite(norm), out=tally.finite)
@@ -878,6 +976,28 @@ class PPOTrainer:
         if self.cfg.target_kl > 0.0 and global_kl > self.cfg.target_kl:
             tally.stop = True
 
+    def _analytic_gradients(
+        self, flat: _FlatSteps, rows: _Rows, clip_range: float
+    ) -> tuple[AnalyticLoss, int]:
+        """The loss terms of one minibatch and its weight, with every parameter's
+        ``grad`` set in closed form (:func:`~zmq_rl.rl.analytic.ppo_gradients`) in
+        ``flat``'s buffer."""
+        t = rows.tensors
+        batch = AnalyticBatch(
+            rows.obs, t["actions"], t["old_log_probs"], t["old_values"], t["returns"],
+            self._normalised(t["advantages"]),
+        )  # fmt: skip
+        loss, _ = ppo_gradients(self.policy, batch, self.cfg, clip_range, out=flat.views)  # type: ignore[arg-type]
+        flat.set_grads()
+        return loss, int(t["actions"].shape[0])
+
+    def _normalised(self, advantages: torch.Tensor) -> torch.Tensor:
+        """A minibatch's advantages, normalised when the config says so (and the
+        minibatch has more than one row)."""
+        if self.cfg.normalize_advantages and advantages.numel() > 1:
+            return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        return advantages
+
     def _loss_inputs(self, rows: _Rows) -> tuple[LossInputs, int]:
         """The policy's outputs and the batch's constants for one minibatch, with
         advantages normalised; and the minibatch's weight (its real rows)."""
@@ -896,12 +1016,9 @@ class PPOTrainer:
             log_prob, entropy, value = log_prob[mask], entropy[mask], value[mask]
             t = {k: x[real][mask] for k, x in t.items() if k != "actions"}
             weight = int(mask.sum())
-        advantages = t["advantages"]
-        if self.cfg.normalize_advantages and advantages.numel() > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         inputs = LossInputs(
             log_prob, entropy, value, t["old_log_probs"], t.get("centre"), t["old_values"],
-            t["returns"], advantages,
+            t["returns"], self._normalised(t["advantages"]),
         )  # fmt: skip
         return inputs, weight
 

@@ -1,0 +1,186 @@
+"""Closed-form PPO gradients (zmq_rl.rl.analytic) against autograd: every parameter's
+gradient and every loss term, across heads, trunks, activations, value clipping and
+the kinks of the clipped objective; and the trainer's steps with and without them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from zmq_rl.config import PolicyConfig, PPOConfig
+from zmq_rl.rl.analytic import AnalyticBatch, analytic_support, ppo_gradients
+from zmq_rl.rl.policy import build_policy
+from zmq_rl.rl.ppo import PPOTrainer, RolloutBatch, ppo_loss
+
+torch.set_num_threads(1)
+
+OBS = spaces.Box(-np.inf, np.inf, (5,), np.float32)
+SPACES = {"discrete": spaces.Discrete(4), "box": spaces.Box(-1.0, 1.0, (3,), np.float32)}
+
+
+def _policy(action: str, dtype: torch.dtype = torch.float64, **policy_kw):
+    torch.manual_seed(3)
+    cfg = PolicyConfig(hidden_sizes=(16, 8), **policy_kw)
+    policy = build_policy(OBS, SPACES[action], cfg).to(dtype)
+    with torch.no_grad():  # heads away from their near-zero init, so every term matters
+        policy.policy_head.weight.normal_(0.0, 0.5)
+        policy.value_head.bias.fill_(0.3)
+        if hasattr(policy, "log_std"):
+            policy.log_std.copy_(torch.tensor([-0.3, 0.1, 0.4]))
+        if policy.normalize_obs:
+            policy.obs_mean.copy_(torch.linspace(-1, 1, 5))
+            policy.obs_var.copy_(torch.linspace(0.5, 3, 5))
+    return policy
+
+
+def _batch(policy, n: int = 48, spread: float = 0.6, seed: int = 0) -> AnalyticBatch:
+    """Rows whose behaviour log-probs differ from the policy's by up to ``spread``, so
+    that ratios fall inside and outside the clip band, and advantages of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = policy.value_head.weight.dtype
+    obs = torch.randn(n, 5, generator=g, dtype=dtype) * 2.0
+    with torch.no_grad():
+        actions, log_prob, value = policy.act(obs, generator=g)
+    shift = (torch.rand(n, generator=g, dtype=dtype) * 2.0 - 1.0) * spread
+    shift[:4] = 0.0  # ratio exactly 1: the tie of the clipped objective's min
+    return AnalyticBatch(
+        obs=obs,
+        actions=actions,
+        old_log_prob=log_prob + shift,
+        old_value=value + torch.randn(n, generator=g, dtype=dtype) * 0.4,
+        returns=value + torch.randn(n, generator=g, dtype=dtype),
+        advantages=torch.randn(n, generator=g, dtype=dtype),
+    )
+
+
+def _autograd(policy, batch: AnalyticBatch, cfg: PPOConfig, clip: float):
+    policy.zero_grad(set_to_none=True)
+    log_prob, entropy, value = policy.evaluate_actions(batch.obs, batch.actions)
+    loss = ppo_loss(
+        log_prob, batch.old_log_prob, batch.advantages, value, batch.old_value,
+        batch.returns, entropy, clip_range=clip, clip_value_loss=cfg.clip_value_loss,
+        value_clip_range=clip, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
+    )  # fmt: skip
+    loss.total.backward()
+    grads = {name: p.grad.clone() for name, p in policy.named_parameters()}
+    policy.zero_grad(set_to_none=True)
+    return loss, grads
+
+
+CASES = {
+    "discrete": dict(action="discrete"),
+    "discrete-relu": dict(action="discrete", activation="relu"),
+    "discrete-shared": dict(action="discrete", shared_trunk=True),
+    "discrete-normalized-obs": dict(action="discrete", normalize_obs=True),
+    "box": dict(action="box"),
+    "box-shared-relu": dict(action="box", shared_trunk=True, activation="relu"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("clip_value_loss", [False, True])
+@pytest.mark.parametrize("ent_coef", [0.0, 0.02])
+def test_gradients_and_loss_terms_equal_autograd(case, clip_value_loss, ent_coef):
+    kw = dict(CASES[case])
+    policy = _policy(kw.pop("action"), **kw)
+    cfg = PPOConfig(clip_value_loss=clip_value_loss, ent_coef=ent_coef, vf_coef=0.7)
+    batch = _batch(policy)
+    want_loss, want = _autograd(policy, batch, cfg, 0.2)
+    loss, grads = ppo_gradients(policy, batch, cfg, 0.2)
+    names = dict(policy.named_parameters())
+    assert sorted(want) == sorted(name for name, p in names.items() if p in grads)
+    for name, g in want.items():
+        torch.testing.assert_close(grads[names[name]], g, rtol=1e-9, atol=1e-12, msg=name)
+    for term in ("total", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
+        torch.testing.assert_close(getattr(loss, term), getattr(want_loss, term).detach())
+    assert 0.0 < float(loss.clip_fraction) < 1.0  # both sides of the band were exercised
+
+
+def test_value_clip_kinks_equal_autograd():
+    """Values exactly on the clip band's edges and squared errors exactly tied."""
+    policy = _policy("discrete")
+    cfg = PPOConfig(clip_value_loss=True, vf_coef=1.0)
+    batch = _batch(policy, n=8)
+    with torch.no_grad():
+        value = policy.value(batch.obs)
+    old_value = value.clone()
+    old_value[:2] = value[:2] - 0.2  # delta == +clip: on the band's edge
+    old_value[2:4] = value[2:4] + 0.2  # delta == -clip
+    returns = value + 1.0
+    returns[4:6] = value[4:6]  # zero error: the plain and the clipped squares tie
+    batch = batch._replace(old_value=old_value, returns=returns)
+    _, want = _autograd(policy, batch, cfg, 0.2)
+    _, grads = ppo_gradients(policy, batch, cfg, 0.2)
+    for name, p in policy.named_parameters():
+        torch.testing.assert_close(grads[p], want[name], rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_gradients_written_into_given_tensors():
+    policy = _policy("box")
+    cfg = PPOConfig(clip_value_loss=True, ent_coef=0.01)
+    batch = _batch(policy)
+    _, fresh = ppo_gradients(policy, batch, cfg, 0.2)
+    out = {p: torch.full_like(p, 7.0) for p in policy.parameters()}
+    _, written = ppo_gradients(policy, batch, cfg, 0.2, out=out)
+    for p in policy.parameters():
+        assert written[p] is out[p]
+        torch.testing.assert_close(out[p], fresh[p], rtol=0, atol=0)
+
+
+def test_support_is_the_plain_mlp_under_ppo():
+    mlp = _policy("discrete")
+    assert analytic_support(mlp, PPOConfig()) is None
+    assert "objective" in analytic_support(mlp, PPOConfig(objective="decoupled"))
+    lstm = build_policy(OBS, SPACES["discrete"], PolicyConfig(policy_type="lstm"))
+    assert "RecurrentActorCritic" in analytic_support(lstm, PPOConfig())
+
+
+def _rollout_batch(policy, n: int, seed: int) -> RolloutBatch:
+    b = _batch(policy, n=n, seed=seed)
+    return RolloutBatch(
+        obs=b.obs.float(), actions=b.actions, old_log_probs=b.old_log_prob.float(),
+        old_values=b.old_value.float(), advantages=b.advantages.float(),
+        returns=b.returns.float(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("action", ["discrete", "box"])
+def test_trainer_updates_equal_with_and_without_closed_form_gradients(action):
+    """Three float32 updates (4 epochs, a remainder minibatch, clipped gradients):
+    parameters and metrics agree with the autograd trainer's to float32 rounding."""
+    results = []
+    for analytic in (True, False):
+        policy = _policy(action, dtype=torch.float32)
+        cfg = PPOConfig(
+            num_epochs=4, minibatch_size=20, max_grad_norm=0.3, ent_coef=0.01,
+            clip_value_loss=True, analytic_gradients=analytic, learning_rate=3e-3,
+        )  # fmt: skip
+        trainer = PPOTrainer(policy, cfg, seed=1)
+        assert (trainer.flat is not None) is analytic
+        metrics = [trainer.update(_rollout_batch(policy, 70, seed)) for seed in range(3)]
+        results.append((policy, metrics))
+    (fast, fast_metrics), (slow, slow_metrics) = results
+    for (name, p), q in zip(fast.named_parameters(), slow.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+    for got, want in zip(fast_metrics, slow_metrics, strict=True):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-3, abs=1e-5), key
+
+
+def test_a_poisoned_minibatch_is_still_skipped():
+    """A non-finite advantage: the update reruns checked and skips that minibatch,
+    with closed-form gradients as with autograd."""
+    policy = _policy("discrete", dtype=torch.float32)
+    before = [p.detach().clone() for p in policy.parameters()]
+    trainer = PPOTrainer(policy, dataclasses.replace(PPOConfig(), num_epochs=1, minibatch_size=16))
+    batch = _rollout_batch(policy, 32, 0)
+    batch.advantages[3] = float("nan")
+    metrics = trainer.update(batch)
+    assert metrics["losses/skipped_minibatches"] >= 1.0
+    assert all(torch.isfinite(p).all() for p in policy.parameters())
+    assert any(not torch.equal(p, q) for p, q in zip(policy.parameters(), before, strict=True))
