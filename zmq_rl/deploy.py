@@ -734,18 +734,22 @@ def _metadata(policy: DeployedPolicy, fmt: str) -> dict[str, str]:
             "high": np.asarray(space.high).tolist(),
         }
     source = getattr(policy, "source", None)
-    return {
-        "format": f"zmq_rl-policy-{fmt}",
-        "env_id": policy.env_id,
-        "env_kwargs": json.dumps(policy.env_kwargs),
-        "wrappers": json.dumps(policy.wrappers),
-        "observation_shape": json.dumps(list(policy.observation_space.shape or ())),
-        "action": json.dumps(action),
-        "version": str(policy.version),
-        "policy_config": json.dumps({} if source is None else config_dict(source.config)),
-        "input": "obs: float32 [batch, *observation_shape]",
-        "output": "action: int64 [batch] (discrete) or float32 [batch, act_dim] (box)",
-    } | (_recurrent_metadata(policy) if policy.recurrent else {}) | _dict_metadata(policy)
+    return (
+        {
+            "format": f"zmq_rl-policy-{fmt}",
+            "env_id": policy.env_id,
+            "env_kwargs": json.dumps(policy.env_kwargs),
+            "wrappers": json.dumps(policy.wrappers),
+            "observation_shape": json.dumps(list(policy.observation_space.shape or ())),
+            "action": json.dumps(action),
+            "version": str(policy.version),
+            "policy_config": json.dumps({} if source is None else config_dict(source.config)),
+            "input": "obs: float32 [batch, *observation_shape]",
+            "output": "action: int64 [batch] (discrete) or float32 [batch, act_dim] (box)",
+        }
+        | (_recurrent_metadata(policy) if policy.recurrent else {})
+        | _dict_metadata(policy)
+    )
 
 
 def _dict_metadata(policy: DeployedPolicy) -> dict[str, str]:

@@ -435,11 +435,16 @@ class ActionHeads(nn.Module):
             log_p = self._log_softmax(params, mask)
             index = actions.reshape(n, -1, 1).long()
             log_prob = log_p.gather(-1, index).squeeze(-1).sum(dim=-1)
-            p_log_p = log_p.exp() * log_p
+            # p log p over the allowed categories only. Masked and padding entries
+            # are zeroed *before* the product (exp(0) * 0 = 0): after it, their
+            # backward would be 0 * log 0 = NaN (padding's log-prob is -inf).
             if mask is not None:
-                p_log_p = p_log_p.masked_fill(~self._allowed(mask), 0.0)
+                log_p_kept = log_p.masked_fill(~self._allowed(mask), 0.0)
             elif self.padded:
-                p_log_p = p_log_p.masked_fill(~self.valid, 0.0)
+                log_p_kept = log_p.masked_fill(~self.valid, 0.0)
+            else:
+                log_p_kept = log_p
+            p_log_p = log_p_kept.exp() * log_p_kept
             return log_prob, -p_log_p.sum(dim=(-1, -2))
         if self.kind == "bernoulli":
             bits = actions.reshape(n, -1).to(params.dtype)
