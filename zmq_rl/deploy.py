@@ -48,7 +48,7 @@ from torch.nn import functional as F
 
 from .config import PolicyConfig, parse_env_kwargs
 from .learner.checkpoint import config_dict
-from .rl.masking import check_observation_mask, mask_key
+from .rl.masking import check_observation_mask
 from .rl.networks import action_mask_of
 from .rl.policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
 from .wire.spaces import leaves, map_value, wire_dtype
@@ -316,9 +316,7 @@ class DeployedPolicy(nn.Module):
         # begin at the space's start.
         self.action_start = int(action_space.start) if self.discrete else 0
         self.obs_keys = _flat_dict_keys(observation_space)
-        self.mask_key = getattr(network, "mask_key", None) or mask_key(
-            observation_space, action_space
-        )
+        self.mask_key = getattr(network, "mask_key", None)
         self.recurrent = is_recurrent(network)
         self.state_size = int(getattr(network, "state_size", 0) or 0)
         self._mlp = isinstance(network, ActorCritic)
