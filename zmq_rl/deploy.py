@@ -20,6 +20,12 @@ float32 ``[B, state_size]`` (LSTM: ``[h, c]`` side by side, GRU: ``h``) and
 ``episode_start`` float32 ``[B]`` (1.0 where ``obs`` is the first observation of an
 episode: that row's state is zeroed before acting, as the actors do). The exports
 take and return the same.
+
+A ``Dict`` observation is a dict of arrays (``predict``) or of tensors (``forward``),
+one per key with the batch dim first; the exported graphs take one input per key,
+named by the key, in the space's order. With an ``action_mask`` key and a Discrete /
+MultiDiscrete action space (PettingZoo's convention, :mod:`zmq_rl.rl.masking`) every
+action -- ``predict``, ``forward``, the exports -- is chosen among the allowed ones.
 """
 
 from __future__ import annotations
@@ -42,7 +48,10 @@ from torch.nn import functional as F
 
 from .config import PolicyConfig, parse_env_kwargs
 from .learner.checkpoint import config_dict
+from .rl.masking import check_observation_mask
+from .rl.networks import action_mask_of
 from .rl.policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
+from .wire.spaces import leaves, map_value, wire_dtype
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -242,6 +251,30 @@ class Prediction(tuple):
         return getattr(self._old(f".{name}"), name)
 
 
+def _rows(obs: Any) -> int:
+    """The batch size of an observation batch (a tensor, or a dict / tuple of them)."""
+    return int(leaves(obs)[0].shape[0])
+
+
+def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
+    """The leaf spaces of ``space`` in spec order (the order of :func:`leaves`)."""
+    if isinstance(space, gym.spaces.Dict):
+        return [leaf for sub in space.spaces.values() for leaf in _leaf_spaces(sub)]
+    if isinstance(space, gym.spaces.Tuple):
+        return [leaf for sub in space.spaces for leaf in _leaf_spaces(sub)]
+    return [space]
+
+
+def _flat_dict_keys(space: gym.Space) -> tuple[str, ...]:
+    """The keys of a Dict observation space whose entries are all leaf spaces (what
+    the exports take as one input per key); ``()`` for any other space."""
+    if not isinstance(space, gym.spaces.Dict):
+        return ()
+    if any(isinstance(s, (gym.spaces.Dict, gym.spaces.Tuple)) for s in space.spaces.values()):
+        return ()
+    return tuple(space.spaces)
+
+
 class DeployedPolicy(nn.Module):
     """A trained policy as a plain :class:`torch.nn.Module`.
 
@@ -278,17 +311,23 @@ class DeployedPolicy(nn.Module):
         self.wrappers = list(wrappers or [])
         self.version = version
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.multi_discrete = isinstance(action_space, gym.spaces.MultiDiscrete)
         # The network's discrete actions are 0-based (docs/protocol.md); the env's
         # begin at the space's start.
         self.action_start = int(action_space.start) if self.discrete else 0
+        self.obs_keys = _flat_dict_keys(observation_space)
+        self.mask_key = getattr(network, "mask_key", None)
         self.recurrent = is_recurrent(network)
         self.state_size = int(getattr(network, "state_size", 0) or 0)
         self._mlp = isinstance(network, ActorCritic)
+        if self.multi_discrete:
+            start = np.asarray(action_space.start, np.int64).copy()
+            self.register_buffer("action_offset", torch.from_numpy(start))
         if self._mlp and network.normalize_obs:
             std = torch.sqrt(network.obs_var + OBS_NORM_EPS).to(torch.float32)
             self.register_buffer("obs_mean", network.obs_mean.to(torch.float32).clone())
             self.register_buffer("obs_std", std.clone())
-        if not self.discrete:
+        if isinstance(action_space, gym.spaces.Box):
             low = np.asarray(action_space.low, np.float32).reshape(-1)
             high = np.asarray(action_space.high, np.float32).reshape(-1)
             self.register_buffer("action_low", torch.from_numpy(low.copy()))
@@ -296,13 +335,14 @@ class DeployedPolicy(nn.Module):
 
     def forward(
         self,
-        obs: torch.Tensor,
+        obs: Any,
         state: torch.Tensor | None = None,
         episode_start: torch.Tensor | None = None,
     ) -> Any:
-        """Deterministic actions for a float32 observation batch (see the class doc);
-        a recurrent policy returns ``(action, next_state)``, from zeros when ``state``
-        is None."""
+        """Deterministic actions for a float32 observation batch (a Dict observation:
+        a dict of tensors; see the class doc), among the allowed actions of an
+        ``action_mask``; a recurrent policy returns ``(action, next_state)``, from
+        zeros when ``state`` is None."""
         if self.recurrent:
             return self._recurrent_forward(obs, state, episode_start)
         net = self.network
@@ -318,10 +358,14 @@ class DeployedPolicy(nn.Module):
         return self._env_action(action)
 
     def _env_action(self, action: torch.Tensor) -> torch.Tensor:
-        """The network's action as the env takes it: a discrete index shifted by the
-        space's start, a Box action clipped to its bounds."""
+        """The network's action as the env takes it: a (multi-)discrete index shifted by
+        the space's start, a Box action clipped to its bounds."""
         if self.discrete:
             return action + self.action_start if self.action_start else action
+        if self.multi_discrete:
+            return action + self.action_offset
+        if not hasattr(self, "action_high"):
+            return action
         return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
 
     def _recurrent_forward(
@@ -335,13 +379,14 @@ class DeployedPolicy(nn.Module):
         net = self.network
         dtype = net.value_head.weight.dtype
         if state is None:
-            state = torch.zeros(obs.shape[0], self.state_size, dtype=dtype)
+            state = torch.zeros(_rows(obs), self.state_size, dtype=dtype)
         state = state.to(dtype)
         if episode_start is not None:
             state = state * (1.0 - episode_start.to(dtype)).unsqueeze(-1)
         if hasattr(net, "_features") and hasattr(net, "_unroll"):  # RecurrentActorCritic
             h, next_state = net._unroll(net._features(obs).unsqueeze(0), state)
-            action = net.heads.sample(net.policy_head(h[0]), deterministic=True)[0]
+            mask = action_mask_of(obs, getattr(net, "mask_key", None))
+            action = net.heads.sample(net.policy_head(h[0]), deterministic=True, mask=mask)[0]
         else:  # a custom factory's recurrent network: its own act_recurrent()
             action, _, _, next_state = net.act_recurrent(obs, state, deterministic=True)
         return self._env_action(action), next_state
@@ -383,6 +428,29 @@ class DeployedPolicy(nn.Module):
             )
         return torch.from_numpy(array.astype(np.float32).reshape(n).copy())
 
+    def _obs_in(self, obs: Any) -> tuple[Any, bool]:
+        """``predict``'s observation as a batch of tensors, and whether it was one
+        observation. A Box space: float32 ``[B, *shape]``; a Dict / Tuple space: a
+        value of arrays of the dtypes that travel (:func:`~zmq_rl.wire.spaces.wire_dtype`),
+        whose ``action_mask`` must allow an action in every row
+        (:class:`~zmq_rl.rl.masking.ActionMaskError` otherwise)."""
+        space = self.observation_space
+        if isinstance(space, gym.spaces.Box) or not isinstance(
+            space, (gym.spaces.Dict, gym.spaces.Tuple)
+        ):
+            array = np.asarray(obs, dtype=np.float32)
+            single = array.shape == tuple(space.shape or ())
+            return torch.from_numpy(array[None] if single else array), single
+        from .actor.agent import coerce_value
+
+        value = coerce_value(space, obs)
+        first_space = _leaf_spaces(space)[0]
+        single = leaves(value)[0].shape == tuple(first_space.shape or ())
+        if single:
+            value = map_value(lambda a: a[None], value)
+        check_observation_mask(space, self.action_space, value)
+        return map_value(lambda a: torch.from_numpy(np.ascontiguousarray(a)), value), single
+
     @torch.no_grad()
     def predict(
         self,
@@ -395,8 +463,12 @@ class DeployedPolicy(nn.Module):
         or a batch of them, as Stable-Baselines3's (and SB3-contrib's
         ``RecurrentPPO``) ``predict``; unpack it: ``action, state = policy.predict(obs)``.
 
-        ``action`` is numpy: an int64 scalar / ``[B]`` (Discrete) or float32
-        ``[act_dim]`` / ``[B, act_dim]`` (Box, clipped to its bounds). ``state`` is
+        ``action`` is numpy: an int64 scalar / ``[B]`` (Discrete), int64 ``[K]`` /
+        ``[B, K]`` (MultiDiscrete) or float32 ``[act_dim]`` / ``[B, act_dim]`` (Box,
+        clipped to its bounds). A Dict observation is a dict of arrays (one
+        observation, or a batch with the batch dim first); its ``action_mask``, if
+        any, restricts every action to the allowed ones, and a row that allows none
+        raises :class:`~zmq_rl.rl.masking.ActionMaskError`. ``state`` is
         None for a feed-forward policy; a recurrent one returns its next state
         (float32 ``[state_size]`` / ``[B, state_size]``) to pass back with the next
         observation, with ``episode_start`` (a bool, or ``[B]`` bools) True where the
@@ -419,11 +491,8 @@ class DeployedPolicy(nn.Module):
                 stacklevel=3,
             )
             state, deterministic = None, bool(state)
-        array = np.asarray(obs, dtype=np.float32)
-        shape = tuple(self.observation_space.shape or ())
-        single = array.shape == shape
-        batch = torch.from_numpy(array[None] if single else array)
-        n = int(batch.shape[0])
+        batch, single = self._obs_in(obs)
+        n = _rows(batch)
         next_state = None
         if self.recurrent:
             state_in = self._state_in(state, n, single)
@@ -585,16 +654,56 @@ def _check_spaces(policy: DeployedPolicy, env: gym.Env) -> None:
 
 def _example_inputs(policy: DeployedPolicy, batch: int = 2) -> tuple[torch.Tensor, ...]:
     """Inputs to trace the graph with: ``(obs,)``, or ``(obs, state, episode_start)``
-    for a recurrent policy (one row resetting, one carrying its state)."""
+    for a recurrent policy (one row resetting, one carrying its state); a Dict
+    observation is one input per key (:class:`_KeyedInputs`)."""
     space = policy.observation_space
-    sample = np.stack([space.sample() for _ in range(batch)]).astype(np.float32)
-    obs = torch.from_numpy(sample)
+    if policy.obs_keys:
+        obs: tuple[torch.Tensor, ...] = tuple(
+            torch.from_numpy(
+                np.stack([np.asarray(sub.sample()) for _ in range(batch)]).astype(wire_dtype(sub))
+            )
+            for sub in space.spaces.values()
+        )
+    else:
+        sample = np.stack([space.sample() for _ in range(batch)]).astype(np.float32)
+        obs = (torch.from_numpy(sample),)
     if not policy.recurrent:
-        return (obs,)
+        return obs
     state = torch.randn(batch, policy.state_size, generator=torch.Generator().manual_seed(0))
     starts = torch.zeros(batch)
     starts[0] = 1.0
-    return obs, state, starts
+    return (*obs, state, starts)
+
+
+class _KeyedInputs(nn.Module):
+    """A Dict-observation policy with one positional input per key (in the space's
+    order), then ``state`` and ``episode_start`` for a recurrent one: what the
+    exporters trace, since ONNX and TorchScript graphs take tensors, not dicts."""
+
+    def __init__(self, policy: DeployedPolicy) -> None:
+        super().__init__()
+        self.policy = policy
+        self.keys = policy.obs_keys
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        obs = dict(zip(self.keys, inputs[: len(self.keys)], strict=True))
+        return self.policy(obs, *inputs[len(self.keys) :])
+
+
+def _traceable(policy: DeployedPolicy) -> tuple[nn.Module, tuple[str, ...]]:
+    """The module the exporters trace and its input names: the policy itself (input
+    ``obs``), or for a Dict observation :class:`_KeyedInputs` (one input per key).
+    ValueError for a Tuple or nested Dict observation, which has no such names."""
+    extra = RECURRENT_INPUTS[1:] if policy.recurrent else ()
+    if policy.obs_keys:
+        return _KeyedInputs(policy), (*policy.obs_keys, *extra)
+    if not isinstance(policy.observation_space, gym.spaces.Box):
+        raise ValueError(
+            f"cannot export a policy of observation space {policy.observation_space}: the "
+            "exports take a Box, or a Dict of Box / Discrete / MultiDiscrete / MultiBinary "
+            "entries (one input per key)"
+        )
+    return policy, (RECURRENT_INPUTS if policy.recurrent else INPUTS)
 
 
 INPUTS = ("obs",)
@@ -607,29 +716,62 @@ RECURRENT_OUTPUTS = ("action", "next_state")
 def _metadata(policy: DeployedPolicy, fmt: str) -> dict[str, str]:
     """What a deployment needs to know besides the graph, as strings."""
     space = policy.action_space
-    action = (
-        {"type": "discrete", "n": int(space.n)}
-        if policy.discrete
-        else {
+    if policy.discrete:
+        action: dict[str, Any] = {"type": "discrete", "n": int(space.n)}
+    elif policy.multi_discrete:
+        action = {
+            "type": "multi_discrete",
+            "nvec": np.asarray(space.nvec).tolist(),
+            "start": np.asarray(space.start).tolist(),
+        }
+    else:
+        action = {
             "type": "box",
             "shape": list(space.shape),
             "low": np.asarray(space.low).tolist(),
             "high": np.asarray(space.high).tolist(),
         }
-    )
     source = getattr(policy, "source", None)
+    return (
+        {
+            "format": f"zmq_rl-policy-{fmt}",
+            "env_id": policy.env_id,
+            "env_kwargs": json.dumps(policy.env_kwargs),
+            "wrappers": json.dumps(policy.wrappers),
+            "observation_shape": json.dumps(list(policy.observation_space.shape or ())),
+            "action": json.dumps(action),
+            "version": str(policy.version),
+            "policy_config": json.dumps({} if source is None else config_dict(source.config)),
+            "input": "obs: float32 [batch, *observation_shape]",
+            "output": "action: int64 [batch] (discrete) or float32 [batch, act_dim] (box)",
+        }
+        | (_recurrent_metadata(policy) if policy.recurrent else {})
+        | _dict_metadata(policy)
+    )
+
+
+def _dict_metadata(policy: DeployedPolicy) -> dict[str, str]:
+    """A Dict observation's inputs (one per key: shape and dtype) and its action mask."""
+    if not policy.obs_keys:
+        return {}
+    spaces = policy.observation_space.spaces
+    entries = {
+        key: {"shape": list(spaces[key].shape or ()), "dtype": wire_dtype(spaces[key]).name}
+        for key in policy.obs_keys
+    }
+    inputs = "; ".join(f"{k}: {e['dtype']} [batch, *{e['shape']}]" for k, e in entries.items())
+    if policy.recurrent:
+        inputs += "; then state and episode_start (see state_size)"
+    mask = (
+        f"; actions are chosen among those whose {policy.mask_key} entry is 1"
+        if policy.mask_key
+        else ""
+    )
     return {
-        "format": f"zmq_rl-policy-{fmt}",
-        "env_id": policy.env_id,
-        "env_kwargs": json.dumps(policy.env_kwargs),
-        "wrappers": json.dumps(policy.wrappers),
-        "observation_shape": json.dumps(list(policy.observation_space.shape or ())),
-        "action": json.dumps(action),
-        "version": str(policy.version),
-        "policy_config": json.dumps({} if source is None else config_dict(source.config)),
-        "input": "obs: float32 [batch, *observation_shape]",
-        "output": "action: int64 [batch] (discrete) or float32 [batch, act_dim] (box)",
-    } | (_recurrent_metadata(policy) if policy.recurrent else {})
+        "observation_keys": json.dumps(entries),
+        "action_mask": policy.mask_key or "",
+        "input": f"one input per observation key, in this order: {inputs}{mask}",
+    }
 
 
 def _recurrent_metadata(policy: DeployedPolicy) -> dict[str, str]:
@@ -665,13 +807,13 @@ def export_onnx(policy: DeployedPolicy, out: Path) -> None:
             "ONNX export needs the onnx package: pip install 'zmq_rl[export]' (or pip "
             "install onnx); --format torchscript and safetensors need nothing more"
         )
+    module, inputs = _traceable(policy)
     example = _example_inputs(policy)
-    inputs = RECURRENT_INPUTS if policy.recurrent else INPUTS
     outputs = RECURRENT_OUTPUTS if policy.recurrent else OUTPUTS
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
         torch.onnx.export(
-            policy,
+            module,
             example,
             str(out),
             dynamo=False,
@@ -693,10 +835,11 @@ def export_torchscript(policy: DeployedPolicy, out: Path) -> None:
     (``torch.jit.load(path)(obs)``; recurrent: ``(obs, state, episode_start)`` ->
     ``(action, next_state)``; C++: ``torch::jit::load``), metadata in its
     ``extra_files["zmq_rl.json"]``."""
+    module, _ = _traceable(policy)
     example = _example_inputs(policy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings on shape checks, deprecations
-        frozen = copy.deepcopy(policy).requires_grad_(False)  # outputs need no .detach()
+        frozen = copy.deepcopy(module).requires_grad_(False)  # outputs need no .detach()
         traced = torch.jit.trace(frozen, example, check_trace=False)
         extra = {"zmq_rl.json": json.dumps(_metadata(policy, "torchscript"))}
         torch.jit.save(traced, str(out), _extra_files=extra)

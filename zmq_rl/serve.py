@@ -38,6 +38,7 @@ from .actor.client import (
     LearnerUnreachable,
 )
 from .config import ServeConfig
+from .rl.masking import ActionMaskError, check_observation_mask
 from .rl.policy import check_weights
 from .sparse_log import log_sparsely
 from .wire.codec import (
@@ -402,6 +403,10 @@ class InferenceServer:
         space = session.client.settings.observation_space
         n = session.num_envs
         obs = _observations(body, "obs", n, space, f" (observation space {space})")
+        try:  # an env error: refused before anything is sampled or recorded
+            check_observation_mask(space, session.client.settings.action_space, obs, "infer.obs")
+        except ActionMaskError as exc:
+            raise RequestError("bad_field", str(exc)) from None
         if session.pending is not None:
             self._record(session, body, obs, space)
         elif "reward" in body:

@@ -29,6 +29,7 @@ from typing import Any, Self
 import numpy as np
 import torch
 
+from ..rl.masking import check_observation_mask
 from ..rl.policy import Policy, WeightsMismatch, check_weights, import_weights, policy_from_welcome
 from ..wire.protocol import Weights, Welcome
 from ..wire.spaces import Value, as_value, env_actions, wire_dtype
@@ -89,6 +90,13 @@ class PolicyRunner:
             )
         self.state_size = size
         self.generator = torch.Generator().manual_seed(int(seed))
+
+    def check_mask(self, obs: Value, where: str = "observation") -> None:
+        """Refuse (:class:`~zmq_rl.rl.masking.ActionMaskError`, naming ``<where>.action_mask``
+        and the slot) observations to act on whose ``action_mask`` allows no action in
+        some row: the env is in error, and nothing is sampled or sent for it. A no-op
+        for spaces without a mask."""
+        check_observation_mask(self.observation_space, self.action_space, obs, where)
 
     def load(self, weights: Weights) -> bool:
         """Load ``weights`` when they are newer than the loaded ones; False (the old
@@ -237,6 +245,7 @@ class Agent:
         while not client.shutdown_requested and client.should_pause():
             self._load(client.wait_for_weights(PAUSE_WAIT_S))
         obs = coerce_value(self.observation_space, as_value(obs))
+        self.runner.check_mask(obs)
         state = self._state if self.runner.state_size else None
         actions, log_probs, values, next_state = self.runner.act(obs, state)
         self._pending = (obs, actions, values, log_probs, self._state)

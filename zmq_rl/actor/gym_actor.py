@@ -18,6 +18,7 @@ import torch
 
 from ..config import ActorConfig
 from ..envs import make_env
+from ..rl.masking import ActionMaskError
 from ..rl.policy import Policy, WeightsMismatch, import_weights
 from ..seeding import env_seeds
 from ..wire.protocol import Weights
@@ -34,10 +35,11 @@ class SpaceMismatch(RuntimeError):
 
 
 class BadEnvValue(ValueError):
-    """An env returned NaN or inf (or a reward past the learner's limit), or the policy
-    produced such a value or log-prob: the actor stops instead of sending rows the
-    learner would refuse. The message names the env id, the slot, the step of the
-    episode and the field (observation, reward, final observation)."""
+    """An env returned NaN or inf (or a reward past the learner's limit, or an
+    ``action_mask`` that allows no action), or the policy produced such a value or
+    log-prob: the actor stops instead of sending rows the learner would refuse. The
+    message names the env id, the slot, the step of the episode and the field
+    (observation, reward, final observation)."""
 
 
 ENV_FIELDS = {
@@ -135,7 +137,12 @@ class GymActor:
         truncated = np.zeros(len(envs), bool)
         episode_steps = np.zeros(len(envs), np.int64)  # steps of each slot's episode
         while not agent.shutdown_requested:
-            actions = agent.act(obs)
+            try:
+                actions = agent.act(obs)
+            except ActionMaskError as exc:  # the env's observation, not the policy
+                raise BadEnvValue(
+                    f"env {env_id} returned an observation that allows no action: {exc}"
+                ) from None
             final_obs, next_obs = {}, []
             for j, env in enumerate(envs):
                 action = actions[j].item() if actions[j].ndim == 0 else actions[j]

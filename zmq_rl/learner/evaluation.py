@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..envs import make_env
+from ..rl.masking import check_observation_mask
 from ..rl.networks import batch_obs, obs_tensor
 from ..rl.policy import Policy, is_recurrent
 from ..seeding import env_seeds
@@ -55,7 +56,10 @@ def evaluate_policy(
     policy.eval()
     try:
         while active:
-            batch = obs_tensor(batch_obs(obs_space, [obs[i] for i in active]))
+            raw = batch_obs(obs_space, [obs[i] for i in active])
+            # An action_mask that allows nothing is the env's error, as on the actors.
+            check_observation_mask(obs_space, space, raw, "evaluation observation")
+            batch = obs_tensor(raw)
             if recurrent:
                 actions, _, _, next_state = policy.act_recurrent(
                     batch, state[active], deterministic=True

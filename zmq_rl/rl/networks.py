@@ -19,6 +19,10 @@ action (which keeps :class:`zmq_rl.rl.policy.ActorCritic`, unchanged):
   Bernoulli per bit, ``Box`` a diagonal Gaussian with a state-independent
   ``log_std`` (any shape, flattened). Log-probabilities and entropies are sums over
   the components (the components are independent given the observation).
+  Categorical heads take an optional action mask (:mod:`zmq_rl.rl.masking`): with a
+  Dict observation holding ``action_mask`` (PettingZoo's convention), the networks
+  below mask their logits with it when they sample, take the mode, and evaluate
+  log-probs and entropies. The mask is also encoded as an ordinary observation part.
 * :class:`StructuredActorCritic` = encoder + trunk(s) + heads; the feed-forward
   policy interface (``act``, ``evaluate_actions``, ``value``).
 * :class:`RecurrentActorCritic` = encoder + trunk + an LSTM or GRU cell + heads; the
@@ -45,6 +49,7 @@ from ..wire.spaces import Value, map_value
 from .cnn import nature_conv
 from .layers import layer as _layer
 from .layers import trunk as _trunk
+from .masking import mask_key, masked_logits
 from .normalization import merge_moments
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "ObsEncoder",
     "RecurrentActorCritic",
     "StructuredActorCritic",
+    "action_mask_of",
     "batch_obs",
     "obs_tensor",
 ]
@@ -354,12 +360,23 @@ class ActionHeads(nn.Module):
                 "MultiDiscrete, MultiBinary or Box"
             )
 
-    def _log_softmax(self, params: torch.Tensor) -> torch.Tensor:
-        """``[N, K, widest]`` log-probabilities; padding is ``-inf``."""
+    def _log_softmax(self, params: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """``[N, K, widest]`` log-probabilities; padding is ``-inf``; with an action
+        ``mask`` ``[N, num_params]`` (0 = masked) the masked logits are
+        :func:`~zmq_rl.rl.masking.masked_logits` first, so the softmax renormalises
+        over the allowed actions."""
+        if mask is not None:
+            params = masked_logits(params, mask)
         logits = params[:, self.index]
         if self.padded:
             logits = logits.masked_fill(~self.valid, -math.inf)
         return F.log_softmax(logits, dim=-1)
+
+    def _allowed(self, mask: torch.Tensor) -> torch.Tensor:
+        """The mask ``[N, num_params]`` laid out as the logits: ``[N, K, widest]`` bool,
+        False where masked or padding."""
+        allowed = (mask.reshape(mask.shape[0], -1) != 0)[:, self.index]
+        return allowed & self.valid if self.padded else allowed
 
     def _out(self, flat: torch.Tensor) -> torch.Tensor:
         return flat.reshape(flat.shape[0], *self.shape)
@@ -369,16 +386,22 @@ class ActionHeads(nn.Module):
         params: torch.Tensor,
         generator: torch.Generator | None = None,
         deterministic: bool = False,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(action ``[N, *shape]``, log_prob ``[N]``) sampled from (or the mode of) the
-        distribution with ``params`` ``[N, num_params]``."""
+        distribution with ``params`` ``[N, num_params]``. ``mask`` ``[N, num_params]``
+        (categorical heads only; 0 = masked) restricts sampling and the mode to the
+        allowed actions; each row needs one allowed action per component."""
         if self.kind == "categorical":
-            log_p = self._log_softmax(params)
+            log_p = self._log_softmax(params, mask)
             if deterministic:
-                action = log_p.argmax(dim=-1)
+                scores = log_p
             else:  # Gumbel-max, as ActorCritic.act
                 e = torch.empty_like(log_p).exponential_(generator=generator)
-                action = (log_p - e.log()).argmax(dim=-1)
+                scores = log_p - e.log()
+            if mask is not None:  # exact even where noise could rival finfo.min
+                scores = scores.masked_fill(~self._allowed(mask), -math.inf)
+            action = scores.argmax(dim=-1)
             log_prob = log_p.gather(-1, action.unsqueeze(-1)).squeeze(-1).sum(dim=-1)
             return self._out(action), log_prob
         if self.kind == "bernoulli":
@@ -402,17 +425,26 @@ class ActionHeads(nn.Module):
         return self._out(action), log_prob
 
     def evaluate(
-        self, params: torch.Tensor, actions: torch.Tensor
+        self, params: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log_prob ``[N]``, entropy ``[N]``) of given policy actions, with grad."""
+        """(log_prob ``[N]``, entropy ``[N]``) of given policy actions, with grad; with
+        ``mask`` (as :meth:`sample`) both are of the distribution renormalised over the
+        allowed actions, and masked actions add nothing to the entropy."""
         n = params.shape[0]
         if self.kind == "categorical":
-            log_p = self._log_softmax(params)
+            log_p = self._log_softmax(params, mask)
             index = actions.reshape(n, -1, 1).long()
             log_prob = log_p.gather(-1, index).squeeze(-1).sum(dim=-1)
-            p_log_p = log_p.exp() * log_p
-            if self.padded:
-                p_log_p = p_log_p.masked_fill(~self.valid, 0.0)
+            # p log p over the allowed categories only. Masked and padding entries
+            # are zeroed *before* the product (exp(0) * 0 = 0): after it, their
+            # backward would be 0 * log 0 = NaN (padding's log-prob is -inf).
+            if mask is not None:
+                log_p_kept = log_p.masked_fill(~self._allowed(mask), 0.0)
+            elif self.padded:
+                log_p_kept = log_p.masked_fill(~self.valid, 0.0)
+            else:
+                log_p_kept = log_p
+            p_log_p = log_p_kept.exp() * log_p_kept
             return log_prob, -p_log_p.sum(dim=(-1, -2))
         if self.kind == "bernoulli":
             bits = actions.reshape(n, -1).to(params.dtype)
@@ -429,6 +461,14 @@ class ActionHeads(nn.Module):
 
 
 # --------------------------------------------------------------------------- networks
+
+
+def action_mask_of(obs: Any, key: str | None) -> torch.Tensor | None:
+    """The ``action_mask`` tensor of an observation value (a dict of tensors), or None
+    for a policy without one (``key`` None, from :func:`~zmq_rl.rl.masking.mask_key`).
+    The mask is read from the observation itself, so the actor that samples and the
+    learner that evaluates the stored row see the same one."""
+    return None if key is None else obs[key]
 
 
 class StructuredActorCritic(nn.Module):
@@ -452,6 +492,7 @@ class StructuredActorCritic(nn.Module):
         cfg.validate()
         self.encoder = ObsEncoder(observation_space, cfg)
         self.heads = ActionHeads(action_space, cfg)
+        self.mask_key = mask_key(observation_space, action_space)
         self.shared_trunk = bool(cfg.shared_trunk)
         width = cfg.hidden_sizes[-1]
         if self.shared_trunk:
@@ -492,18 +533,22 @@ class StructuredActorCritic(nn.Module):
         generator: torch.Generator | None = None,
         deterministic: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample (or take the mode of) actions: (action, log_prob ``[N]``, value ``[N]``)."""
+        """Sample (or take the mode of) actions: (action, log_prob ``[N]``, value ``[N]``);
+        masked actions (the observation's ``action_mask``, if any) are never chosen."""
         params, value = self(obs)
-        action, log_prob = self.heads.sample(params, generator, deterministic)
+        mask = action_mask_of(obs, self.mask_key)
+        action, log_prob = self.heads.sample(params, generator, deterministic, mask)
         return action, log_prob, value
 
     def evaluate_actions(
         self, obs: Any, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(log_prob, entropy, value) of given actions, ``[N]`` each, with grad;
-        log-prob and entropy summed over the action components."""
+        log-prob and entropy summed over the action components, of the distribution
+        masked by the observation's ``action_mask`` (if any), as :meth:`act` sampled."""
         params, value = self(obs)
-        log_prob, entropy = self.heads.evaluate(params, actions)
+        mask = action_mask_of(obs, self.mask_key)
+        log_prob, entropy = self.heads.evaluate(params, actions, mask)
         return log_prob, entropy, value
 
 
@@ -537,6 +582,7 @@ class RecurrentActorCritic(nn.Module):
         self.cell_type = cfg.policy_type
         self.encoder = ObsEncoder(observation_space, cfg)
         self.heads = ActionHeads(action_space, cfg)
+        self.mask_key = mask_key(observation_space, action_space)
         self.trunk = _trunk(self.encoder.out_features, cfg)
         self.width = width = cfg.hidden_sizes[-1]
         if self.cell_type == "lstm":
@@ -606,7 +652,8 @@ class RecurrentActorCritic(nn.Module):
         x = self._features(obs)
         h, next_state = self._unroll(x.unsqueeze(0), self._check_state(state, x.shape[0]))
         h = h[0]
-        action, log_prob = self.heads.sample(self.policy_head(h), generator, deterministic)
+        mask = action_mask_of(obs, self.mask_key)
+        action, log_prob = self.heads.sample(self.policy_head(h), generator, deterministic, mask)
         return action, log_prob, self.value_head(h).squeeze(-1), next_state
 
     def evaluate_sequence(
@@ -630,7 +677,8 @@ class RecurrentActorCritic(nn.Module):
         h, final = self._unroll(x, self._check_state(state, n), lengths)
         h = h.reshape(length * n, -1)
         flat_actions = actions.reshape(length * n, *actions.shape[2:])
-        log_prob, entropy = self.heads.evaluate(self.policy_head(h), flat_actions)
+        mask = action_mask_of(flat, self.mask_key)
+        log_prob, entropy = self.heads.evaluate(self.policy_head(h), flat_actions, mask)
         value = self.value_head(h).squeeze(-1)
         return (
             log_prob.reshape(length, n),
