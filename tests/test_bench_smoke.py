@@ -38,6 +38,7 @@ SCRIPTS = (
     "learner_ranks",
     "learner_ceiling",
     "scaling",
+    "update_cost",
 )
 TIMEOUT_S = 150.0
 
@@ -352,6 +353,15 @@ def test_scaling_smoke(smoke: SmokeRuns) -> None:
     assert row["env_only_s"] == pytest.approx(env_only)
     assert row["ratio"] == pytest.approx(row["time_to_score_s"] / env_only)
     assert 0.0 < row["learner_busy_share"] <= 1.05, row
+
+
+def test_update_cost_smoke(smoke: SmokeRuns) -> None:
+    """Both heads timed with closed-form gradients and with autograd, per step."""
+    data = smoke.result("update_cost")
+    assert sorted(r["action"] for r in data["rows"]) == ["box", "discrete"]
+    for row in data["rows"]:
+        assert row["analytic_step_ms"] > 0 and row["autograd_step_ms"] > 0, row
+        assert row["steps_per_update"] == 4 * 4, row  # 4,096 rows in minibatches of 1,024
 
 
 @pytest.mark.parametrize(

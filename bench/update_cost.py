@@ -1,0 +1,135 @@
+"""The cost of one PPO update with closed-form gradients against autograd, in one
+process, alternating (``PPOConfig.analytic_gradients`` on and off), on one torch thread.
+
+A ``Trainer.update`` of a LunarLander-sized rollout (8-dim observations, 256 steps x
+16 slots = 4,096 rows, 4 epochs, the 64 x 64 MLP) with a Discrete(4) head (the
+LunarLander-v3 preset) and a 2-dim Box head (LunarLanderContinuous-v3), per minibatch
+size: the median milliseconds per update and per minibatch step, and the ratio.
+
+    python bench/update_cost.py
+    python bench/update_cost.py --minibatches 64 --rounds 5
+    python bench/update_cost.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _util  # noqa: E402
+
+T, B, OBS_DIM = 256, 16, 8
+
+
+def make_trainer(action: str, minibatch: int, analytic: bool) -> Any:
+    """A CPU trainer of the preset's shape: Discrete(4) or a 2-dim Box head."""
+    import numpy as np
+    from gymnasium import spaces
+
+    from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
+    from zmq_rl.rl.trainer import Trainer
+
+    cfg = LearnerConfig(
+        device="cpu", num_actors=1, num_envs=B, num_steps=T, torch_threads=1, seed=0
+    )
+    ppo = PPOConfig(num_epochs=4, minibatch_size=minibatch, analytic_gradients=analytic)
+    act_space = spaces.Discrete(4) if action == "discrete" else spaces.Box(-1, 1, (2,), np.float32)
+    obs_space = spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+    return Trainer(cfg, ppo, PolicyConfig(hidden_sizes=(64, 64)), obs_space, act_space)
+
+
+def random_rollout(action: str, rng: Any) -> Any:
+    """A rollout of random rows (the update's cost does not depend on their values)."""
+    import numpy as np
+
+    from zmq_rl.rl.rollout import Rollout
+
+    if action == "discrete":
+        actions = rng.integers(0, 4, (T, B)).astype(np.int64)
+        log_probs = np.full((T, B), np.log(0.25), np.float32)
+    else:
+        actions = rng.standard_normal((T, B, 2)).astype(np.float32)
+        log_probs = rng.standard_normal((T, B)).astype(np.float32) - 2.0
+    return Rollout(
+        slots=[(b, 0) for b in range(B)],
+        obs=rng.standard_normal((T, B, OBS_DIM)).astype(np.float32),
+        actions=actions,
+        rewards=rng.standard_normal((T, B)).astype(np.float32),
+        terminated=rng.random((T, B)) < 0.02,
+        truncated=np.zeros((T, B), bool),
+        values=rng.standard_normal((T, B)).astype(np.float32),
+        log_probs=log_probs,
+        versions=np.zeros((T, B), np.int64),
+        bootstrap_obs=rng.standard_normal((B, OBS_DIM)).astype(np.float32),
+        final_t=np.zeros(0, np.int64),
+        final_b=np.zeros(0, np.int64),
+        final_obs=np.zeros((0, OBS_DIM), np.float32),
+    )
+
+
+def measure(action: str, minibatch: int, rounds: int, warmup: int = 2) -> dict[str, Any]:
+    """Median seconds per update, analytic and autograd, alternating update by update."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    trainers = {flag: make_trainer(action, minibatch, flag) for flag in (True, False)}
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(warmup + rounds):
+        for flag, trainer in trainers.items():
+            rollout = random_rollout(action, rng)
+            start = time.perf_counter()
+            trainer.update(rollout, 0.0)
+            if i >= warmup:
+                times[flag].append(time.perf_counter() - start)
+    steps = 4 * -(-T * B // minibatch)
+    fast, slow = (statistics.median(times[flag]) for flag in (True, False))
+    return {
+        "action": action, "minibatch": minibatch, "steps_per_update": steps,
+        "analytic_ms": 1e3 * fast, "autograd_ms": 1e3 * slow,
+        "analytic_step_ms": 1e3 * fast / steps, "autograd_step_ms": 1e3 * slow / steps,
+        "ratio": slow / fast,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    _util.add_common_flags(parser)
+    parser.add_argument("--minibatches", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--actions", nargs="+", default=["discrete", "box"])
+    parser.add_argument("--rounds", type=int, default=7, help="timed updates per cell and mode")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.minibatches, args.rounds = [1024], 1
+    rows = [
+        measure(action, minibatch, args.rounds)
+        for action in args.actions
+        for minibatch in args.minibatches
+    ]
+    table = [
+        [
+            r["action"], r["minibatch"], f"{r['autograd_ms']:.1f}", f"{r['analytic_ms']:.1f}",
+            f"{r['autograd_step_ms']:.3f}", f"{r['analytic_step_ms']:.3f}", f"{r['ratio']:.2f}x",
+        ]
+        for r in rows
+    ]  # fmt: skip
+    _util.print_table(
+        ["head", "minibatch", "autograd ms", "closed form ms", "autograd ms/step",
+         "closed form ms/step", "speed-up"],
+        table,
+    )  # fmt: skip
+    data = {"rows": rows, "rounds": args.rounds, "rollout_rows": T * B}
+    _util.write_result("update_cost", args, data)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
