@@ -4,6 +4,7 @@ the kinks of the clipped objective; and the trainer's steps with and without the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -184,3 +185,28 @@ def test_a_poisoned_minibatch_is_still_skipped():
     assert metrics["losses/skipped_minibatches"] >= 1.0
     assert all(torch.isfinite(p).all() for p in policy.parameters())
     assert any(not torch.equal(p, q) for p, q in zip(policy.parameters(), before, strict=True))
+
+
+def test_adam_state_loaded_mid_run_is_the_one_stepped():
+    """After a checkpoint load replaces Adam's tensors, the next steps move the new
+    ones (a stale list of the old moments would leave them as loaded)."""
+    policy = _policy("discrete", dtype=torch.float32)
+    trainer = PPOTrainer(policy, PPOConfig(num_epochs=1, minibatch_size=16), seed=0)
+    trainer.update(_rollout_batch(policy, 32, 0))
+    trainer.load_state_dict(copy.deepcopy(trainer.state_dict()))  # new tensors
+    param = next(policy.parameters())
+    loaded = trainer.optimizer.state[param]["exp_avg"]
+    before = loaded.clone()
+    trainer.update(_rollout_batch(policy, 32, 1))
+    assert trainer.optimizer.state[param]["exp_avg"] is loaded
+    assert not torch.equal(loaded, before)
+    assert float(trainer.optimizer.state[param]["step"]) == 4.0
+
+
+def test_optimizer_step_hooks_still_run():
+    policy = _policy("box", dtype=torch.float32)
+    trainer = PPOTrainer(policy, PPOConfig(num_epochs=2, minibatch_size=16), seed=0)
+    steps = []
+    trainer.optimizer.register_step_post_hook(lambda *_: steps.append(1))
+    trainer.update(_rollout_batch(policy, 32, 0))
+    assert len(steps) == 2 * 2

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 from collections.abc import Iterable
@@ -567,13 +568,8 @@ class _FlatSteps:
             return
         group = optimizer.param_groups[0]
         beta1, beta2 = group["betas"]
-        functional_adam(
-            *lists, amsgrad=group["amsgrad"], beta1=beta1, beta2=beta2, lr=group["lr"],
-            weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-            foreach=group["foreach"], capturable=group["capturable"],
-            differentiable=group["differentiable"], fused=group["fused"],
-            decoupled_weight_decay=group["decoupled_weight_decay"],
-        )  # fmt: skip
+        options = {k: group[k] for k in _ADAM_OPTIONS if k in group}
+        functional_adam(*lists, beta1=beta1, beta2=beta2, lr=group["lr"], **options)
 
     def _lists(self, optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], ...] | None:
         """Adam's (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps), or
@@ -595,6 +591,17 @@ class _FlatSteps:
                 [s["step"] for s in states],
             )
         return self._adam_lists
+
+
+_ADAM_OPTIONS = tuple(
+    name
+    for name in (
+        "amsgrad", "weight_decay", "eps", "maximize", "foreach", "capturable",
+        "differentiable", "fused", "decoupled_weight_decay",
+    )
+    if name in inspect.signature(functional_adam).parameters
+)  # fmt: skip
+"""The param-group options torch's functional ``adam`` takes (they vary by version)."""
 
 
 def _has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
