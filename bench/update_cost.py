@@ -1,13 +1,15 @@
 """The cost of one PPO update with closed-form gradients against autograd, in one
 process, alternating (``PPOConfig.analytic_gradients`` on and off), on one torch thread.
 
-A ``Trainer.update`` of a LunarLander-sized rollout (8-dim observations, 256 steps x
-16 slots = 4,096 rows, 4 epochs, the 64 x 64 MLP) with a Discrete(4) head (the
-LunarLander-v3 preset) and a 2-dim Box head (LunarLanderContinuous-v3), per minibatch
-size: the median milliseconds per update and per minibatch step, and the ratio.
+A ``Trainer.update`` (eager steps: no CUDA graphs) of a LunarLander-sized rollout
+(8-dim observations, 256 steps x 16 slots = 4,096 rows, 4 epochs, the 64 x 64 MLP)
+with a Discrete(4) head (the LunarLander-v3 preset) and a 2-dim Box head
+(LunarLanderContinuous-v3), per minibatch size: the median milliseconds per update and
+per minibatch step, and the ratio.
 
     python bench/update_cost.py
     python bench/update_cost.py --minibatches 64 --rounds 5
+    python bench/update_cost.py --device cuda
     python bench/update_cost.py --smoke
 """
 
@@ -28,8 +30,9 @@ import _util  # noqa: E402
 T, B, OBS_DIM = 256, 16, 8
 
 
-def make_trainer(action: str, minibatch: int, analytic: bool) -> Any:
-    """A CPU trainer of the preset's shape: Discrete(4) or a 2-dim Box head."""
+def make_trainer(action: str, minibatch: int, analytic: bool, device: str = "cpu") -> Any:
+    """A trainer of the preset's shape (Discrete(4) or a 2-dim Box head) on ``device``,
+    eager steps (no CUDA graphs)."""
     import numpy as np
     from gymnasium import spaces
 
@@ -37,9 +40,11 @@ def make_trainer(action: str, minibatch: int, analytic: bool) -> Any:
     from zmq_rl.rl.trainer import Trainer
 
     cfg = LearnerConfig(
-        device="cpu", num_actors=1, num_envs=B, num_steps=T, torch_threads=1, seed=0
+        device=device, num_actors=1, num_envs=B, num_steps=T, torch_threads=1, seed=0
     )
-    ppo = PPOConfig(num_epochs=4, minibatch_size=minibatch, analytic_gradients=analytic)
+    ppo = PPOConfig(
+        num_epochs=4, minibatch_size=minibatch, analytic_gradients=analytic, cuda_graphs=False
+    )
     act_space = spaces.Discrete(4) if action == "discrete" else spaces.Box(-1, 1, (2,), np.float32)
     obs_space = spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
     return Trainer(cfg, ppo, PolicyConfig(hidden_sizes=(64, 64)), obs_space, act_space)
@@ -74,26 +79,31 @@ def random_rollout(action: str, rng: Any) -> Any:
     )
 
 
-def measure(action: str, minibatch: int, rounds: int, warmup: int = 2) -> dict[str, Any]:
+def measure(
+    action: str, minibatch: int, rounds: int, device: str = "cpu", warmup: int = 2
+) -> dict[str, Any]:
     """Median seconds per update, analytic and autograd, alternating update by update."""
     import numpy as np
     import torch
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
-    trainers = {flag: make_trainer(action, minibatch, flag) for flag in (True, False)}
+    trainers = {flag: make_trainer(action, minibatch, flag, device) for flag in (True, False)}
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times: dict[bool, list[float]] = {True: [], False: []}
     for i in range(warmup + rounds):
         for flag, trainer in trainers.items():
             rollout = random_rollout(action, rng)
+            sync()
             start = time.perf_counter()
             trainer.update(rollout, 0.0)
+            sync()
             if i >= warmup:
                 times[flag].append(time.perf_counter() - start)
     steps = 4 * -(-T * B // minibatch)
     fast, slow = (statistics.median(times[flag]) for flag in (True, False))
     return {
-        "action": action, "minibatch": minibatch, "steps_per_update": steps,
+        "action": action, "minibatch": minibatch, "device": device, "steps_per_update": steps,
         "analytic_ms": 1e3 * fast, "autograd_ms": 1e3 * slow,
         "analytic_step_ms": 1e3 * fast / steps, "autograd_step_ms": 1e3 * slow / steps,
         "ratio": slow / fast,
@@ -106,11 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minibatches", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--actions", nargs="+", default=["discrete", "box"])
     parser.add_argument("--rounds", type=int, default=7, help="timed updates per cell and mode")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (eager steps on both)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.minibatches, args.rounds = [1024], 1
     rows = [
-        measure(action, minibatch, args.rounds)
+        measure(action, minibatch, args.rounds, args.device)
         for action in args.actions
         for minibatch in args.minibatches
     ]
