@@ -138,6 +138,8 @@ def test_support_is_the_plain_mlp_under_ppo():
     assert "objective" in analytic_support(mlp, PPOConfig(objective="decoupled"))
     lstm = build_policy(OBS, SPACES["discrete"], PolicyConfig(policy_type="lstm"))
     assert "RecurrentActorCritic" in analytic_support(lstm, PPOConfig())
+    mlp.policy_head.bias.requires_grad_(False)  # autograd would leave it alone
+    assert "frozen" in analytic_support(mlp, PPOConfig())
 
 
 def _rollout_batch(policy, n: int, seed: int) -> RolloutBatch:

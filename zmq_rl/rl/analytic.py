@@ -75,8 +75,9 @@ class AnalyticLoss(NamedTuple):
 def analytic_support(policy: nn.Module, cfg: PPOConfig) -> str | None:
     """``None`` when :func:`ppo_gradients` computes this policy's PPO gradients, else
     the reason it does not (the trainer then uses autograd): only the plain
-    :class:`ActorCritic` MLP (not a subclass, whose forward may differ), with its
-    parameters of one dtype on one device, under the ``ppo`` objective qualifies."""
+    :class:`ActorCritic` MLP (not a subclass, whose forward may differ), with every
+    parameter trainable and of one dtype on one device, under the ``ppo`` objective
+    qualifies."""
     if type(policy) is not ActorCritic:
         return f"{type(policy).__name__} is not the MLP ActorCritic"
     if cfg.objective != "ppo":
@@ -84,6 +85,8 @@ def analytic_support(policy: nn.Module, cfg: PPOConfig) -> str | None:
     kinds = {(p.dtype, p.device) for p in policy.parameters()}
     if len(kinds) != 1:
         return f"its parameters have {len(kinds)} dtypes/devices, not one"
+    if not all(p.requires_grad for p in policy.parameters()):
+        return "some of its parameters are frozen (requires_grad False)"
     return None
 
 
