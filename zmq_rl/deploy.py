@@ -49,7 +49,7 @@ from torch.nn import functional as F
 from .config import PolicyConfig, parse_env_kwargs
 from .learner.checkpoint import config_dict
 from .rl.masking import check_observation_mask
-from .rl.networks import action_mask_of
+from .rl.networks import action_mask_of, leaf_paths
 from .rl.policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
 from .wire.spaces import leaves, map_value, wire_dtype
 
@@ -256,15 +256,6 @@ def _rows(obs: Any) -> int:
     return int(leaves(obs)[0].shape[0])
 
 
-def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
-    """The leaf spaces of ``space`` in spec order (the order of :func:`leaves`)."""
-    if isinstance(space, gym.spaces.Dict):
-        return [leaf for sub in space.spaces.values() for leaf in _leaf_spaces(sub)]
-    if isinstance(space, gym.spaces.Tuple):
-        return [leaf for sub in space.spaces for leaf in _leaf_spaces(sub)]
-    return [space]
-
-
 def _flat_dict_keys(space: gym.Space) -> tuple[str, ...]:
     """The keys of a Dict observation space whose entries are all leaf spaces (what
     the exports take as one input per key); ``()`` for any other space."""
@@ -444,7 +435,7 @@ class DeployedPolicy(nn.Module):
         from .actor.agent import coerce_value
 
         value = coerce_value(space, obs)
-        first_space = _leaf_spaces(space)[0]
+        first_space = leaf_paths(space)[0][1]
         single = leaves(value)[0].shape == tuple(first_space.shape or ())
         if single:
             value = map_value(lambda a: a[None], value)

@@ -22,6 +22,7 @@ records the step. docs/embedding.md describes the contract.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any, Self
@@ -29,7 +30,7 @@ from typing import Any, Self
 import numpy as np
 import torch
 
-from ..rl.masking import check_observation_mask
+from ..rl.masking import check_action_mask, mask_key, mask_nvec
 from ..rl.policy import Policy, WeightsMismatch, check_weights, import_weights, policy_from_welcome
 from ..wire.protocol import Weights, Welcome
 from ..wire.spaces import Value, as_value, env_actions, wire_dtype
@@ -96,7 +97,16 @@ class PolicyRunner:
         and the slot) observations to act on whose ``action_mask`` allows no action in
         some row: the env is in error, and nothing is sampled or sent for it. A no-op
         for spaces without a mask."""
-        check_observation_mask(self.observation_space, self.action_space, obs, where)
+        if self._mask is not None:
+            key, nvec = self._mask
+            check_action_mask(obs[key], nvec, f"{where}.{key}")
+
+    @functools.cached_property
+    def _mask(self) -> tuple[str, np.ndarray] | None:
+        """The observation's mask key and the action components' sizes, worked out
+        once (None: the spaces have no mask)."""
+        key = mask_key(self.observation_space, self.action_space)
+        return None if key is None else (key, mask_nvec(self.action_space))
 
     def load(self, weights: Weights) -> bool:
         """Load ``weights`` when they are newer than the loaded ones; False (the old

@@ -36,9 +36,10 @@ import torch
 from torch import nn
 
 from zmq_rl.config import PPOConfig
+from zmq_rl.rl.loss_terms import PPOLoss
 from zmq_rl.rl.policy import ActorCritic
 
-__all__ = ["AnalyticBatch", "AnalyticLoss", "analytic_support", "ppo_gradients"]
+__all__ = ["AnalyticBatch", "analytic_support", "ppo_gradients"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _TANH_BACKWARD = torch.ops.aten.tanh_backward.default
@@ -56,20 +57,6 @@ class AnalyticBatch(NamedTuple):
     old_value: torch.Tensor
     returns: torch.Tensor
     advantages: torch.Tensor
-
-
-class AnalyticLoss(NamedTuple):
-    """The loss terms of one step, detached (as :class:`zmq_rl.rl.ppo.PPOLoss`), and
-    ``terms``: the five means in one ``[5]`` tensor (policy loss, value loss, entropy,
-    approx KL, clip fraction), the order of the trainer's metric sums."""
-
-    total: torch.Tensor
-    policy_loss: torch.Tensor
-    value_loss: torch.Tensor
-    entropy: torch.Tensor
-    approx_kl: torch.Tensor
-    clip_fraction: torch.Tensor
-    terms: torch.Tensor
 
 
 def analytic_support(policy: nn.Module, cfg: PPOConfig) -> str | None:
@@ -154,7 +141,7 @@ def ppo_gradients(
     cfg: PPOConfig,
     clip_range: float,
     out: dict[nn.Parameter, torch.Tensor] | None = None,
-) -> tuple[AnalyticLoss, dict[nn.Parameter, torch.Tensor]]:
+) -> tuple[PPOLoss, dict[nn.Parameter, torch.Tensor]]:
     """The PPO loss of :func:`zmq_rl.rl.ppo.ppo_loss` on ``batch`` and the gradient of
     its total (eq. 9 negated: ``policy_loss - ent_coef * H + vf_coef * value_loss``)
     with respect to every parameter of ``policy``, computed in closed form (see the
@@ -169,7 +156,7 @@ def ppo_gradients(
 
 def _ppo_gradients(
     policy: ActorCritic, batch: AnalyticBatch, cfg: PPOConfig, clip_range: float, grads: _Grads
-) -> AnalyticLoss:
+) -> PPOLoss:
     relu = policy.activation_name == "relu"
     x = policy.flat_obs(batch.obs)
     n = x.shape[0]
@@ -258,6 +245,4 @@ def _ppo_gradients(
     terms = rows.sum(1).mul_(weights.div_(n))
     policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction = terms.unbind()
     total = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
-    return AnalyticLoss(
-        total, policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction, terms
-    )
+    return PPOLoss(total, policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction)

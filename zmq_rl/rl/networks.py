@@ -59,6 +59,7 @@ __all__ = [
     "StructuredActorCritic",
     "action_mask_of",
     "batch_obs",
+    "leaf_paths",
     "obs_tensor",
 ]
 
@@ -72,13 +73,13 @@ IMAGE_MIN_SIDE = 36
 # --------------------------------------------------------------------------- values
 
 
-def _leaf_paths(space: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
+def leaf_paths(space: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
     """``(path, leaf space)`` of every leaf of ``space`` in spec order; a path is the
     keys / indices that lead to the leaf in a value."""
     if isinstance(space, gymnasium.spaces.Dict):
-        return [p for k, s in space.spaces.items() for p in _leaf_paths(s, (*path, k))]
+        return [p for k, s in space.spaces.items() for p in leaf_paths(s, (*path, k))]
     if isinstance(space, gymnasium.spaces.Tuple):
-        return [p for i, s in enumerate(space.spaces) for p in _leaf_paths(s, (*path, i))]
+        return [p for i, s in enumerate(space.spaces) for p in leaf_paths(s, (*path, i))]
     return [(path, space)]
 
 
@@ -276,7 +277,7 @@ class ObsEncoder(nn.Module):
         super().__init__()
         self.paths: list[tuple] = []
         parts: list[nn.Module] = []
-        for path, leaf in _leaf_paths(space):
+        for path, leaf in leaf_paths(space):
             if isinstance(leaf, gymnasium.spaces.Box):
                 part: nn.Module = (
                     _ImagePart(leaf, cfg.ortho_init)

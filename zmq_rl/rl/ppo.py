@@ -28,10 +28,13 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
+from torch.optim import optimizer as optimizer_module
 from torch.optim.adam import adam as functional_adam
 
 from zmq_rl.config import PPOConfig
-from zmq_rl.rl.analytic import AnalyticBatch, AnalyticLoss, analytic_support, ppo_gradients
+from zmq_rl.rl.analytic import AnalyticBatch, analytic_support, ppo_gradients
+from zmq_rl.rl.loss_terms import MEAN_KEYS as _MEAN_KEYS
+from zmq_rl.rl.loss_terms import PPOLoss
 from zmq_rl.rl.policy import Policy
 from zmq_rl.wire.spaces import leaves, map_value
 
@@ -50,27 +53,6 @@ __all__ = [
 ]
 
 
-class PPOLoss(NamedTuple):
-    """Output of :func:`ppo_loss` (all scalar tensors).
-
-    Attributes:
-      total: the loss to minimise, ``policy_loss - ent_coef * entropy + vf_coef * value_loss``
-        (the negated objective ``L^{CLIP+VF+S}`` of eq. 9); the only field with grad
-        through all three terms.
-      policy_loss: ``-L^{CLIP}`` (eq. 7), with grad.
-      value_loss: ``0.5 * mean((V - R)^2)`` or its clipped variant, with grad.
-      entropy: mean policy entropy, with grad.
-      approx_kl: ``mean((r - 1) - log r)``, detached: an unbiased, non-negative
-        estimator of ``KL(pi_old || pi)`` (Schulman's "k3", http://joschu.net/blog/kl-approx.html).
-      clip_fraction: fraction of samples with ``|r - 1| > clip_range``, detached.
-    """
-
-    total: torch.Tensor
-    policy_loss: torch.Tensor
-    value_loss: torch.Tensor
-    entropy: torch.Tensor
-    approx_kl: torch.Tensor
-    clip_fraction: torch.Tensor
 
 
 def ppo_loss(
@@ -366,9 +348,6 @@ class RolloutBatch:
                 raise ValueError(f"{name} has shape {shape}, expected {lead}")
 
 
-_MEAN_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
-
-
 class LossInputs(NamedTuple):
     """One minibatch's tensors as every objective takes them.
 
@@ -496,11 +475,8 @@ class _Tally:
             torch.ones((), dtype=torch.bool, device=device),
         )
 
-    def add(self, loss: PPOLoss | AnalyticLoss) -> None:
-        if isinstance(loss, AnalyticLoss):
-            self.sums += loss.terms  # already stacked, in _MEAN_KEYS order
-        else:
-            self.sums += torch.stack([getattr(loss, key).detach() for key in _MEAN_KEYS]).double()
+    def add(self, loss: PPOLoss) -> None:
+        self.sums += torch.stack([getattr(loss, key).detach() for key in _MEAN_KEYS]).double()
         self.minibatches += 1
 
 
@@ -607,14 +583,12 @@ _ADAM_OPTIONS = tuple(
 def _has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
     """Whether a step hook is registered on ``optimizer`` or globally (then only
     ``optimizer.step()`` runs it); True where torch keeps them elsewhere."""
-    from torch.optim import optimizer as module
-
     try:
         return bool(
             optimizer._optimizer_step_pre_hooks
             or optimizer._optimizer_step_post_hooks
-            or module._global_optimizer_pre_hooks
-            or module._global_optimizer_post_hooks
+            or optimizer_module._global_optimizer_pre_hooks
+            or optimizer_module._global_optimizer_post_hooks
         )
     except AttributeError:
         return True
@@ -941,8 +915,9 @@ class PPOTrainer:
         graphable = not checked and rows.lengths is None and self.sync is None
         if graphable and self.graphs is not None and self.graphs.step(rows, plan.clip_range, tally):
             return
-        if self.flat is not None and rows.lengths is None:
-            loss, weight = self._analytic_gradients(self.flat, rows, plan.clip_range)
+        flat = self.flat if rows.lengths is None else None
+        if flat is not None:
+            loss, weight = self._analytic_gradients(flat, rows, plan.clip_range)
         else:
             inputs, weight = self._loss_inputs(rows)
             loss = objective_loss(inputs, cfg, plan.clip_range)
@@ -960,8 +935,8 @@ class PPOTrainer:
                 # must not turn the weights into NaN: skip it and count it.
                 tally.skipped += 1
                 return
-        elif self.flat is not None and rows.lengths is None:
-            self.flat.clip_and_step(cfg.max_grad_norm, tally.finite)
+        elif flat is not None:
+            flat.clip_and_step(cfg.max_grad_norm, tally.finite)
         else:
             norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm, foreach=True)
             torch.logical_and(tally.finite, torch.isfinite(norm), out=tally.finite)
@@ -985,7 +960,7 @@ class PPOTrainer:
 
     def _analytic_gradients(
         self, flat: _FlatSteps, rows: _Rows, clip_range: float
-    ) -> tuple[AnalyticLoss, int]:
+    ) -> tuple[PPOLoss, int]:
         """The loss terms of one minibatch and its weight, with every parameter's
         ``grad`` set in closed form (:func:`~zmq_rl.rl.analytic.ppo_gradients`) in
         ``flat``'s buffer."""
