@@ -27,7 +27,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..wire.codec import ARRAY_DTYPES, PROTOCOL_VERSION, ProtocolVersionMismatch
+from ..wire.codec import ARRAY_DTYPES, PROTOCOL_VERSION, ProtocolVersionMismatch, encode_array
 from ..wire.protocol import (
     Bye,
     Fragment,
@@ -577,6 +577,28 @@ def _messages() -> list[tuple[str, str, Any]]:
         )
     )
     out[-1][2].slots = np.array([2], np.int32)
+    agents = synthetic_fragment(
+        _spaces()["box"],
+        _actions_for("box"),
+        seed=37,
+        length=3,
+        width=2,
+        truncated_cells=(),
+        seq=8,
+        **header,
+    )
+    agents.terminated[0, 1] = True  # agent of slot 1 leaves after row 0 ...
+    agents.valid = np.ones((3, 2), bool)
+    agents.valid[1:, 1] = False  # ... and its slot is empty for rows 1 and 2
+    agents.rewards[1:, 1] = 0.0
+    out.append(
+        (
+            "fragment-valid-rows",
+            "two agent slots of a multi-agent env (welcome agents_per_env 2): the agent of "
+            "slot 1 terminates at row 0, rows 1-2 of that slot are not valid (section 4.1.4)",
+            agents,
+        )
+    )
     return out
 
 
@@ -755,6 +777,40 @@ def _next_obs_width(body: dict[str, Any], ctx: Context) -> None:
         leaf["data"] = leaf["data"] + row
 
 
+def _valid_row_with_reward(body: dict[str, Any], ctx: Context) -> None:
+    """The last row of column 0 not valid (section 4.1.4), with reward 1 (the row
+    before it, if any, terminated, so only the reward is wrong)."""
+    t, b = body["rewards"]["shape"]
+    valid = np.ones((t, b), bool)
+    valid[t - 1, 0] = False
+    body["valid"] = encode_array(valid)
+    _set_cell(body["rewards"], (t - 1) * b, _float_bytes(body["rewards"], 1.0))
+    if t > 1:
+        _set_cell(body["terminated"], (t - 2) * b, b"\x01")
+
+
+def _valid_row_open_before(body: dict[str, Any], ctx: Context) -> None:
+    """Row 1 of column 0 not valid, with reward 0, after a row that did not end (a
+    one-row fragment: its only row, not valid, terminated)."""
+    t, b = body["rewards"]["shape"]
+    valid = np.ones((t, b), bool)
+    row = min(1, t - 1)
+    valid[row, 0] = False
+    body["valid"] = encode_array(valid)
+    _set_cell(body["rewards"], row * b, _float_bytes(body["rewards"], 0.0))
+    if t == 1:
+        _set_cell(body["terminated"], 0, b"\x01")
+        return
+    for name in ("terminated", "truncated"):
+        _set_cell(body[name], 0, b"\x00")
+        _set_cell(body[name], b, b"\x00")
+
+
+def _valid_shape(body: dict[str, Any], ctx: Context) -> None:
+    t, b = body["rewards"]["shape"]
+    body["valid"] = encode_array(np.ones((t, b + 1), bool))
+
+
 def _wrong_state(body: dict[str, Any], ctx: Context) -> None:
     width = body["slots"]["shape"][0]
     if ctx.state_size:
@@ -793,6 +849,12 @@ FRAGMENT_MUTATIONS: tuple[Mutation, ...] = (
     Mutation("bool-byte-2", "a bool byte 0x02 in terminated", "decode", "bad_value",
              _bool_two),
     Mutation("rewards-nan", "a NaN reward", "decode", "not_finite", _nan_reward),
+    Mutation("valid-row-with-reward", "a row that is not valid (section 4.1.4) with a "
+             "nonzero reward", "decode", "bad_field", _valid_row_with_reward),
+    Mutation("valid-row-after-open-row", "a row that is not valid after a valid row "
+             "that did not end its episode", "decode", "bad_field", _valid_row_open_before),
+    Mutation("valid-wrong-shape", "valid of shape [T, B+1]", "decode", "bad_shape",
+             _valid_shape),
     Mutation("other-run", "another run's run_id", "admit", "other_run",
              _set("run_id", "0000deadbeef")),
     Mutation("wrong-token", "a token that is not the registration's", "admit",

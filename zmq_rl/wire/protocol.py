@@ -321,7 +321,12 @@ class Fragment(StepArrays, Message):
     ``final_obs`` holds the true last observation of that episode, and
     ``final_obs_index`` its flat index ``t * B + b``, ascending, so the learner can
     bootstrap V(final observation). ``state`` (``[B, S]`` float32, recurrent policies
-    only) is the policy state each slot acted from at row 0.
+    only) is the policy state each slot acted from at row 0. ``valid`` (``[T, B]``
+    bool, multi-agent actors only; None: every row is valid) is False where the slot
+    held no live agent (its agent finished before its env's episode did, or none has
+    taken the slot yet): such a row took no action, has reward 0 and is neither
+    terminated nor truncated, and the row before it in its column ended an episode
+    (docs/protocol.md section 4.1.4).
     """
 
     TYPE: ClassVar[str] = "fragment"
@@ -337,6 +342,7 @@ class Fragment(StepArrays, Message):
     final_obs: Value | None = None  # [K, *obs_shape]
     state: np.ndarray | None = None  # [B, S] float32
     sent_at: float = 0.0
+    valid: np.ndarray | None = None  # [T, B] bool; None: every row valid
 
     @property
     def num_slots(self) -> int:
@@ -352,6 +358,7 @@ class Fragment(StepArrays, Message):
         final_obs_index: Any = (),
         final_obs: Value | None = None,
         state: Any = None,
+        valid: Any = None,
         **fields_: Any,
     ) -> Fragment:
         """A fragment of the one slot ``slot`` from ``[T, ...]`` rows: every step array
@@ -372,6 +379,7 @@ class Fragment(StepArrays, Message):
             final_obs_index=np.asarray(final_obs_index, np.int32).reshape(-1),
             final_obs=None if final_obs is None else as_value(final_obs),
             state=None if state is None else np.asarray(state, np.float32).reshape(1, -1),
+            valid=None if valid is None else np.asarray(valid, bool).reshape(-1, 1),
         )
 
     def to_map(self) -> dict[str, Any]:
@@ -395,6 +403,8 @@ class Fragment(StepArrays, Message):
         body["final_obs"] = encode_value(final_obs)
         if self.state is not None:
             body["state"] = encode_array(self.state)
+        if self.valid is not None:
+            body["valid"] = encode_array(np.asarray(self.valid, bool))
         return body
 
     REQUIRED: ClassVar[tuple[str, ...]] = (
@@ -467,6 +477,9 @@ class Fragment(StepArrays, Message):
             if state.shape[0] != width:
                 raise ProtocolError("bad_shape", f"fragment.state: shape {list(state.shape)}")
             _require_finite(state, "fragment.state")
+        valid = body.get("valid")
+        if valid is not None:
+            valid = _valid_rows(_array(valid, "fragment.valid", ("bool",), 2), arrays, lead)
         for name, array in arrays.items():
             _require_finite(array, f"fragment.{name}")
         for name, value in (("obs", obs), ("next_obs", next_obs), ("final_obs", final_obs)):
@@ -486,7 +499,37 @@ class Fragment(StepArrays, Message):
             final_obs=final_obs,
             state=state,
             sent_at=_finite_float(body.get("sent_at", 0.0), "fragment.sent_at"),
+            valid=valid,
         )
+
+
+def _valid_rows(valid: np.ndarray, arrays: dict[str, np.ndarray], lead: tuple[int, ...]) -> Any:
+    """``fragment.valid`` checked against the rows (docs/protocol.md section 4.1.4): an
+    invalid row has reward 0 and ends nothing, and the valid row before an invalid one
+    in its column ended an episode. All True is the same as absent (None)."""
+    if valid.shape != lead:
+        raise ProtocolError(
+            "bad_shape", f"fragment.valid: shape {list(valid.shape)}, expected [T, B] {list(lead)}"
+        )
+    if valid.all():
+        return None
+    invalid = ~valid
+    ended = arrays["terminated"] | arrays["truncated"]
+    for name, bad in (
+        ("rewards", invalid & (arrays["rewards"] != 0)),
+        ("terminated", invalid & arrays["terminated"]),
+        ("truncated", invalid & arrays["truncated"]),
+        ("valid", valid[:-1] & invalid[1:] & ~ended[:-1]),
+    ):
+        if bad.any():
+            t, b = (int(i) for i in np.argwhere(bad)[0])
+            why = (
+                "a valid row followed by an invalid one must end its episode"
+                if name == "valid"
+                else "must be 0/false in a row that is not valid"
+            )
+            raise ProtocolError("bad_field", f"fragment.{name}[{t}, {b}]: {why}")
+    return valid
 
 
 INDEX_DTYPES = ("int32", "int64")
@@ -624,8 +667,23 @@ class RunSettings:
     # Optional on the wire (absent = none):
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # gym.make kwargs (§4.4)
     wrappers: list[str] = field(default_factory=list)  # "module:Wrapper", applied in order
+    # Slots per env of a multi-agent env (absent = 1); a learner that sends it reads
+    # fragments' ``valid`` rows (docs/protocol.md section 4.1.4).
+    agents_per_env: int = 1
+    # Turn-based self-play against frozen snapshots (absent = none): how many the actor
+    # keeps, every how many versions it takes one, in what share of games one plays.
+    opponent_pool: int = 0
+    opponent_every: int = 1
+    opponent_share: float = 0.0
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("env_kwargs", "wrappers")
+    OPTIONAL: ClassVar[tuple[str, ...]] = (
+        "env_kwargs",
+        "wrappers",
+        "agents_per_env",
+        "opponent_pool",
+        "opponent_every",
+        "opponent_share",
+    )
 
     def to_map(self) -> dict[str, Any]:
         """The msgpack map of these settings (spaces as space maps)."""
@@ -633,6 +691,11 @@ class RunSettings:
         body["observation_space"] = space_spec(self.observation_space)
         body["action_space"] = space_spec(self.action_space)
         body["heartbeat_interval"] = float(self.heartbeat_interval)
+        if self.agents_per_env == 1:  # absent means 1: single-agent welcomes keep their bytes
+            del body["agents_per_env"]
+        if not self.opponent_pool:  # absent means none
+            for name in ("opponent_pool", "opponent_every", "opponent_share"):
+                del body[name]
         return body
 
     @classmethod
@@ -678,7 +741,21 @@ class RunSettings:
             ),
             env_kwargs=env_kwargs,
             wrappers=list(wrappers),
+            agents_per_env=_int(
+                body.get("agents_per_env", 1), f"{where}.agents_per_env", 1, MAX_ENVS_PER_ACTOR
+            ),
+            opponent_pool=_int(body.get("opponent_pool", 0), f"{where}.opponent_pool", 0, 4096),
+            opponent_every=_int(body.get("opponent_every", 1), f"{where}.opponent_every", 1),
+            opponent_share=_share(body.get("opponent_share", 0.0), f"{where}.opponent_share"),
         )
+
+
+def _share(value: Any, where: str) -> float:
+    """A finite number in [0, 1]."""
+    share = _finite_float(value, where)
+    if not 0.0 <= share <= 1.0:
+        raise ProtocolError("bad_field", f"{where}: {share} is not in [0, 1]")
+    return share
 
 
 def _env_kwargs(value: Any, where: str) -> dict[str, Any]:
@@ -918,7 +995,8 @@ def fragment_bytes(observation_space: Any, action_space: Any, rows: int, slots: 
     """An upper bound of the encoded size of a fragment of ``rows`` x ``slots`` steps
     (every cell truncated, so a final observation each, plus 4 KB of map overhead)."""
     obs, act = value_nbytes(observation_space), value_nbytes(action_space)
-    cell = 2 * obs + act + 4 + 1 + 1 + 4 + 4  # obs (+ a final obs), action, r, done x2, v, logp
+    # obs (+ a final obs), action, reward, done x2, value, log-prob, valid (multi-agent)
+    cell = 2 * obs + act + 4 + 1 + 1 + 4 + 4 + 1
     return slots * (rows * cell + obs + 16) + 4096
 
 
