@@ -16,7 +16,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from ..envs import make_env
+from ..envs import build_env, env_shape
+from ..multi_agent import agent_spaces, is_turn_based
 from ..rl.masking import check_observation_mask
 from ..rl.networks import batch_obs, obs_tensor
 from ..rl.policy import Policy, is_recurrent
@@ -33,17 +34,60 @@ def evaluate_policy(
     seed: int = 0,
     env_kwargs: Mapping[str, Any] | None = None,
     wrappers: Sequence[str] = (),
+    deterministic: bool = True,
 ) -> tuple[float, float]:
-    """Mean and std of the return of ``episodes`` deterministic episodes.
+    """Mean and std of the return of ``episodes`` deterministic episodes
+    (``deterministic`` False: actions sampled from the policy, seeded by ``seed``
+    without touching the caller's torch RNG; for envs where the mode gets stuck).
 
     All episodes run in lockstep (one env each, one batched forward per step), so
     evaluating 20 CartPole episodes costs about as many forwards as one episode.
     Actions are the policy's mode (argmax / mean), clipped to Box bounds
     (:func:`zmq_rl.wire.spaces.env_actions`); a recurrent policy carries its state per
     episode from zeros. The envs are built by :func:`~zmq_rl.envs.make_env` with
-    ``env_kwargs`` and ``wrappers``.
+    ``env_kwargs`` and ``wrappers``. A multi-agent env's episode scores the mean
+    return of its agents, each acted for by ``policy`` (:func:`_evaluate_agents`).
     """
-    envs = [make_env(env_id, env_kwargs, wrappers) for _ in range(episodes)]
+    envs = [build_env(env_id, env_kwargs, wrappers) for _ in range(episodes)]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if is_turn_based(envs[0]):
+            return _evaluate_turns(policy, envs, seed, deterministic)
+        if not isinstance(envs[0], gym.Env):
+            return _evaluate_agents(policy, envs, seed, deterministic)
+        return _evaluate_envs(policy, envs, seed, deterministic)
+
+
+def _act(
+    policy: Policy,
+    observations: list[Any],
+    spaces: tuple[gym.Space, gym.Space],
+    state: Any,
+    rows: list[int],
+    deterministic: bool,
+) -> np.ndarray:
+    """The env actions of ``policy`` for ``observations`` (a recurrent policy acts from
+    ``state[rows]``, which it then advances). An ``action_mask`` that allows nothing is
+    the env's error, as on the actors."""
+    obs_space, space = spaces
+    raw = batch_obs(obs_space, observations)
+    check_observation_mask(obs_space, space, raw, "evaluation observation")
+    batch = obs_tensor(raw)
+    if state is not None:
+        actions, _, _, next_state = policy.act_recurrent(
+            batch, state[rows], deterministic=deterministic
+        )
+        state[rows] = next_state
+    else:
+        actions, _, _ = policy.act(batch, deterministic=deterministic)
+    return env_actions(space, actions.numpy())
+
+
+def _evaluate_envs(
+    policy: Policy, envs: list[gym.Env], seed: int, deterministic: bool
+) -> tuple[float, float]:
+    """:func:`evaluate_policy` on single-agent envs, one episode each. Closes them."""
+    episodes = len(envs)
     obs = [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, episodes), strict=True)]
     returns = np.zeros(episodes, np.float64)
     active = list(range(episodes))
@@ -56,18 +100,8 @@ def evaluate_policy(
     policy.eval()
     try:
         while active:
-            raw = batch_obs(obs_space, [obs[i] for i in active])
-            # An action_mask that allows nothing is the env's error, as on the actors.
-            check_observation_mask(obs_space, space, raw, "evaluation observation")
-            batch = obs_tensor(raw)
-            if recurrent:
-                actions, _, _, next_state = policy.act_recurrent(
-                    batch, state[active], deterministic=True
-                )
-                state[active] = next_state
-            else:
-                actions, _, _ = policy.act(batch, deterministic=True)
-            actions = env_actions(space, actions.numpy())
+            raw = [obs[i] for i in active]
+            actions = _act(policy, raw, (obs_space, space), state, active, deterministic)
             still = []
             for k, i in enumerate(active):
                 action = actions[k].item() if scalar else actions[k]
@@ -81,6 +115,98 @@ def evaluate_policy(
         for env in envs:
             env.close()
     return float(returns.mean()), float(returns.std())
+
+
+def _evaluate_agents(
+    policy: Policy, envs: list[Any], seed: int, deterministic: bool
+) -> tuple[float, float]:
+    """Mean and std over ``envs`` (one episode each, in lockstep) of the mean return
+    of each episode's agents: every live agent acts by the policy (its mode when
+    ``deterministic``), a recurrent policy's state is carried per agent from zeros.
+    Closes the envs."""
+    obs_space, space, agents = agent_spaces(envs[0], "evaluation env")
+    slot_of = {agent: i for i, agent in enumerate(agents)}
+    k, scalar = len(agents), isinstance(space, gym.spaces.Discrete)
+    recurrent = is_recurrent(policy)
+    state = policy.initial_state(len(envs) * k) if recurrent else None
+    returns = np.zeros((len(envs), k), np.float64)
+    seen = np.zeros((len(envs), k), bool)  # agents that took part in each episode
+    obs = [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, len(envs)), strict=True)]
+    was_training = policy.training
+    policy.eval()
+    try:
+        while True:
+            cells = [(e, agent) for e, env in enumerate(envs) for agent in env.agents]
+            cells = [(e, agent) for e, agent in cells if agent in obs[e]]
+            if not cells:
+                break
+            raw = [obs[e][agent] for e, agent in cells]
+            rows = [e * k + slot_of[agent] for e, agent in cells]
+            actions = _act(policy, raw, (obs_space, space), state, rows, deterministic)
+            chosen: list[dict[Any, Any]] = [{} for _ in envs]
+            for (e, agent), action in zip(cells, actions, strict=True):
+                chosen[e][agent] = action.item() if scalar else action
+            for e, env in enumerate(envs):
+                if not chosen[e]:
+                    continue
+                obs[e], rewards, _, _, _ = env.step(chosen[e])
+                for agent, reward in rewards.items():
+                    returns[e, slot_of[agent]] += float(reward)
+                    seen[e, slot_of[agent]] = True
+    finally:
+        policy.train(was_training)
+        for env in envs:
+            env.close()
+    scores = (returns * seen).sum(axis=1) / np.maximum(seen.sum(axis=1), 1)
+    return float(scores.mean()), float(scores.std())
+
+
+def _evaluate_turns(
+    policy: Policy, envs: list[Any], seed: int, deterministic: bool
+) -> tuple[float, float]:
+    """A turn-based game's evaluation: episode ``i`` (one per env) seats the policy as
+    possible agent ``i % agents`` and every other seat plays uniformly random legal
+    moves (the ``action_mask`` when the observation has one), seeded; the score is
+    the policy's return (in a zero-sum game: +1 win, 0 draw, -1 loss, as the game
+    pays). Mean and std over the episodes. Closes the envs."""
+    obs_space, space, agents = agent_spaces(envs[0], "evaluation env")
+    rng = np.random.default_rng(seed)
+    scalar = isinstance(space, gym.spaces.Discrete)
+    scores = np.zeros(len(envs), np.float64)
+    was_training = policy.training
+    policy.eval()
+    try:
+        for i, (env, episode_seed) in enumerate(
+            zip(envs, env_seeds(seed, len(envs)), strict=True)
+        ):
+            seat = agents[i % len(agents)]
+            env.reset(seed=episode_seed)
+            for agent in env.agent_iter():
+                obs, reward, terminated, truncated, _ = env.last()
+                if agent == seat:
+                    scores[i] += float(reward)
+                if terminated or truncated:
+                    env.step(None)
+                    continue
+                if agent == seat:
+                    action = _act(policy, [obs], (obs_space, space), None, [], deterministic)[0]
+                    env.step(action.item() if scalar else action)
+                else:
+                    env.step(_random_legal(obs, space, rng))
+    finally:
+        policy.train(was_training)
+        for env in envs:
+            env.close()
+    return float(scores.mean()), float(scores.std())
+
+
+def _random_legal(obs: Any, space: gym.Space, rng: np.random.Generator) -> Any:
+    """A uniformly random action, among the allowed ones where ``obs`` has an
+    ``action_mask`` (a Discrete action space)."""
+    if isinstance(obs, dict) and "action_mask" in obs and isinstance(space, gym.spaces.Discrete):
+        return int(rng.choice(np.flatnonzero(np.asarray(obs["action_mask"]))))
+    space.seed(int(rng.integers(2**31)))
+    return space.sample()
 
 
 class BackgroundEvaluator:
@@ -105,8 +231,10 @@ class BackgroundEvaluator:
         policy_cfg: Any,
         env_kwargs: Mapping[str, Any] | None = None,
         wrappers: Sequence[str] = (),
+        deterministic: bool = True,
     ) -> None:
         self.env_id, self.episodes, self.seed = env_id, episodes, seed
+        self.deterministic = deterministic
         self.env_kwargs, self.wrappers = dict(env_kwargs or {}), list(wrappers)
         self.policy_cfg = policy_cfg
         self._conn: Any = None
@@ -171,6 +299,7 @@ class BackgroundEvaluator:
         self._conn, child = ctx.Pipe()
         env = (self.env_id, self.env_kwargs, self.wrappers)
         args = (child, env, self.episodes, self.seed, config_dict(self.policy_cfg))
+        args += (self.deterministic,)
         self._process = ctx.Process(target=_evaluate_forever, args=args, daemon=True)
         with _main_module_hidden(), _sigint_ignored():
             self._process.start()
@@ -236,7 +365,12 @@ def _main_module_hidden() -> Any:
 
 
 def _evaluate_forever(
-    conn: Any, env: tuple[str, dict, list], episodes: int, seed: int, policy: dict
+    conn: Any,
+    env: tuple[str, dict, list],
+    episodes: int,
+    seed: int,
+    policy: dict,
+    deterministic: bool = True,
 ) -> None:
     """The evaluator process: evaluate each snapshot received, send the result back.
     Ctrl-C is ignored: the learner stops this process (see :func:`_sigint_ignored`)."""
@@ -249,9 +383,8 @@ def _evaluate_forever(
     torch.set_num_threads(1)
     policy_cfg = PolicyConfig(**{**policy, "hidden_sizes": tuple(policy["hidden_sizes"])})
     env_id, env_kwargs, wrappers = env
-    probe = make_env(env_id, env_kwargs, wrappers)
-    net = build_policy(probe.observation_space, probe.action_space, policy_cfg)
-    probe.close()
+    shape = env_shape(env_id, env_kwargs, wrappers)
+    net = build_policy(shape.observation_space, shape.action_space, policy_cfg)
     while True:
         try:
             request = conn.recv()
@@ -262,7 +395,9 @@ def _evaluate_forever(
         tag, weights = request
         try:
             import_weights(net, weights)
-            mean, std = evaluate_policy(net, env_id, episodes, seed, env_kwargs, wrappers)
+            mean, std = evaluate_policy(
+                net, env_id, episodes, seed, env_kwargs, wrappers, deterministic
+            )
         except Exception as exc:  # noqa: BLE001 - reported to the learner, which raises it
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
             return

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from ..config import LearnerConfig, PolicyConfig, PPOConfig
-from ..envs import make_env
+from ..config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig
+from ..envs import env_shape
 from ..report import LearnerReport
 from ..rl.distributed import LearnerRankLost, RankSpec, rank_spec
 from ..rl.policy import Policy
@@ -88,9 +88,22 @@ class Learner:
         self.cfg = cfg.validate()
         self.ppo_cfg = (ppo or PPOConfig()).validate()
         self.policy_cfg = (policy_cfg or PolicyConfig()).validate()
-        probe = make_env(cfg.env_id, cfg.env_kwargs_map(), cfg.wrappers)
-        spaces = (probe.observation_space, probe.action_space)
-        probe.close()
+        shape = env_shape(cfg.env_id, cfg.env_kwargs_map(), cfg.wrappers)
+        spaces = (shape.observation_space, shape.action_space)
+        if cfg.opponent_pool and not shape.turn_based:
+            raise ConfigError(
+                "opponent_pool",
+                cfg.opponent_pool,
+                f"{cfg.env_id} is not a turn-based game: snapshot opponents play turn-based "
+                "games only (0 turns the pool off)",
+            )
+        if shape.agents_per_env > 1 and cfg.num_learners > 1:
+            raise ConfigError(
+                "num_learners",
+                cfg.num_learners,
+                f"{cfg.env_id} is a multi-agent env: it trains on one learner rank for now "
+                "(the ranks' reports count every row as an env step)",
+            )
         self.trainer = Trainer(cfg, self.ppo_cfg, self.policy_cfg, *spaces)
         self.run_id = uuid.uuid4().hex[:12]
         weights = Weights(version=0, run_id=self.run_id, tensors=self.trainer.weights())
@@ -100,11 +113,13 @@ class Learner:
             self.policy_cfg,
             weights_bytes=len(encode(weights)),
             state_size=int(getattr(self.trainer.policy, "state_size", 0)),
+            agents_per_env=shape.agents_per_env,
         )
         self.report = LearnerReport(run_id=self.run_id, device=str(self.trainer.device))
         self.counters: Counter[str] = Counter()
         self._stop_reason = ""
         self.runlog = RunLog(cfg, self.report, on_update, self.policy_cfg, on_evaluation)
+        self.runlog.updates_budget = cfg.num_updates(shape.agents_per_env)
         # Data-parallel learner ranks (num_learners > 1): this is rank 0; the others
         # are started (or joined, under torchrun) when the run starts.
         self.spec: RankSpec | None = rank_spec(cfg.num_learners, cfg.host, cfg.rendezvous_port())
@@ -270,7 +285,7 @@ class Learner:
         result = self.ingest.serve_during(lambda: self.trainer.update(rollout, progress))
         result.metrics["time/update_seconds"] = time.monotonic() - started
         report.add_episodes(result.episode_returns)
-        report.env_steps_consumed += rollout.num_steps * rollout.num_slots
+        report.env_steps_consumed += rollout.env_steps  # rows of live agents only
         report.updates_completed += 1
         if report.updates_completed % cfg.broadcast_every == 0:
             self._broadcast()

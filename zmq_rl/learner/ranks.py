@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig, replace
-from ..envs import make_env
+from ..envs import env_shape
 from ..report import LearnerReport
 from ..rl.distributed import (
     Collective,
@@ -485,9 +485,8 @@ def run_learner_rank(
     if cfg.device in ("auto", "cuda") and torch.cuda.is_available():
         # One GPU per rank where there are several (rank 0 keeps its own setting).
         cfg = replace(cfg, device=f"cuda:{spec.rank % torch.cuda.device_count()}")
-    probe = make_env(cfg.env_id, cfg.env_kwargs_map(), cfg.wrappers)
-    spaces = (probe.observation_space, probe.action_space)
-    probe.close()
+    shape = env_shape(cfg.env_id, cfg.env_kwargs_map(), cfg.wrappers)
+    spaces = (shape.observation_space, shape.action_space)
     trainer = Trainer(cfg, ppo, policy_cfg, *spaces)
     collective = Collective(spec)
     try:
@@ -496,7 +495,7 @@ def run_learner_rank(
         counters: Counter[str] = Counter()
         ingest = Ingest(
             cfg,
-            run_settings(cfg, *spaces, policy_cfg),
+            run_settings(cfg, *spaces, policy_cfg, agents_per_env=shape.agents_per_env),
             run_id=start["run_id"],
             report=report,
             counters=counters,

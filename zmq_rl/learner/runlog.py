@@ -102,6 +102,8 @@ class RunLog:
     ) -> None:
         self.cfg = cfg
         self.report = report
+        self.updates_budget = cfg.num_updates()
+        """The updates the budget buys (the learner sets it for a multi-agent env)."""
         self.on_update = on_update
         self.on_evaluation = on_evaluation
         self.start = time.monotonic()
@@ -121,6 +123,7 @@ class RunLog:
                 policy_cfg or PolicyConfig(),
                 cfg.env_kwargs_map(),
                 cfg.wrappers,
+                cfg.eval_deterministic,
             )
 
     def elapsed(self) -> float:
@@ -148,6 +151,7 @@ class RunLog:
             seed,
             cfg.env_kwargs_map(),
             cfg.wrappers,
+            cfg.eval_deterministic,
         )
         result = self._add_result(tag, mean, std)
         if self._is_best(result):
@@ -269,7 +273,7 @@ class RunLog:
             "update %d/%d  steps %d  %.0f steps/s  return %s  actors %d  lag %.2f  "
             "loss %.3f  entropy %.3f  device %s",
             report.updates_completed,
-            self.cfg.num_updates(),
+            self.updates_budget,
             report.env_steps_consumed,
             row["charts/SPS"],
             f"{row['charts/mean_return']:.1f}" if report.episodes_completed else "-",

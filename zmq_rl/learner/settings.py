@@ -36,6 +36,7 @@ def run_settings(
     *,
     weights_bytes: int = 0,
     state_size: int = 0,
+    agents_per_env: int = 1,
 ) -> RunSettings:
     """The settings every actor of this run obeys (the welcome's ``config``), with
     ``num_envs`` the default an actor gets when its hello asks for none.
@@ -53,7 +54,7 @@ def run_settings(
         steps_per_broadcast=cfg.steps_per_broadcast(),
         max_lead_steps=cfg.effective_max_lead_steps(),
         fragment_length=cfg.fragment_length,
-        num_envs=cfg.num_envs,
+        num_envs=cfg.num_envs * agents_per_env,
         seed=cfg.seed,
         heartbeat_interval=HEARTBEAT_INTERVAL_S,
         state_size=state_size,
@@ -62,4 +63,8 @@ def run_settings(
         or largest_fragment_bytes(observation_space, action_space, cfg.fragment_length),
         env_kwargs=cfg.env_kwargs_map(),
         wrappers=list(cfg.wrappers),
+        agents_per_env=agents_per_env,
+        opponent_pool=cfg.opponent_pool,
+        opponent_every=cfg.opponent_every,
+        opponent_share=float(cfg.opponent_share),
     )

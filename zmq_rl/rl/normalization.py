@@ -59,8 +59,16 @@ class RewardScaler:
         self.observe(rewards, dones, slots)
         return self.apply(rewards)
 
-    def observe(self, rewards: np.ndarray, dones: np.ndarray, slots: Sequence[Hashable]) -> None:
-        """Fold the discounted returns of ``rewards [T, B]`` into the statistics."""
+    def observe(
+        self,
+        rewards: np.ndarray,
+        dones: np.ndarray,
+        slots: Sequence[Hashable],
+        valid: np.ndarray | None = None,
+    ) -> None:
+        """Fold the discounted returns of ``rewards [T, B]`` into the statistics.
+        ``valid`` (``[T, B]`` bool; None: all rows): rows that are False (a
+        multi-agent slot without a live agent) are no step: skipped, and not counted."""
         T, B = rewards.shape
         if T * B == 0:
             return
@@ -68,11 +76,17 @@ class RewardScaler:
         for b, key in enumerate(slots):
             running = self.returns.get(key, 0.0)
             for t in range(T):
+                if valid is not None and not valid[t, b]:
+                    continue
                 running = self.gamma * running + float(rewards[t, b])
                 discounted[t, b] = running
                 if dones[t, b]:
                     running = 0.0
             self.returns[key] = running
+        if valid is not None:
+            discounted = discounted[valid]
+            if discounted.size == 0:
+                return
         self.mean, self.var, self.count = merge_moments(
             self.mean, self.var, self.count, discounted.mean(), discounted.var(), discounted.size
         )

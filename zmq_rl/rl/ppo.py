@@ -826,6 +826,15 @@ class PPOTrainer:
         self.updates += 1
         return self._metrics(tally, batch, plan)
 
+    def update_without_rows(self, progress: float = 0.0) -> dict[str, float]:
+        """The metrics row of an update that has nothing to train on (a multi-agent
+        rollout in which no row is valid): no step is taken, the update is counted,
+        and the metrics read as those of a data-parallel rank without rows (loss
+        means 0, explained variance NaN, no epoch run)."""
+        lr, clip_range = self._schedule(progress)
+        self.updates += 1
+        return self._metrics(_Tally.on(self.params[0].device), None, _Plan(0, 1, 1, lr, clip_range))
+
     def _set_lr(self, lr: float) -> None:
         """The learning rate of the next steps: a device tensor changed in place where
         CUDA graphs read it, else a float."""
@@ -886,8 +895,8 @@ class PPOTrainer:
             # Minibatches of whole sequences holding about rows_per_mb real rows.
             mb_size = max(1, min(n_all, round(rows_per_mb * n_all / max(rows_all, 1))))
         else:
-            mb_size = min(rows_per_mb, n_all)
-        return _Plan(n, mb_size, math.ceil(n_all / mb_size), lr, clip_range)
+            mb_size = max(1, min(rows_per_mb, n_all))  # n_all = 0: no rank has a row
+        return _Plan(n, mb_size, max(1, math.ceil(n_all / mb_size)), lr, clip_range)
 
     def _epochs(self, rows: _Rows | None, plan: _Plan, checked: bool) -> _Tally:
         """``num_epochs`` shuffled passes over ``rows`` (None: a rank without rows),

@@ -27,7 +27,12 @@ class Rollout(StepArrays):
 
     ``states`` / ``state_starts`` (recurrent runs only): the policy state each column
     acted from at every row where one of its fragments begins (``state_starts`` True
-    there); rows that continue a fragment carry no state."""
+    there); rows that continue a fragment carry no state.
+
+    ``valid`` (multi-agent runs only; None: every row is valid) is False at the rows
+    whose slot held no live agent (``Fragment.valid``, docs/protocol.md section
+    4.1.4): they are no env step, their contents are placeholders, and training,
+    targets and accounting skip them (:meth:`valid_mask`, :attr:`env_steps`)."""
 
     slots: list[SlotKey]
     versions: np.ndarray  # [T, B] int64 policy version that acted
@@ -37,6 +42,7 @@ class Rollout(StepArrays):
     final_obs: Value  # [K, *obs_shape]
     states: np.ndarray | None = None  # [T, B, S] float32
     state_starts: np.ndarray | None = None  # [T, B] bool
+    valid: np.ndarray | None = None  # [T, B] bool; None: every row valid
 
     @property
     def num_steps(self) -> int:
@@ -47,6 +53,27 @@ class Rollout(StepArrays):
     def num_slots(self) -> int:
         """B."""
         return int(self.rewards.shape[1])
+
+    def valid_mask(self) -> np.ndarray:
+        """``[T, B]`` bool: which rows are real env steps (all True without ``valid``)."""
+        if self.valid is None:
+            return np.ones(self.rewards.shape[:2], bool)
+        return self.valid
+
+    @property
+    def env_steps(self) -> int:
+        """The env steps in this rollout: its valid rows (``T * B`` without ``valid``).
+        What the learner counts towards ``total_env_steps`` and its steps/s: a row of a
+        slot without a live agent stepped no agent."""
+        if self.valid is None:
+            return self.num_steps * self.num_slots
+        return int(np.count_nonzero(self.valid))
+
+    def slot_env_steps(self) -> np.ndarray:
+        """``[B]`` int64: the valid rows of each column (``slots[b]``'s env steps)."""
+        if self.valid is None:
+            return np.full(self.num_slots, self.num_steps, np.int64)
+        return np.count_nonzero(self.valid, axis=0).astype(np.int64)
 
 
 class _SlotQueue:
@@ -138,7 +165,9 @@ class SlotQueues:
 
         Neighbouring rollout columns whose rows come from neighbouring columns of the
         same fragments (an actor's lockstep flushes) are copied as one block: the cost
-        is per fragment, not per slot."""
+        is per fragment, not per slot. ``valid`` is assembled from the fragments'
+        ``valid`` (a fragment without it: all rows valid) and stays None when every
+        row taken is valid."""
         columns = [self._queues[key].take(num_steps) for key in slots]
         first = columns[0][0][0]
         T, B = num_steps, len(slots)
@@ -148,6 +177,7 @@ class SlotQueues:
         recurrent = first.state is not None
         states = np.zeros((T, B, first.state.shape[1]), np.float32) if recurrent else None
         starts = np.zeros((T, B), bool) if recurrent else None
+        valid: np.ndarray | None = None  # allocated at the first fragment that has one
         final_t, final_b, final_obs = [], [], []
         b = 0
         while b < B:
@@ -162,6 +192,10 @@ class SlotQueues:
                     (slice(t, t + n), slice(b, e)), fragment.select((slice(start, stop), cols))
                 )
                 versions[t : t + n, b:e] = fragment.version
+                if fragment.valid is not None:
+                    if valid is None:
+                        valid = np.ones((T, B), bool)
+                    valid[t : t + n, b:e] = fragment.valid[start:stop, cols]
                 if recurrent and start == 0 and fragment.state is not None:
                     states[t, b:e] = fragment.state[cols]
                     starts[t, b:e] = True
@@ -207,6 +241,7 @@ class SlotQueues:
             ),
             states=states,
             state_starts=starts,
+            valid=None if valid is None or valid.all() else valid,
         )
 
 

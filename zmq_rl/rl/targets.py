@@ -8,6 +8,13 @@ only through the discounts; a truncated step is bootstrapped by adding
 ``gamma * V(final observation)`` to its reward (its discount is 0 like any episode
 end), a terminated one is not. No sockets here.
 
+Rows that are not valid (``Rollout.valid``: a multi-agent slot without a live agent)
+enter the targets as terminated rows with reward 0 and value 0 (and, for V-trace,
+log-ratio 0), so nothing valid bootstraps from or accumulates through them, and
+their contents (placeholders) cannot reach a valid row's target; the batch holds
+only valid rows (feed-forward) or valid rows in sequences that never span an
+invalid row (recurrent), so PPO never sees them either.
+
 Devices: the rollout is host arrays. Its tensors are copied to the policy's device
 once (:func:`zmq_rl.device.to_device`), the forward passes the targets need run
 there, their outputs (values, log-probs: ``[T, B]`` at most) come back to the host,
@@ -96,13 +103,28 @@ def _targets(
 ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """(advantages, returns) ``[T, B]`` by V-trace (with the current policy's log-probs
     and values) or GAE (on the behaviour values, or on the current critic's with
-    ``recompute_values``), and V-trace's diagnostics."""
+    ``recompute_values``), and V-trace's diagnostics.
+
+    Invalid rows (``rollout.valid`` False) are made terminated rows of reward 0 and
+    value 0 (log-ratio 0) with ``np.where``, so their contents, however large, reach
+    no valid row's target; their own targets are 0 and the diagnostics are means over
+    the valid rows."""
+    valid = rollout.valid
     done = rollout.terminated | rollout.truncated
+    behaviour_values = rollout.values.astype(np.float32)
+    if valid is not None:
+        done = done | ~valid
+        rewards = np.where(valid, rewards, np.float32(0))
+        behaviour_values = np.where(valid, behaviour_values, np.float32(0))
+        bootstrap = np.where(valid[-1], bootstrap, np.float32(0))
+        if values_now is not None:
+            values_now = np.where(valid, values_now, np.float32(0))
     discounts = (settings.gamma * (1.0 - done)).astype(np.float32)  # [T, B]
-    behaviour_log_probs = rollout.log_probs.astype(np.float32)
     diagnostics: dict[str, float] = {}
     if settings.use_vtrace:
-        log_rhos = target_lp - behaviour_log_probs
+        log_rhos = target_lp - rollout.log_probs.astype(np.float32)
+        if valid is not None:
+            log_rhos = np.where(valid, log_rhos, np.float32(0))
         out = vtrace(
             log_rhos,
             discounts,
@@ -119,6 +141,8 @@ def _targets(
         # IMPALA's min(rho_bar, rho_s) on top of that ratio unless told otherwise.
         # Both choices were measured: see docs/learning-quality.md.
         rhos = np.exp(log_rhos)
+        # Statistics over the valid rows (all of them without ``valid``; none: skipped).
+        real = rhos if valid is None else rhos[valid]
         if not settings.vtrace_weight_advantages:
             advantages = out.advantages
         elif settings.standardize_before_weight:
@@ -128,17 +152,21 @@ def _targets(
             # itself -- high where the learner already raised pi -- would drive the
             # update: a positive feedback that collapsed every V-trace seed at
             # broadcast_every 1 (docs/benchmarks.md section 22). Standardising first
-            # keeps the advantage's sign where it belongs.
-            standardized = (out.advantages - out.advantages.mean()) / (out.advantages.std() + 1e-8)
+            # keeps the advantage's sign where it belongs. Over valid rows only.
+            kept = out.advantages if valid is None or not valid.any() else out.advantages[valid]
+            standardized = (out.advantages - kept.mean()) / (kept.std() + 1e-8)
             advantages = np.minimum(settings.vtrace_rho_bar, rhos) * standardized
         else:
             advantages = out.pg_advantages
-        diagnostics["charts/importance_ratio_mean"] = float(rhos.mean())
-        diagnostics["charts/importance_ratio_clipped"] = float(
-            (rhos > settings.vtrace_rho_bar).mean()
-        )
+        if valid is not None:
+            advantages = np.where(valid, advantages, np.float32(0))
+        if real.size:
+            diagnostics["charts/importance_ratio_mean"] = float(real.mean())
+            diagnostics["charts/importance_ratio_clipped"] = float(
+                (real > settings.vtrace_rho_bar).mean()
+            )
         return advantages, out.vs, diagnostics
-    values = values_now if settings.recompute_values else rollout.values.astype(np.float32)
+    values = values_now if settings.recompute_values else behaviour_values
     advantages, returns = gae(rewards, values, bootstrap, discounts, settings.gae_lambda)
     return advantages, returns, diagnostics
 
@@ -185,12 +213,17 @@ def rollout_to_batch(
     def put(value: Any) -> Any:
         return to_device(value, device)
 
-    flat_obs = put(_obs(map_value(lambda a: a.reshape(T * B, *a.shape[2:]), rollout.obs)))
-    flat_actions = put(
-        torch.from_numpy(
-            np.ascontiguousarray(rollout.actions.reshape(T * B, *rollout.actions.shape[2:]))
-        )
-    )
+    # The training rows: every cell, or (some rows not valid) the valid cells only, in
+    # row-major order; invalid rows are dropped here, before any forward pass.
+    keep = None if rollout.valid is None else np.flatnonzero(rollout.valid.reshape(T * B))
+    n = T * B if keep is None else len(keep)
+
+    def rows(array: np.ndarray) -> np.ndarray:
+        flat = array.reshape(T * B, *array.shape[2:])
+        return flat if keep is None else flat[keep]
+
+    flat_obs = put(_obs(map_value(rows, rollout.obs)))
+    flat_actions = put(torch.from_numpy(np.ascontiguousarray(rows(rollout.actions))))
     rewards = rollout.rewards.astype(np.float32, copy=True)  # [T, B]
     if len(rollout.final_t):
         final_values = _host(policy.value(put(_obs(rollout.final_obs))))
@@ -198,21 +231,34 @@ def rollout_to_batch(
     bootstrap = _host(policy.value(put(_obs(rollout.bootstrap_obs))))  # [B]
     target_lp = values_now = None
     if settings.use_vtrace or settings.recompute_values:
-        target_log_probs, _, current_values = policy.evaluate_actions(flat_obs, flat_actions)
-        target_lp = _host(target_log_probs).reshape(T, B)
-        values_now = _host(current_values).reshape(T, B)
+        if n:
+            target_log_probs, _, current_values = policy.evaluate_actions(flat_obs, flat_actions)
+            lp, v = _host(target_log_probs), _host(current_values)
+        else:  # no valid row at all
+            lp = v = np.zeros(0, np.float32)
+        target_lp, values_now = _cells(lp, keep, T, B), _cells(v, keep, T, B)
     advantages, returns, diagnostics = _targets(
         rollout, settings, rewards, bootstrap, target_lp, values_now
     )
     batch = RolloutBatch(
         obs=flat_obs,
         actions=flat_actions,
-        old_log_probs=put(_flat(rollout.log_probs, T * B)),
-        old_values=put(_flat(rollout.values, T * B)),
-        advantages=put(_flat(advantages, T * B)),
-        returns=put(_flat(returns, T * B)),
+        old_log_probs=put(_flat(rows(rollout.log_probs), n)),
+        old_values=put(_flat(rows(rollout.values), n)),
+        advantages=put(_flat(rows(advantages), n)),
+        returns=put(_flat(rows(returns), n)),
     )
     return batch, diagnostics
+
+
+def _cells(rows: np.ndarray, keep: np.ndarray | None, T: int, B: int) -> np.ndarray:
+    """``[T, B]`` from one value per training row: ``rows`` reshaped, or (``keep``: the
+    flat cells of the valid rows) scattered into zeros, 0 at every invalid row."""
+    if keep is None:
+        return rows.reshape(T, B)
+    cells = np.zeros(T * B, rows.dtype)
+    cells[keep] = rows
+    return cells.reshape(T, B)
 
 
 def _flat(array: np.ndarray, *shape: int) -> torch.Tensor:
@@ -243,7 +289,12 @@ class SequenceLayout:
 
 
 def sequence_layout(rollout: Rollout) -> SequenceLayout:
-    """Cut ``rollout`` into sequences (see :class:`SequenceLayout`)."""
+    """Cut ``rollout`` into sequences (see :class:`SequenceLayout`).
+
+    Rows that are not valid (``rollout.valid``) belong to no sequence: a sequence
+    ends before an invalid row, and the valid row that ends an invalid run (a new
+    agent took the slot) begins a sequence from zeros, like an episode start. So the
+    batch holds no invalid row, and no state flows through one."""
     T, B = rollout.num_steps, rollout.num_slots
     fragment_start = (
         rollout.state_starts if rollout.state_starts is not None else np.zeros((T, B), bool)
@@ -251,16 +302,26 @@ def sequence_layout(rollout: Rollout) -> SequenceLayout:
     done = rollout.terminated | rollout.truncated
     episode_start = np.zeros((T, B), bool)
     episode_start[1:] = done[:-1]
+    valid = rollout.valid
+    if valid is not None:
+        episode_start[1:] |= ~valid[:-1]  # a new agent after an empty slot
     # Where an episode begins the state is zero whatever the fragment says (the
     # actor zeroed it and sent that zero state); else the fragment's state.
     kinds = np.where(episode_start, 2, np.where(fragment_start, 1, 0))
     cut = episode_start | fragment_start
     cut[0] = True
+    if valid is not None:
+        cut &= valid  # sequences begin at valid rows only
     first_t, column = np.nonzero(cut.T)[1], np.nonzero(cut.T)[0]  # column-major order
     ends = np.append(first_t[1:], T)
     ends[np.append(column[1:] != column[:-1], True)] = T
+    if valid is not None and len(first_t):
+        # ... and end at the first invalid row after their start, if that comes first.
+        invalid_rows = np.where(valid, T, np.arange(T)[:, None])  # [T, B]
+        next_invalid = np.minimum.accumulate(invalid_rows[::-1], axis=0)[::-1]
+        ends = np.minimum(ends, next_invalid[first_t, column])
     lengths = ends - first_t
-    length = int(lengths.max())
+    length = int(lengths.max()) if len(lengths) else 0
     steps = np.arange(length)[:, None]
     mask = steps < lengths[None, :]
     t = first_t[None, :] + np.minimum(steps, lengths[None, :] - 1)
@@ -329,7 +390,9 @@ def recurrent_batch(
             put(_obs(rollout.final_obs)), final_state, deterministic=True
         )
         rewards[rollout.final_t, rollout.final_b] += settings.gamma * _host(final_values)
-    last = after[T - 1] * ~done[T - 1][:, None]  # an episode that ended restarts at zero
+    # An episode that ended restarts at zero; so does a slot whose last row is not
+    # valid (no sequence ends there: ``after`` is zero), as its next agent must.
+    last = after[T - 1] * ~done[T - 1][:, None]
     _, _, bootstrap_t, _ = policy.act_recurrent(
         put(_obs(rollout.bootstrap_obs)), put(torch.from_numpy(last)), deterministic=True
     )

@@ -26,6 +26,7 @@ import torch
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
 from ..device import resolve_device, to_cpu
+from ..wire.spaces import map_value
 from .distributed import Collective, DataParallel
 from .normalization import RewardScaler
 from .policy import Policy, build_policy, export_weights
@@ -152,38 +153,63 @@ class Trainer:
         rewards, compute targets and run one PPO update; ``progress`` in [0, 1] drives
         the learning-rate and clip schedules. ``rollout`` is None only on a
         data-parallel rank that has no rows this update (it still takes the ranks'
-        common steps)."""
+        common steps).
+
+        Rows that are not valid (``rollout.valid``) have no effect: they count in no
+        episode, in neither the observation nor the reward statistics, in no target
+        and no loss (:func:`~zmq_rl.rl.targets.rollout_to_batch` drops them). A
+        rollout without a single valid row takes no gradient step (on data-parallel
+        ranks: the ranks' common steps, with weight 0)."""
         returns = self._account(rollout) if rollout is not None else []
+        valid = None if rollout is None else rollout.valid
         if rollout is not None and hasattr(self.policy, "update_obs_stats"):
-            self.policy.update_obs_stats(rollout.obs)
+            if valid is None:
+                self.policy.update_obs_stats(rollout.obs)
+            elif valid.any():
+                self.policy.update_obs_stats(map_value(lambda a: a[valid], rollout.obs))
         if self.collective is not None:
             self.collective.share_tensors(self.policy.buffers())
         if self.reward_scaler is not None:
             if rollout is not None:
                 done = rollout.terminated | rollout.truncated
-                self.reward_scaler.observe(rollout.rewards, done, rollout.slots)
+                self.reward_scaler.observe(rollout.rewards, done, rollout.slots, valid)
             self._share_reward_stats()
             if rollout is not None:
                 rollout.rewards = self.reward_scaler.apply(rollout.rewards)
+        if rollout is not None and rollout.env_steps == 0:
+            # Every slot was empty: nothing to learn from, and each slot's next agent
+            # starts from a zero state.
+            self.forget_carry(rollout.slots)
+            rollout = None
         if rollout is None:
+            if self.collective is None:
+                return UpdateResult(self.ppo.update_without_rows(progress), returns)
             return UpdateResult(self.ppo.update(None, progress), returns)
         batch, diagnostics = rollout_to_batch(
             rollout, self.policy, self.targets, self.carry_states, device=self.device
         )
         metrics = self.ppo.update(batch, progress)
         metrics.update(diagnostics)
-        metrics["charts/policy_lag_mean"] = float(self.version - rollout.versions.mean())
-        metrics["charts/policy_lag_max"] = float(self.version - rollout.versions.min())
+        versions = rollout.versions if valid is None else rollout.versions[valid]
+        metrics["charts/policy_lag_mean"] = float(self.version - versions.mean())
+        metrics["charts/policy_lag_max"] = float(self.version - versions.min())
         return UpdateResult(metrics, returns)
+
+    def forget_carry(self, slots: list[SlotKey]) -> None:
+        """Start the next rollout of each of ``slots`` from a zero recurrent state."""
+        for key in slots:
+            self.carry_states.pop(key, None)
 
     def _account(self, rollout: Rollout) -> list[float]:
         """Episode returns completed in ``rollout``, from unscaled rewards, slot by slot
-        in row order; unfinished episodes carry over to the next rollout."""
+        in row order; unfinished episodes carry over to the next rollout. Rows that
+        are not valid belong to no episode and are skipped."""
         done = rollout.terminated | rollout.truncated
+        valid = rollout.valid_mask()
         finished: list[float] = []
         for b, key in enumerate(rollout.slots):
             running = self.running_return.get(key, 0.0)
-            for t in range(rollout.num_steps):
+            for t in np.flatnonzero(valid[:, b]).tolist():
                 running += float(rollout.rewards[t, b])
                 if done[t, b]:
                     finished.append(running)
