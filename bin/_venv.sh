@@ -52,3 +52,16 @@ sys.exit(any(u.find_spec(m) is None for m in ($modules)))"
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$target"
     echo "$level" >"$stamp"
 }
+
+ensure_extra() {
+    # ensure_extra NAME: `pip install -e '.[NAME]'` into .venv unless done since setup.cfg
+    # last changed (a stamp per extra).
+    local name=${1:?ensure_extra needs the name of an extra} stamp
+    stamp=.venv/.zmq_rl-extra-$name
+    if [ -f "$stamp" ] && [ "$stamp" -nt setup.cfg ]; then
+        return 0
+    fi
+    echo "installing zmq_rl[$name] into .venv" >&2
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$name]"
+    touch "$stamp"
+}

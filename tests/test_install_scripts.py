@@ -149,6 +149,15 @@ def test_train_installs_torch_then_the_runtime_and_test_the_test_extras(repo) ->
     assert _installs(_script(repo, "test")) == []
 
 
+def test_train_installs_an_extra_once_and_passes_the_rest_on(repo) -> None:
+    args = ("--extra", "multi_agent", "--env", "pettingzoo.sisl.pursuit_v5")
+    assert _installs(_script(repo, "train", *args)) == ["torch==2.13.0", ".", ".[multi_agent]"]
+    log = (repo / "shim.log").read_text()
+    assert "zmq-rl run --env CartPole-v1 --env pettingzoo.sisl.pursuit_v5" in log
+    assert "--extra" not in log.split("zmq-rl run", 1)[1]
+    assert _installs(_script(repo, "train", *args)) == []  # done: not again
+
+
 def test_a_train_venv_serves_train_and_an_old_stamp_serves_both(repo) -> None:
     _script(repo, "train")
     assert _installs(_script(repo, "train")) == []

@@ -38,12 +38,14 @@ RANKS: dict[str, int] = {
     "metrics": 0,
     "presets": 0,
     "_moved": 0,
-    # the wire (bytes, messages, spaces, sockets), the env factory, the configs' TOML form
+    # the wire (bytes, messages, spaces, sockets), the configs' TOML form
     "wire": 1,
     "config_toml": 1,
-    "envs": 1,
-    # torch placement helpers, then the learning maths
+    # torch placement helpers, multi-agent envs as slots, then the env factory and the
+    # learning maths
     "device": 2,
+    "multi_agent": 2,
+    "envs": 3,
     "rl": 3,
     # the two sides of the system: never import each other
     "actor": 4,

@@ -35,9 +35,12 @@ Policies
 
 Embedding (your own simulator as an actor)
     Agent(learner, obs_space, action_space, num_envs)   act(obs) / observe(...) / close()
+    Decision                      what Agent.decide chose (turn-based simulators: record later)
 
 Environments
     make_env(env, env_kwargs, wrappers)  an env as every process of a run builds it
+    build_env(env, env_kwargs, wrappers) the same, a PettingZoo env included
+    env_shape(env, env_kwargs, wrappers) its spaces and agents per env (EnvShape)
     EnvBuildError                 an env (or wrapper) that cannot be built, naming it
 
 Configuration
@@ -77,8 +80,12 @@ _EXPORTS: dict[str, str] = {
     "EXPORT_FORMATS": "deploy",
     # embedding (zmq_rl.actor.agent)
     "Agent": "actor.agent",
+    "Decision": "actor.agent",
     # environments (zmq_rl.envs)
     "make_env": "envs",
+    "build_env": "envs",
+    "env_shape": "envs",
+    "EnvShape": "envs",
     "EnvBuildError": "envs",
     # configuration (zmq_rl.config)
     "LearnerConfig": "config",
@@ -95,9 +102,11 @@ __all__ = [
     "ActorProcesses",
     "Callback",
     "ConfigError",
+    "Decision",
     "DeployedPolicy",
     "EXPORT_FORMATS",
     "EnvBuildError",
+    "EnvShape",
     "LearnerConfig",
     "PPOConfig",
     "PolicyConfig",
@@ -105,6 +114,8 @@ __all__ = [
     "Prediction",
     "TrainResult",
     "__version__",
+    "build_env",
+    "env_shape",
     "evaluate_policy",
     "export_policy",
     "load_policy",
@@ -117,7 +128,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports lazily
-    from .actor.agent import Agent
+    from .actor.agent import Agent, Decision
     from .api import (
         ActorProcesses,
         Callback,
@@ -138,7 +149,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
         export_policy,
         load_policy,
     )
-    from .envs import EnvBuildError, make_env
+    from .envs import EnvBuildError, EnvShape, build_env, env_shape, make_env
 
 
 def __getattr__(name: str) -> Any:

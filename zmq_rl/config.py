@@ -571,6 +571,20 @@ class LearnerConfig:
     )
     eval_every: int = _f(0, "evaluate the policy every N updates; 0 = only at the end")
     eval_episodes: int = _f(20, "deterministic episodes per evaluation")
+    opponent_pool: int = _f(
+        0,
+        "turn-based games: frozen snapshots of the policy the actors keep as opponents "
+        "(0 = the latest policy plays itself in every seat)",
+    )
+    opponent_every: int = _f(10, "policy versions between two snapshots of the opponent pool")
+    opponent_share: float = _f(
+        0.5, "share of games in which one seat is played by a snapshot from the pool"
+    )
+    eval_deterministic: bool = _f(
+        True,
+        "evaluate with the policy's mode (argmax / mean); off: sample actions from the "
+        "policy, seeded (for envs where the mode gets stuck, e.g. pettingzoo pursuit)",
+    )
     eval_in_background: bool = _f(
         True,
         "run periodic evaluations in a separate low-priority process on a snapshot of the "
@@ -676,7 +690,14 @@ class LearnerConfig:
             f"must be 0 or >= broadcast_every * num_steps ({cycle}), "
             "or the learner's fill loop deadlocks",
         )
-        _non_negative_int(self, "eval_every")
+        _non_negative_int(self, "eval_every", "opponent_pool")
+        _positive_int(self, "opponent_every")
+        _require(
+            type(self.opponent_share) in (int, float) and 0.0 <= self.opponent_share <= 1.0,
+            "opponent_share",
+            self.opponent_share,
+            "must be a number in [0, 1]",
+        )
         _positive_int(self, "torch_threads", "num_learners")
         _check_device(self.device)
         _require(
@@ -741,10 +762,13 @@ class LearnerConfig:
         ``gym.make``."""
         return parse_env_kwargs(self.env_kwargs)
 
-    def num_updates(self) -> int:
+    def num_updates(self, agents_per_env: int = 1) -> int:
         """PPO updates the budget buys at the nominal membership:
-        ``total_env_steps // (num_steps * nominal_slots())``, at least 1."""
-        return max(1, self.total_env_steps // (self.num_steps * self.nominal_slots()))
+        ``total_env_steps // (num_steps * nominal_slots() * agents_per_env)``, at least 1
+        (``agents_per_env``: slots per env copy of a multi-agent env, whose agents'
+        steps are its env steps; an estimate there, since agents come and go)."""
+        slots = self.nominal_slots() * agents_per_env
+        return max(1, self.total_env_steps // (self.num_steps * slots))
 
     def nominal_slots(self) -> int:
         """Slots when every one of ``num_actors`` actors runs ``num_envs`` envs."""

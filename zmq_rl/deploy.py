@@ -521,21 +521,19 @@ def load_policy(target: str | Path, env_id: str = "") -> DeployedPolicy:
     checkpoint (``RUN_DIR/checkpoints/ckpt-N.pt``).
 
     The env is made once (with the run's ``env_kwargs`` and wrappers) for its
-    spaces; ``env_id`` overrides the saved id (a variant with the same spaces).
+    spaces (a multi-agent env's: the policy acts for one agent); ``env_id``
+    overrides the saved id (a variant with the same spaces).
     Returns a :class:`DeployedPolicy`, a ``torch.nn.Module`` in eval mode with
     :meth:`~DeployedPolicy.predict`. Raises :class:`PolicyFileError` for a missing
     or foreign file or weights that do not fit the env, and
     :class:`~zmq_rl.envs.EnvBuildError` when the env cannot be made.
     """
-    from .envs import make_env
+    from .envs import env_shape
 
     saved = read_policy_file(target)
     env_id = env_id or saved.env_id
-    env = make_env(env_id, saved.env_kwargs, saved.wrappers)
-    try:
-        spaces = (env.observation_space, env.action_space)
-    finally:
-        env.close()
+    shape = env_shape(env_id, saved.env_kwargs, saved.wrappers)  # a multi-agent env's too
+    spaces = (shape.observation_space, shape.action_space)
     network = build_policy(*spaces, saved.config)
     try:
         network.load_state_dict(saved.weights)

@@ -40,12 +40,20 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from .config import ConfigError, parse_env_kwargs, parse_wrapper, wrapper_spec
+from .multi_agent import (
+    AgentSpaceMismatch,
+    agent_spaces,
+    is_multi_agent,
+    is_turn_based,
+    to_parallel,
+)
 
 __all__ = [
     "FRAME_STACK",
@@ -53,6 +61,9 @@ __all__ = [
     "SCREEN_SIZE",
     "AtariUnavailable",
     "EnvBuildError",
+    "EnvShape",
+    "build_env",
+    "env_shape",
     "env_id",
     "make_atari",
     "make_env",
@@ -112,7 +123,80 @@ def make_env(
     wrappers: Sequence[str] = (),
     **make_kwargs: Any,
 ) -> gym.Env:
-    """Build one environment as every process of a run does.
+    """Build one single-agent environment as every process of a run does
+    (:func:`build_env`); a multi-agent (PettingZoo) env is an :class:`EnvBuildError`
+    saying so, for the callers that step one agent."""
+    env = build_env(env_id, env_kwargs, wrappers, **make_kwargs)
+    if not isinstance(env, gym.Env):
+        env.close()
+        raise EnvBuildError(
+            "env_id",
+            env_id,
+            "is a multi-agent (PettingZoo) env: this command runs single-agent envs "
+            "(training runs it: docs/multi_agent.md)",
+        )
+    return env
+
+
+@dataclass(frozen=True)
+class EnvShape:
+    """What the learner needs of an env: the spaces one (shared) policy acts in and
+    how many slots one env copy fills (its possible agents; 1 for a gymnasium env)."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    agents_per_env: int = 1
+    turn_based: bool = False  # a PettingZoo AEC game whose agents move one at a time
+
+
+def env_shape(
+    env_id: str, env_kwargs: Mapping[str, Any] | str | None = None, wrappers: Sequence[str] = ()
+) -> EnvShape:
+    """Build (and close) the env once and say its :class:`EnvShape`; a multi-agent
+    env whose agents do not share their spaces is an :class:`EnvBuildError` naming
+    the agent."""
+    env = build_env(env_id, env_kwargs, wrappers)
+    try:
+        if isinstance(env, gym.Env):
+            return EnvShape(env.observation_space, env.action_space)
+        try:
+            obs_space, act_space, agents = agent_spaces(env, env_id)
+        except AgentSpaceMismatch as exc:
+            raise EnvBuildError("env_id", env_id, str(exc).removeprefix(f"{env_id}: ")) from None
+        return EnvShape(obs_space, act_space, len(agents), is_turn_based(env))
+    finally:
+        env.close()
+
+
+def _module_factory(env_id: str) -> Any:
+    """``parallel_env`` (else ``env``) of a PettingZoo-style module named ``env_id``
+    (``pettingzoo.sisl.pursuit_v5``), or None when ``env_id`` is no such module."""
+    if "." not in env_id or env_id in gym.registry:
+        return None
+    _importable_cwd()
+    try:
+        module = importlib.import_module(env_id)
+    except ModuleNotFoundError as exc:
+        if exc.name and env_id.startswith(exc.name):  # no such module: a gymnasium id
+            return None
+        raise EnvBuildError(
+            "env_id", env_id, f"cannot import it: {exc} (pip install the env's extras)"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - the module is there and fails: say how
+        raise EnvBuildError(
+            "env_id", env_id, f"cannot import it: {type(exc).__name__}: {exc}"
+        ) from None
+    return getattr(module, "parallel_env", None) or getattr(module, "env", None)
+
+
+def build_env(
+    env_id: str,
+    env_kwargs: Mapping[str, Any] | str | None = None,
+    wrappers: Sequence[str] = (),
+    **make_kwargs: Any,
+) -> Any:
+    """Build one environment as every process of a run does: a gymnasium env, or a
+    multi-agent PettingZoo env under the Parallel API (:mod:`zmq_rl.multi_agent`).
 
     ``env_id`` is one of:
 
@@ -122,6 +206,11 @@ def make_env(
     * ``"module.path:EnvClass"`` (a :class:`gymnasium.Env` subclass) or
       ``"module.path:make_fn"`` (a callable returning an env): called with the
       keyword arguments. Modules in the working directory are found.
+    * a PettingZoo env module (``"pettingzoo.sisl.pursuit_v5"``): its
+      ``parallel_env`` (else its AEC ``env``) with the keyword arguments; or
+      ``"module.path:factory"`` returning a PettingZoo ``ParallelEnv`` / ``AECEnv``.
+      AEC envs run through PettingZoo's ``aec_to_parallel`` when parallelizable;
+      turn-based games stay AEC envs (:class:`~zmq_rl.multi_agent.TurnSlots`).
 
     ``env_kwargs``: a mapping, or the text form of ``--env-kwargs`` (JSON object or
     ``key=value,...``, see :func:`~zmq_rl.config.parse_env_kwargs`); ``make_kwargs``
@@ -136,7 +225,7 @@ def make_env(
     if not isinstance(env_id, str) or not env_id:
         raise EnvBuildError("env_id", env_id, "must be a non-empty env id")
     shown = f" with env_kwargs {json.dumps(kwargs, default=str)}" if kwargs else ""
-    factory = None
+    factory = None if ":" in env_id else _module_factory(env_id)
     if ":" in env_id:
         module_part, _, name = env_id.partition(":")
         if not module_part or not name:
@@ -161,11 +250,19 @@ def make_env(
         raise EnvBuildError(
             "env_id", env_id, f"cannot make the env{shown}: {type(exc).__name__}: {exc}"
         ) from None
-    if not isinstance(env, gym.Env):
+    if isinstance(env, gym.Env):
+        pass  # PettingZoo is not imported for a gymnasium env
+    elif is_multi_agent(env):
+        try:
+            env = to_parallel(env, env_id)
+        except ValueError as exc:
+            raise EnvBuildError("env_id", env_id, str(exc).removeprefix(f"{env_id} ")) from None
+    else:
         raise EnvBuildError(
             "env_id",
             env_id,
-            f"{env_id.partition(':')[2]}(...) returned a {type(env).__name__}, not a gymnasium.Env",
+            f"{env_id.partition(':')[2]}(...) returned a {type(env).__name__}, not a gymnasium.Env "
+            "or a PettingZoo env",
         )
     for spec in wrappers:
         wrapper, wrapper_kwargs = _load_wrapper(spec)
@@ -176,10 +273,12 @@ def make_env(
             raise EnvBuildError(
                 "wrappers", spec, f"cannot wrap env {env_id}: {type(exc).__name__}: {exc}"
             ) from None
-        if not isinstance(wrapped, gym.Env):
+        if not isinstance(wrapped, gym.Env) and not is_multi_agent(wrapped):
             env.close()
             raise EnvBuildError(
-                "wrappers", spec, f"returned a {type(wrapped).__name__}, not a gymnasium.Env"
+                "wrappers",
+                spec,
+                f"returned a {type(wrapped).__name__}, not a gymnasium.Env or a PettingZoo env",
             )
         env = wrapped
     return env

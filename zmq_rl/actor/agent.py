@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Self
 
 import numpy as np
@@ -36,7 +37,7 @@ from ..wire.protocol import Weights, Welcome
 from ..wire.spaces import Value, as_value, env_actions, wire_dtype
 from .client import ActorClient
 
-__all__ = ["PAUSE_WAIT_S", "Agent", "PolicyRunner", "coerce_value"]
+__all__ = ["PAUSE_WAIT_S", "Agent", "Decision", "PolicyRunner", "coerce_value"]
 
 log = logging.getLogger("zmq_rl.agent")
 
@@ -147,6 +148,20 @@ class PolicyRunner:
         return action.numpy(), log_prob.numpy(), value.numpy(), next_np
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What :meth:`Agent.decide` chose for a batch of rows: ``env_actions`` to apply
+    (discrete ``start`` added, boxes clipped), and what :meth:`Agent.record` needs of
+    them later: the policy's ``actions``, ``values``, ``log_probs`` and the policy
+    ``version`` that chose them."""
+
+    env_actions: np.ndarray
+    actions: np.ndarray
+    values: np.ndarray
+    log_probs: np.ndarray
+    version: int
+
+
 class Agent:
     """A simulator's actor: register, act, observe, close (the module's docstring).
 
@@ -250,12 +265,7 @@ class Agent:
         """
         if self._pending is not None:
             raise RuntimeError("act() called twice: observe() the previous step first")
-        client = self.client
-        self._load(client.poll())
-        while not client.shutdown_requested and client.should_pause():
-            self._load(client.wait_for_weights(PAUSE_WAIT_S))
-        obs = coerce_value(self.observation_space, as_value(obs))
-        self.runner.check_mask(obs)
+        obs = self._ready_to_act(obs)
         state = self._state if self.runner.state_size else None
         actions, log_probs, values, next_state = self.runner.act(obs, state)
         self._pending = (obs, actions, values, log_probs, self._state)
@@ -270,12 +280,20 @@ class Agent:
         truncated: Any,
         next_obs: Any,
         final_obs: Mapping[int, Any] | None = None,
+        valid: Any = None,
     ) -> None:
         """Record the outcome of the last :meth:`act`'s actions: ``rewards``,
         ``terminated``, ``truncated`` (``[num_envs]``), ``next_obs`` (the reset
         observation where an episode ended) and ``final_obs`` (``{slot: obs}``: the
         true last observation of each slot truncated and not terminated). A recurrent
-        policy's state is zeroed for every slot whose episode ended."""
+        policy's state is zeroed for every slot whose episode ended.
+
+        ``valid`` (multi-agent simulators; None: every slot) is False for each slot
+        that held no live agent when :meth:`act` was called (its agent finished
+        earlier in the episode, or none has taken the slot yet): its action was not
+        used, its reward is 0 and it ends nothing; the learner leaves such rows out
+        of training and of every count (docs/protocol.md section 4.1.4). Needs a
+        learner whose welcome says ``agents_per_env`` > 1."""
         if self._pending is None:
             raise RuntimeError("observe() without act(): call act() first")
         obs, actions, values, log_probs, state = self._pending
@@ -298,6 +316,62 @@ class Agent:
             coerce_value(space, as_value(next_obs)),
             {int(k): coerce_value(space, as_value(v)) for k, v in (final_obs or {}).items()},
             state if self.runner.state_size else None,
+            **({} if valid is None else {"valid": valid}),
+        )
+
+    # -------------------------------------------- acting and recording apart
+
+    def decide(self, obs: Any) -> Decision:
+        """The policy's choice for a batch of observations (any number of rows, not
+        necessarily ``num_envs``), **without recording anything**: for simulators in
+        which the outcome of an action is known only later, such as turn-based games
+        (an agent's reward arrives after the other players moved). Serves control,
+        loads weights and waits on the staleness valve exactly as :meth:`act`. Record
+        the rows with :meth:`record` once their outcomes are known. Feed-forward
+        policies only (a recurrent state needs :meth:`act`'s per-slot bookkeeping)."""
+        if self.runner.state_size:
+            raise RuntimeError("decide() needs a feed-forward policy; use act()/observe()")
+        actions, log_probs, values, _ = self.runner.act(self._ready_to_act(obs), None)
+        return Decision(
+            env_actions(self.action_space, actions), actions, values, log_probs, self.runner.version
+        )
+
+    def record(
+        self,
+        obs: Any,
+        actions: Any,
+        rewards: Any,
+        terminated: Any,
+        truncated: Any,
+        values: Any,
+        log_probs: Any,
+        next_obs: Any,
+        final_obs: Mapping[int, Any] | None = None,
+        valid: Any = None,
+        version: int | None = None,
+    ) -> None:
+        """Record one step of every slot (leading dimension ``num_envs``) whose actions
+        came from :meth:`decide`: ``actions``, ``values`` and ``log_probs`` are the
+        decision's (the *policy's* actions, not the env's), ``version`` the oldest
+        :attr:`Decision.version` among the rows (a row is never tagged newer than the
+        weights that chose it). The rest is as :meth:`observe`, ``valid`` included.
+        Nothing is recorded after a shutdown request."""
+        if self.client.shutdown_requested:
+            return
+        space = self.observation_space
+        self.client.step(
+            coerce_value(space, as_value(obs)),
+            np.asarray(actions),
+            np.asarray(rewards, np.float32),
+            np.asarray(terminated, bool),
+            np.asarray(truncated, bool),
+            np.asarray(values, np.float32),
+            np.asarray(log_probs, np.float32),
+            coerce_value(space, as_value(next_obs)),
+            {int(k): coerce_value(space, as_value(v)) for k, v in (final_obs or {}).items()},
+            None,
+            version=version,
+            valid=valid,
         )
 
     def flush(self) -> None:
@@ -313,6 +387,18 @@ class Agent:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _ready_to_act(self, obs: Any) -> Value:
+        """Serve control and load the newest weights; wait while the valve (or a link
+        pause, or a re-registration) says so; ``obs`` coerced to the space and its
+        action mask checked."""
+        client = self.client
+        self._load(client.poll())
+        while not client.shutdown_requested and client.should_pause():
+            self._load(client.wait_for_weights(PAUSE_WAIT_S))
+        obs = coerce_value(self.observation_space, as_value(obs))
+        self.runner.check_mask(obs)
+        return obs
 
     def _check_weights(self, weights: Weights) -> None:
         """Raise :class:`~zmq_rl.rl.policy.WeightsMismatch` when ``weights`` (of the

@@ -214,6 +214,7 @@ class LearnerConnection:
         self.learner_version = 0  # the newest version the learner's heartbeats announced
         self._announced = 0  # the same, from this registration's heartbeats only
         self.settings: RunSettings | None = None
+        self._open: np.ndarray | None = None  # slots whose last row was valid, not ended
         self.heartbeat_interval = 1.0
         self.shutdown_requested = False
         self.shutdown_reason = ""
@@ -375,6 +376,7 @@ class LearnerConnection:
         self.actor_id = welcome.actor_id
         self.run_id = welcome.run_id
         settings = self.settings = welcome.settings
+        self._open = None
         if self.observation_space is None:
             self.observation_space = settings.observation_space
             self.action_space = settings.action_space
@@ -764,6 +766,7 @@ class ActorClient(LearnerConnection):
         final_obs: Mapping[int, np.ndarray] | None = None,
         state: np.ndarray | None = None,
         version: int | None = None,
+        valid: np.ndarray | None = None,
     ) -> None:
         """Record one step of every slot (arrays with leading dim ``num_envs``).
 
@@ -777,20 +780,56 @@ class ActorClient(LearnerConnection):
         version that chose ``actions`` when that is older than the loaded one (weights
         arrived between acting and recording, as in ``zmq-rl serve``): the step is then
         sent at once, tagged with it, since a row's version is never newer than the
-        weights that acted (docs/protocol.md section 4.1.2).
+        weights that acted (docs/protocol.md section 4.1.2). ``valid`` (multi-agent
+        slots, ``[num_envs]`` bool; None: all) is False for a slot that held no live
+        agent in this step: its row has reward 0 and ends nothing, and the slot's
+        previous row, if valid, ended its episode (section 4.1.4); ValueError
+        otherwise, naming the slot.
         """
         # Not coerced: the sender's buffer converts each row as it stores it.
         steps = StepArrays(obs, actions, rewards, terminated, truncated, values, log_probs)
+        valid = self._rows_valid(valid, steps)
         if not _plainly_sendable(steps, next_obs):
             self._check_sendable(steps, next_obs, self._slot_step)
         for slot, last in (final_obs or {}).items():
             self._check_sendable(None, last, lambda _, s=int(slot): self._slot_step(s), True)
         if version is not None and version < self.version:
             self.sender.flush(self.version)
-            self.sender.step(steps, next_obs, final_obs, version, state)
+            self.sender.step(steps, next_obs, final_obs, version, state, valid)
             self.sender.flush(version)
             return
-        self.sender.step(steps, next_obs, final_obs, self.version, state)
+        self.sender.step(steps, next_obs, final_obs, self.version, state, valid)
+
+    def _rows_valid(self, valid: Any, steps: StepArrays) -> np.ndarray | None:
+        """``valid`` as ``[num_envs]`` bool (None: every slot valid), checked against
+        the rules of docs/protocol.md section 4.1.4."""
+        if valid is None:  # single-agent callers: nothing to check, nothing to keep
+            self._open = None
+            return None
+        ended = np.asarray(steps.terminated, bool) | np.asarray(steps.truncated, bool)
+        valid = np.asarray(valid, bool).reshape(-1)
+        if valid.shape != ended.shape:
+            raise ValueError(f"valid: shape {list(valid.shape)}, expected [{ended.shape[0]}]")
+        if self.settings is not None and self.settings.agents_per_env == 1 and not valid.all():
+            raise ValueError(
+                "valid: rows that are not valid need a learner that reads them (its welcome "
+                "says agents_per_env > 1, docs/protocol.md section 4.1.4); this one does not"
+            )
+        rewards = np.asarray(steps.rewards)
+        open_before = self._open if self._open is not None else np.zeros_like(valid)
+        for slot in np.flatnonzero(~valid):
+            if rewards[slot] != 0 or ended[slot]:
+                raise ValueError(
+                    f"slot {slot}: a row that is not valid must have reward 0 and end nothing "
+                    f"(reward {float(rewards[slot])}, ended {bool(ended[slot])})"
+                )
+            if open_before[slot]:
+                raise ValueError(
+                    f"slot {slot}: its previous row did not end its episode, so this row must "
+                    "be valid (an agent's last valid row carries terminated or truncated)"
+                )
+        self._open = valid & ~ended
+        return valid
 
     def flush(self) -> None:
         """Send whatever :meth:`step` has buffered now (a partial fragment)."""

@@ -8,8 +8,10 @@ group of slots every ``fragment_length`` steps).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -17,15 +19,17 @@ import numpy as np
 import torch
 
 from ..config import ActorConfig
-from ..envs import make_env
+from ..envs import build_env, env_shape, make_env
+from ..multi_agent import ParallelSlots, TurnSlots, agent_spaces, is_turn_based
 from ..rl.masking import ActionMaskError
 from ..rl.policy import Policy, WeightsMismatch, import_weights
 from ..seeding import env_seeds
 from ..wire.protocol import Weights
 from ..wire.spaces import as_value, map_value
 from ..wire.transport import CurveClientKeys, load_public_certificate, load_secret_certificate
-from .agent import PAUSE_WAIT_S, Agent
+from .agent import PAUSE_WAIT_S, Agent, Decision
 from .client import ActorClient, BadExperience
+from .opponents import OpponentPool
 
 log = logging.getLogger("zmq_rl.actor")
 
@@ -49,6 +53,48 @@ ENV_FIELDS = {
     "obs": "observation",
 }
 """What the env returned, by the client's field name (for :class:`BadEnvValue`)."""
+
+
+def _decide(agent: Agent, pool: OpponentPool | None, obs: Any, opponent: np.ndarray) -> Decision:
+    """One decision per mover: the policy's (:meth:`Agent.decide`) for the seats it
+    plays, the pool's snapshot's for opponent seats (env actions only: not recorded)."""
+    if pool is None or not opponent.any():
+        return agent.decide(obs)
+    mine = np.flatnonzero(~opponent)
+    theirs = np.flatnonzero(opponent)
+    decided = agent.decide(map_value(lambda a: a[mine], obs)) if mine.size else None
+    moves = pool.act(map_value(lambda a: a[theirs], obs))
+    if decided is None:
+        return Decision(moves, moves, np.zeros(len(moves), np.float32),
+                        np.zeros(len(moves), np.float32), agent.runner.version)  # fmt: skip
+
+    def spread(mine_rows: np.ndarray, filler: np.ndarray) -> np.ndarray:
+        out = np.empty((len(opponent), *mine_rows.shape[1:]), mine_rows.dtype)
+        out[mine], out[theirs] = mine_rows, filler
+        return out
+
+    return Decision(
+        spread(decided.env_actions, moves.astype(decided.env_actions.dtype)),
+        spread(
+            decided.actions,
+            np.zeros((len(theirs), *decided.actions.shape[1:]), decided.actions.dtype),
+        ),
+        spread(decided.values, np.zeros(len(theirs), np.float32)),
+        spread(decided.log_probs, np.zeros(len(theirs), np.float32)),
+        decided.version,
+    )
+
+
+@contextlib.contextmanager
+def _mask_errors_are_the_envs(env_id: str) -> Iterator[None]:
+    """An action mask that allows no action is the env's error (its observation), not
+    the policy's: :class:`BadEnvValue` naming the env."""
+    try:
+        yield
+    except ActionMaskError as exc:
+        raise BadEnvValue(
+            f"env {env_id} returned an observation that allows no action: {exc}"
+        ) from None
 
 
 def curve_client_keys(cfg: ActorConfig) -> CurveClientKeys | None:
@@ -92,13 +138,15 @@ class GymActor:
         cfg = self.cfg
         torch.set_num_threads(cfg.torch_threads)
         spaces: tuple[Any, Any] = (None, None)
+        slots = cfg.num_envs
         if cfg.env_id:
-            with make_env(cfg.env_id) as probe:
-                spaces = (probe.observation_space, probe.action_space)
+            shape = env_shape(cfg.env_id)
+            spaces = (shape.observation_space, shape.action_space)
+            slots *= shape.agents_per_env  # a multi-agent env fills one slot per agent
         with Agent(
             cfg.learner,
             *spaces,
-            cfg.num_envs,
+            slots,
             seed=cfg.seed,
             env_id=cfg.env_id,
             actor_id=cfg.actor_id,
@@ -109,6 +157,8 @@ class GymActor:
         ) as agent:
             settings = agent.settings
             env_id = cfg.env_id or settings.env_id
+            if settings.agents_per_env > 1:
+                return self._collect_agents(agent, env_id)
             envs = [
                 make_env(env_id, settings.env_kwargs, settings.wrappers)
                 for _ in range(agent.num_envs)
@@ -137,12 +187,8 @@ class GymActor:
         truncated = np.zeros(len(envs), bool)
         episode_steps = np.zeros(len(envs), np.int64)  # steps of each slot's episode
         while not agent.shutdown_requested:
-            try:
+            with _mask_errors_are_the_envs(env_id):
                 actions = agent.act(obs)
-            except ActionMaskError as exc:  # the env's observation, not the policy
-                raise BadEnvValue(
-                    f"env {env_id} returned an observation that allows no action: {exc}"
-                ) from None
             final_obs, next_obs = {}, []
             for j, env in enumerate(envs):
                 action = actions[j].item() if actions[j].ndim == 0 else actions[j]
@@ -160,6 +206,135 @@ class GymActor:
                 ended = terminated | truncated
                 raise self._bad_env_value(exc, env_id, episode_steps, ended) from None
             episode_steps[terminated | truncated] = 0
+        return dict(agent.stats)
+
+    def _collect_agents(self, agent: Agent, env_id: str) -> dict[str, float]:
+        """The multi-agent loop: every possible agent of every env copy is a slot
+        (:class:`~zmq_rl.multi_agent.ParallelSlots`); a slot without a live agent
+        records a row that is not valid."""
+        settings, k = agent.settings, agent.settings.agents_per_env
+        if agent.num_envs % k:
+            raise SpaceMismatch(
+                f"the learner gave {agent.num_envs} slots, not a multiple of the "
+                f"{k} agents of each {env_id} env"
+            )
+        envs = [
+            build_env(env_id, settings.env_kwargs, settings.wrappers)
+            for _ in range(agent.num_envs // k)
+        ]
+        try:
+            obs_space, act_space, agents = agent_spaces(envs[0], env_id)
+            if (obs_space, act_space) != (agent.observation_space, agent.action_space):
+                raise SpaceMismatch(
+                    f"env {env_id} has agent spaces {obs_space} / {act_space}, the learner's "
+                    f"are {agent.observation_space} / {agent.action_space}"
+                )
+            if len(agents) != k:
+                raise SpaceMismatch(
+                    f"env {env_id} has {len(agents)} possible agents, the learner's has {k}"
+                )
+            if is_turn_based(envs[0]):
+                return self._collect_turns(agent, env_id, envs, agents)
+            slots = ParallelSlots(envs, agents)
+            obs = slots.reset(env_seeds(agent.seed, len(envs)))
+            log.info(
+                "actor %d collecting on %d x %s (%d agents each, seed %d)",
+                *(agent.client.actor_id, len(envs), env_id, k, agent.seed),
+            )
+            while not agent.shutdown_requested:
+                with _mask_errors_are_the_envs(env_id):
+                    actions = agent.act(obs)
+                steps = slots.step(actions)
+                obs = steps.next_obs
+                try:
+                    agent.observe(
+                        steps.rewards,
+                        steps.terminated,
+                        steps.truncated,
+                        obs,
+                        steps.final_obs,
+                        valid=steps.valid,
+                    )
+                except BadExperience as exc:
+                    ended = steps.terminated | steps.truncated
+                    raise self._bad_env_value(exc, env_id, slots.episode_steps, ended) from None
+            return dict(agent.stats)
+        finally:
+            for env in envs:
+                env.close()
+
+    def _collect_turns(
+        self, agent: Agent, env_id: str, envs: list[Any], agents: list[Any]
+    ) -> dict[str, float]:
+        """The turn-based loop: rounds of ``agents_per_env`` turns, one batched
+        :meth:`Agent.decide` per turn over the envs whose game goes on, the moves' rows
+        held until their outcome is known and recorded once per round with
+        :meth:`Agent.record` (:class:`~zmq_rl.multi_agent.TurnSlots`). With an opponent
+        pool (the welcome's ``opponent_pool``), a share of the games seat a frozen
+        snapshot (:class:`~zmq_rl.actor.opponents.OpponentPool`), whose moves are not
+        recorded."""
+        settings = agent.settings
+        pool = None
+        if settings.opponent_pool:
+            pool = OpponentPool(
+                settings.opponent_pool, settings.opponent_every, agent.welcome, agent.seed
+            )
+            pool.offer(agent.runner)
+        share = settings.opponent_share if pool is not None else 0.0
+        slots = TurnSlots(envs, agents, share, np.random.default_rng(agent.seed))
+        slots.reset(env_seeds(agent.seed, len(slots.envs)))
+        log.info(
+            "actor %d collecting on %d x %s (turn-based, %d agents each, seed %d)",
+            *(agent.client.actor_id, len(slots.envs), env_id, slots.agents_per_env, agent.seed),
+        )
+        like_action = None
+        while not agent.shutdown_requested:
+            for _ in range(slots.agents_per_env):
+                playing, movers, obs = slots.to_move()
+                if obs is None:
+                    continue
+                with _mask_errors_are_the_envs(env_id):
+                    decision = _decide(agent, pool, obs, slots.opponent[movers])
+                if agent.shutdown_requested:
+                    return self._turn_stats(agent, slots, pool)
+                if like_action is None and decision.actions.size:
+                    like_action = decision.actions[0]
+                slots.play(playing, movers, decision.env_actions, decision)
+            if pool is not None:
+                pool.offer(agent.runner)
+            rows = slots.emit(like_action)
+            try:
+                agent.record(
+                    rows.obs,
+                    rows.actions,
+                    rows.rewards,
+                    rows.terminated,
+                    rows.truncated,
+                    rows.values,
+                    rows.log_probs,
+                    rows.next_obs,
+                    rows.final_obs,
+                    valid=rows.valid,
+                    version=rows.version,
+                )
+            except BadExperience as exc:
+                ended = rows.terminated | rows.truncated
+                raise self._bad_env_value(exc, env_id, slots.episode_steps, ended) from None
+        return self._turn_stats(agent, slots, pool)
+
+    @staticmethod
+    def _turn_stats(agent: Agent, slots: TurnSlots, pool: OpponentPool | None) -> dict[str, float]:
+        """The actor's stats, with its games against the pool (said in its bye)."""
+        if pool is None:
+            return dict(agent.stats)
+        results = slots.results
+        extra = {
+            **pool.stats(),
+            "self_play/wins": float(results["win"]),
+            "self_play/draws": float(results["draw"]),
+            "self_play/losses": float(results["loss"]),
+        }
+        agent.client.stats.update(extra)
         return dict(agent.stats)
 
     @staticmethod

@@ -28,6 +28,12 @@ from ..wire.valve import ActorThrottle
 __all__ = ["ExperienceSender", "LockstepBuffer"]
 
 
+def _only_if_some_invalid(valid: np.ndarray) -> np.ndarray | None:
+    """A copy of ``valid`` when some row is not valid; None (the wire's "all valid",
+    sent as no field) otherwise."""
+    return None if valid.all() else valid.copy()
+
+
 class LockstepBuffer:
     """Preallocated ``[T, num_envs]`` step arrays that :meth:`ExperienceSender.step`
     fills one row at a time, plus each slot's final observations by row and the
@@ -40,6 +46,7 @@ class LockstepBuffer:
         self.next_obs = map_value(np.empty_like, obs)
         self.final: list[dict[int, Value]] = [{} for _ in range(num_envs)]
         self.state = np.zeros((num_envs, state_size), np.float32) if state_size else None
+        self.valid = np.ones((length, num_envs), bool)  # rows of a live agent (multi-agent)
         self.size = 0
 
     def add(
@@ -47,13 +54,16 @@ class LockstepBuffer:
         steps: StepArrays,
         final_obs: Mapping[int, Value] | None,
         state: Any = None,
+        valid: Any = None,
     ) -> int:
         """Record one step of every slot (any array-likes of the right shapes); keep
         the final observation of each slot whose episode was truncated (and not
-        terminated) in this step, and at row 0 the policy state the step acted from.
+        terminated) in this step, and at row 0 the policy state the step acted from;
+        ``valid`` (None: all) marks the slots whose row is a live agent's step.
         Returns how many slots ended an episode."""
         t = self.size
         self.steps.write(t, steps)
+        self.valid[t] = True if valid is None else valid
         if t == 0 and self.state is not None:
             if state is None:
                 raise ValueError(
@@ -192,15 +202,17 @@ class ExperienceSender:
         final_obs: Mapping[int, Value] | None,
         version: int,
         state: Any = None,
+        valid: Any = None,
     ) -> None:
-        """Record one step of every slot; send the buffered rows of every slot once
-        ``fragment_length`` steps are buffered."""
+        """Record one step of every slot (``valid``: which rows are live agents' steps,
+        None: all); send the buffered rows of every slot once ``fragment_length``
+        steps are buffered."""
         if self.buffer is None:
             self.buffer = LockstepBuffer(
                 self.fragment_length, as_value(steps.obs), steps.actions, self.state_size
             )
         buffer = self.buffer
-        self.stats["episodes_completed"] += buffer.add(steps, final_obs, state)
+        self.stats["episodes_completed"] += buffer.add(steps, final_obs, state, valid)
         if type(buffer.next_obs) is np.ndarray:
             buffer.next_obs[...] = next_obs
         else:
@@ -232,6 +244,7 @@ class ExperienceSender:
                 final,
                 version,
                 None if buffer.state is None else buffer.state[cols],
+                _only_if_some_invalid(buffer.valid[rows, cols]),
             )
         buffer.reset()
 
@@ -243,9 +256,11 @@ class ExperienceSender:
         final_obs: Mapping[int, Value] | None,
         version: int,
         state: Any = None,
+        valid: Any = None,
     ) -> None:
         """Send T >= 1 consecutive steps of one slot now (not through the buffer):
-        a fragment of one slot, rows ``[T]`` widened to ``[T, 1]``."""
+        a fragment of one slot, rows ``[T]`` widened to ``[T, 1]`` (``valid``: ``[T]``
+        bool, None: every row valid)."""
         self.stats["episodes_completed"] += int((steps.terminated | steps.truncated).sum())
         self.slot_steps[slot] += steps.length
         column = steps.select((slice(None), np.newaxis))
@@ -256,6 +271,7 @@ class ExperienceSender:
             {(int(t), 0): last for t, last in (final_obs or {}).items()},
             version,
             None if state is None else np.asarray(state, np.float32).reshape(1, -1),
+            None if valid is None else _only_if_some_invalid(np.asarray(valid, bool)[:, None]),
         )
 
     def send(
@@ -266,9 +282,11 @@ class ExperienceSender:
         final: Mapping[tuple[int, int], Value],
         version: int,
         state: np.ndarray | None = None,
+        valid: np.ndarray | None = None,
     ) -> None:
         """Check and send one fragment of ``slots`` (``[T, B]`` rows; ``final`` maps
-        ``(t, b)`` cells to final observations); count it once PUSH took it."""
+        ``(t, b)`` cells to final observations; ``valid``, ``[T, B]`` bool or None:
+        which rows are live agents' steps); count it once PUSH took it."""
         if self.socket is None:
             raise RuntimeError("register() first")
         width = len(slots)
@@ -292,6 +310,7 @@ class ExperienceSender:
             ),
             state=state,
             sent_at=time.time(),
+            valid=valid,
         )
         if not self._push(encode(fragment)):
             return

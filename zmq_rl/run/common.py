@@ -269,18 +269,16 @@ def check_env(
     factory: str = "",
     env_kwargs: Any = None,
     wrappers: Any = (),
-) -> None:
+) -> Any:
     """Make (and close) the env once, as every process of the run will
-    (:func:`zmq_rl.envs.make_env` with ``env_kwargs`` and ``wrappers``), so a bad id
+    (:func:`zmq_rl.envs.env_shape` with ``env_kwargs`` and ``wrappers``), so a bad id
     or an unsupported space fails as a config error up front (see
-    :func:`check_spaces` for ``factory``)."""
-    from zmq_rl.envs import make_env
+    :func:`check_spaces` for ``factory``); returns its :class:`~zmq_rl.envs.EnvShape`."""
+    from zmq_rl.envs import env_shape
 
-    env = make_env(env_id, env_kwargs, wrappers)  # EnvBuildError, a ConfigError
-    try:
-        check_spaces(env_id, env.observation_space, env.action_space, factory)
-    finally:
-        env.close()
+    shape = env_shape(env_id, env_kwargs, wrappers)  # EnvBuildError, a ConfigError
+    check_spaces(env_id, shape.observation_space, shape.action_space, factory)
+    return shape
 
 
 def check_learner_host(address: str) -> None:

@@ -159,6 +159,7 @@ class TrainingOutcome:
         self.report: Any = None
         self.interrupted = False
         self.updates_seen = 0
+        self.agents_per_env = 1  # slots per env copy (a multi-agent env's agents)
         self.last_row: Mapping[str, Any] = {}
         self.steps_at_start = 0
         """Env steps the learner had consumed when this session started (a resume's)."""
@@ -213,7 +214,7 @@ def train(
     try:
         if resume is None:
             check_run_dir_is_new(cfg.run_dir, resume_command)
-        check_env(cfg.env_id, policy.factory, cfg.env_kwargs_map(), cfg.wrappers)
+        shape = check_env(cfg.env_id, policy.factory, cfg.env_kwargs_map(), cfg.wrappers)
         if resume is None:
             write_config(cfg, ppo, policy, command, preset)
     except BaseException:
@@ -222,6 +223,7 @@ def train(
     if cfg.run_dir and tensorboard is None and not tensorboard_available():
         console.print(TENSORBOARD_OFF, markup=False)
     outcome = TrainingOutcome(cfg)
+    outcome.agents_per_env = shape.agents_per_env
     with contextlib.ExitStack() as stack:
         metrics = None
         if cfg.run_dir:
@@ -243,7 +245,9 @@ def train(
             f"waiting for {cfg.num_actors} actor(s) at {cfg.host}:{cfg.port} "
             f"(experience :{cfg.experience_port()}, weights :{cfg.weights_port()})"
         )
-        progress = TrainingProgress(cfg.num_updates(), console, waiting=waiting, live=live)
+        progress = TrainingProgress(
+            cfg.num_updates(outcome.agents_per_env), console, waiting=waiting, live=live
+        )
         user_hook = on_update
 
         def on_update(row: Mapping[str, Any]) -> None:
@@ -339,13 +343,15 @@ def print_summary(
     if report is None:
         row = outcome.last_row
         lines.append(("stopped", "interrupted"))
-        lines.append(("updates", f"{outcome.updates_seen} of {cfg.num_updates()}"))
+        budget = cfg.num_updates(outcome.agents_per_env)
+        lines.append(("updates", f"{outcome.updates_seen} of {budget}"))
         if row:
             lines.append(("env steps", f"{int(row.get('env_steps', 0)):,}"))
             lines.append(("wall time", format_duration(float(row.get("wall_seconds", 0.0)))))
     else:
         lines.append(("stopped", report.stop_reason or "done"))
-        lines.append(("updates", f"{report.updates_completed} (budget {cfg.num_updates()})"))
+        budget = cfg.num_updates(outcome.agents_per_env)
+        lines.append(("updates", f"{report.updates_completed} (budget {budget})"))
         lines.append(("env steps", f"{report.env_steps_consumed:,} of {cfg.total_env_steps:,}"))
         # Speed from this session's steps and time (a resumed run's total is not).
         session_steps = report.env_steps_consumed - outcome.steps_at_start

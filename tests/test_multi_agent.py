@@ -1,0 +1,336 @@
+"""Multi-agent (PettingZoo) envs as slots: naming them, the slots' bookkeeping for
+agents that appear and leave, the ``valid`` rows on the wire, and evaluation."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo")
+
+from tests.agent_envs import ComingAndGoing  # noqa: E402
+from zmq_rl.envs import EnvBuildError, build_env, env_shape, make_env  # noqa: E402
+from zmq_rl.multi_agent import AgentSpaceMismatch, ParallelSlots, agent_spaces  # noqa: E402
+from zmq_rl.wire.protocol import Fragment, ProtocolError, decode, encode  # noqa: E402
+
+
+def _run_slots(envs: list[ComingAndGoing], steps: int, seed: int = 0):
+    """Step ``envs`` through ParallelSlots with random actions; every row by slot."""
+    slots = ParallelSlots(envs, envs[0].possible_agents)
+    rng = np.random.default_rng(seed)
+    slots.reset([seed + i for i in range(len(envs))])
+    rows = defaultdict(list)
+    for _ in range(steps):
+        actions = rng.integers(0, 3, slots.num_slots)
+        out = slots.step(actions)
+        for slot in range(slots.num_slots):
+            rows[slot].append(
+                (
+                    bool(out.valid[slot]),
+                    float(out.rewards[slot]),
+                    bool(out.terminated[slot]),
+                    bool(out.truncated[slot]),
+                    slot in out.final_obs,
+                )
+            )
+    return slots, rows
+
+
+def test_pettingzoo_envs_are_named_like_gymnasium_ones():
+    shape = env_shape("pettingzoo.sisl.pursuit_v5")
+    assert shape.agents_per_env == 8 and shape.action_space.n == 5
+    assert env_shape("tests.agent_envs:coming_and_going").agents_per_env == 4
+    assert env_shape("CartPole-v1").agents_per_env == 1
+    with pytest.raises(EnvBuildError, match="multi-agent"):
+        make_env("tests.agent_envs:coming_and_going")
+
+
+def test_a_turn_based_game_stays_an_aec_env_with_a_slot_per_seat():
+    from zmq_rl.multi_agent import is_turn_based
+
+    c4 = "pettingzoo.classic.connect_four_v3"
+    assert is_turn_based(build_env(c4)) and env_shape(c4).agents_per_env == 2
+    assert not is_turn_based(build_env("pettingzoo.sisl.pursuit_v5"))
+
+
+def test_agents_with_different_spaces_are_named():
+    env = build_env("pettingzoo.test.example_envs.generated_agents_parallel_v0")
+    with pytest.raises(AgentSpaceMismatch, match="possible_agents"):
+        agent_spaces(env, "gen")
+
+
+def test_rows_of_agents_that_come_and_go_match_the_envs_ledger():
+    """No lost or invented rows: every valid row is one agent step the env ran, in
+    order, with its reward and ending; rows that are not valid carry nothing."""
+    envs = [ComingAndGoing(max_cycles=9) for _ in range(3)]
+    slots, rows = _run_slots(envs, 400)
+    k = slots.agents_per_env
+    assert sum(env.episodes for env in envs) > 30  # many episodes, births and deaths
+    for e, env in enumerate(envs):
+        expected = defaultdict(list)
+        for agent, reward, term, trunc in env.ledger:
+            expected[agent].append((reward, term, trunc))
+        for i, agent in enumerate(env.possible_agents):
+            column = rows[e * k + i]
+            got = [(r, t, u) for valid, r, t, u, _ in column if valid]
+            assert got == expected[agent], (e, agent)
+            assert any(not valid for valid, *_ in column)  # it did wait, empty
+            for (valid, r, t, u, final), (next_valid, *_) in zip(column, column[1:], strict=False):
+                if not valid:
+                    assert (r, t, u) == (0.0, False, False)
+                if valid and not next_valid:
+                    assert t or u  # an agent's last row ends its episode
+                assert final == (u and not t)
+    valid_rows = sum(valid for column in rows.values() for valid, *_ in column)
+    assert valid_rows == sum(len(env.ledger) for env in envs)
+
+
+def test_a_slot_without_an_agent_shows_a_live_agents_observation():
+    env = ComingAndGoing(mask=True)
+    slots = ParallelSlots([env], env.possible_agents)
+    obs = slots.reset([3])
+    live = np.flatnonzero(slots.alive)
+    assert live.size < 4  # some agents come later
+    assert (obs["action_mask"] == 1).all()  # a policy can act on every slot
+
+
+def test_valid_rows_travel_and_are_checked():
+    def fragment(valid, rewards=(1.0, 0.0), terminated=(True, False)):
+        return Fragment.for_slot(
+            0,
+            obs=np.zeros((2, 3), np.float32),
+            actions=np.zeros(2, np.int64),
+            rewards=np.asarray(rewards, np.float32),
+            terminated=np.asarray(terminated),
+            truncated=np.zeros(2, bool),
+            values=np.zeros(2, np.float32),
+            log_probs=np.zeros(2, np.float32),
+            next_obs=np.zeros(3, np.float32),
+            valid=valid,
+            actor_id=0,
+            version=0,
+            seq=0,
+            run_id="r",
+            token=b"t" * 16,
+        )
+
+    back = decode(encode(fragment([True, False])))
+    assert back.valid.tolist() == [[True], [False]]
+    assert decode(encode(fragment([True, True]))).valid is None  # all valid: as absent
+    with pytest.raises(ProtocolError, match=r"fragment.rewards\[1, 0\]"):
+        decode(encode(fragment([True, False], rewards=(1.0, 2.0))))
+    with pytest.raises(ProtocolError, match=r"fragment.valid\[0, 0\].*end its episode"):
+        decode(encode(fragment([True, False], terminated=(False, False))))
+
+
+def test_a_client_refuses_rows_that_are_not_valid_for_a_single_agent_learner():
+    from types import SimpleNamespace
+
+    from zmq_rl.actor.client import ActorClient
+    from zmq_rl.wire.protocol import StepArrays
+
+    client = ActorClient.__new__(ActorClient)
+    client._open = None
+    steps = StepArrays(*(np.zeros(2, t) for t in (np.float32, np.int64, np.float32)),
+                       np.zeros(2, bool), np.zeros(2, bool), np.zeros(2, np.float32),
+                       np.zeros(2, np.float32))  # fmt: skip
+    client.settings = SimpleNamespace(agents_per_env=1)
+    with pytest.raises(ValueError, match="agents_per_env"):
+        client._rows_valid([True, False], steps)
+    client.settings = SimpleNamespace(agents_per_env=2)
+    assert client._rows_valid([True, False], steps).tolist() == [True, False]
+    steps.rewards[1] = 1.0
+    with pytest.raises(ValueError, match="slot 1: a row that is not valid must have reward 0"):
+        client._rows_valid([True, False], steps)
+    steps.rewards[1] = 0.0
+    client._rows_valid([True, True], steps)  # slot 1 now open (its episode goes on) ...
+    with pytest.raises(ValueError, match="slot 1: its previous row did not end"):
+        client._rows_valid([True, False], steps)  # ... so it cannot go empty unannounced
+
+
+@pytest.mark.timeout(300)
+def test_a_real_run_of_agents_that_come_and_go_learns_and_counts_agent_steps(tmp_path, capsys):
+    """``zmq-rl run`` on a PettingZoo env whose agents appear and leave mid-episode:
+    a learner and two actor processes over tcp. Rows of empty slots are not env steps
+    (each update consumes fewer than num_steps x slots), the budget is met in agent
+    steps, and the shared policy learns (random play scores about 1/3 per step)."""
+    from tests.conftest import free_port_block
+    from zmq_rl.cli import main as main_cli
+
+    run_dir = tmp_path / "run"
+    argv = ["run", "--env", "tests.agent_envs:coming_and_going", "--actors", "2"]
+    argv += ["--num-envs", "2", "--num-steps", "32", "--total-env-steps", "16000"]
+    argv += ["--eval-episodes", "20", "--port", str(free_port_block())]
+    argv += ["--run-dir", str(run_dir), "--no-plot"]
+    assert main_cli.main(argv) == 0, capsys.readouterr().err
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["stop_reason"] == "budget spent"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [int(r["env_steps"]) for r in rows if "env_steps" in r and "losses/policy_loss" in r]
+    per_update = np.diff([0, *steps])
+    assert len(per_update) >= 20, rows[:2]
+    slots = 2 * 2 * 4  # actors x envs x possible agents
+    assert (per_update < 32 * slots).all() and (per_update > 0).all(), per_update
+    assert 16000 - 32 * slots < report["env_steps_consumed"] <= 16000
+    evaluation = report["evaluations"][-1]
+    assert evaluation["mean_return"] >= 3.0, report["evaluations"]  # random: ~1.5
+
+
+class _Counted:
+    """Wraps a PettingZoo AEC env: counts each agent's moves and sums its rewards."""
+
+    def __init__(self, env):
+        self.env = env
+        self.moves = defaultdict(int)
+        self.earned = defaultdict(float)
+        self.games = 0
+        self.skip = set()  # seats an opponent plays this game: not counted
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def reset(self, seed=None, options=None):
+        self.games += 1
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        if action is not None and self.env.agent_selection not in self.skip:
+            self.moves[self.env.agent_selection] += 1
+        self.env.step(action)
+        for agent, reward in self.env.rewards.items():
+            if agent not in self.skip:
+                self.earned[agent] += float(reward)
+
+
+def _random_decisions(obs, rng):
+    from zmq_rl.actor.agent import Decision
+
+    actions = np.array([rng.choice(np.flatnonzero(m)) for m in obs["action_mask"]])
+    zeros = np.zeros(len(actions), np.float32)
+    return Decision(actions, actions, zeros, zeros, 0)
+
+
+@pytest.mark.parametrize("opponent_share", [0.0, 0.5])
+def test_turn_based_rows_match_every_move_and_result_and_chain(opponent_share):
+    """Connect four, random legal moves: every move is one valid row of its agent's
+    slot, in order, each game's result is in its agents' rows, a row that is not
+    valid only follows a game's end, and a row's next observation is the one its
+    slot's next row acted on. With opponent seats (half the games), their moves are
+    never rows and every game against one is tallied."""
+    from zmq_rl.multi_agent import TurnSlots
+
+    envs = [_Counted(build_env("pettingzoo.classic.connect_four_v3")) for _ in range(3)]
+    slots = TurnSlots(envs, envs[0].possible_agents, opponent_share, np.random.default_rng(1))
+    slots.reset([0, 1, 2])
+    rng = np.random.default_rng(0)
+    emitted = []
+    k = slots.agents_per_env
+    against = 0
+    for _ in range(120):
+        for e, env in enumerate(envs):
+            env.skip = {a for i, a in enumerate(env.possible_agents) if slots.opponent[e * k + i]}
+        for _ in range(slots.agents_per_env):
+            idx, movers, obs = slots.to_move()
+            if obs is None:
+                continue
+            decided = _random_decisions(obs, rng)
+            slots.play(idx, movers, decided.env_actions, decided)
+            against += sum(
+                bool(slots.opponent[e * k : e * k + k].any()) for e in idx if slots._over[e]
+            )
+        emitted.append(slots.emit(np.int64(0)))
+    assert sum(env.games for env in envs) > 15
+    for slot in range(slots.num_slots):
+        env, agent = envs[slot // k], envs[0].possible_agents[slot % k]
+        column = [(r.valid[slot], r, slot) for r in emitted]
+        kept = list(slots.final[slot]) + ([slots.held[slot]] if slots.held[slot] else [])
+        assert sum(v for v, _, _ in column) + len(kept) == env.moves[agent]
+        rewards = sum(float(r.rewards[slot]) for v, r, _ in column if v)
+        rewards += sum(row.reward for row in slots.final[slot])
+        assert rewards == pytest.approx(env.earned[agent])  # every result reached its rows
+        ends = sum(bool(r.terminated[slot]) for v, r, _ in column if v)
+        ends += sum(row.terminated for row in slots.final[slot])
+        if not opponent_share:
+            assert ends == env.games - (1 if env.agents else 0)
+        for (v, r, _), (v_next, r_next, _) in zip(column, column[1:], strict=False):
+            mask = r.obs["action_mask"][slot]
+            if v:
+                assert mask[r.actions[slot]] == 1  # the move was legal where it was made
+            if v and not r.terminated[slot]:
+                assert v_next  # a game in progress never leaves its slot empty
+                for key in ("observation", "action_mask"):
+                    assert (r.next_obs[key][slot] == r_next.obs[key][slot]).all()
+            if not v:
+                assert r.rewards[slot] == 0 and not r.terminated[slot]
+            if not v_next:
+                assert not v or r.terminated[slot] or r.truncated[slot]
+    assert any(not r.valid.all() for r in emitted)  # first rounds of games: not valid
+    assert sum(slots.results.values()) == against  # one result per game against the pool
+    assert (against > 10) == bool(opponent_share)
+
+
+def test_a_real_run_of_connect_four_by_self_play(tmp_path, capsys):
+    """``zmq-rl run`` on a turn-based PettingZoo game: one shared policy plays both
+    seats in every game over tcp; evaluations play it against random legal moves."""
+    from tests.conftest import free_port_block
+    from zmq_rl.cli import main as main_cli
+
+    run_dir = tmp_path / "run"
+    argv = ["run", "--env", "pettingzoo.classic.connect_four_v3", "--actors", "1"]
+    argv += ["--num-envs", "4", "--total-env-steps", "6000", "--eval-episodes", "20"]
+    argv += ["--port", str(free_port_block()), "--run-dir", str(run_dir), "--no-plot"]
+    assert main_cli.main(argv) == 0, capsys.readouterr().err
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["stop_reason"] == "budget spent"
+    assert 6000 - 8 * 128 < report["env_steps_consumed"] <= 6000
+    assert report["evaluations"] and -1.0 <= report["evaluations"][-1]["mean_return"] <= 1.0
+    assert report["episodes_completed"] > 100
+
+
+def test_the_opponent_pool_keeps_spaced_snapshots_and_plays_legal_moves():
+    """Snapshots every ``every`` versions (the first at once), the newest ``size``
+    kept, the opponent drawn among them, its moves within the action mask."""
+    import torch
+
+    from zmq_rl.actor.agent import PolicyRunner
+    from zmq_rl.actor.opponents import OpponentPool
+    from zmq_rl.config import LearnerConfig, PolicyConfig
+    from zmq_rl.learner.settings import run_settings
+    from zmq_rl.rl.policy import build_policy, export_weights
+    from zmq_rl.wire.protocol import Weights, Welcome
+
+    c4 = "pettingzoo.classic.connect_four_v3"
+    shape = env_shape(c4)
+    spaces = (shape.observation_space, shape.action_space)
+    cfg = LearnerConfig(env_id=c4)
+    net = build_policy(*spaces, PolicyConfig())
+    welcome = Welcome(
+        actor_id=0, run_id="r", base_version=0, experience_port=1, weights_port=2,
+        settings=run_settings(cfg, *spaces, PolicyConfig(), agents_per_env=2),
+        weights=Weights(version=0, run_id="r", tensors=export_weights(net)),
+    )  # fmt: skip
+    acting = PolicyRunner(welcome, seed=0)
+    pool = OpponentPool(size=3, every=5, welcome=welcome, seed=0)
+    for version in range(0, 31):
+        with torch.no_grad():
+            for p in acting.policy.parameters():
+                p.add_(0.01)  # the acting policy learns
+        acting.version = version
+        pool.offer(acting)
+    assert [v for v, _ in pool.snapshots] == [20, 25, 30]  # every 5 versions, newest 3
+    assert pool.playing in (20, 25, 30)
+    first = dict(pool.snapshots[0][1])
+    later = dict(pool.snapshots[-1][1])
+    assert any((first[k] != later[k]).any() for k in first)  # frozen copies, not views
+    env = build_env(c4)
+    env.reset(seed=0)
+    for _ in range(6):  # fill column 3
+        env.step(3)
+    obs = env.observe(env.agent_selection)
+    assert obs["action_mask"][3] == 0
+    batch = {k: np.stack([v] * 64) for k, v in obs.items()}
+    moves = pool.act(batch)
+    assert moves.shape == (64,) and (moves != 3).all()
