@@ -15,10 +15,12 @@ pettingzoo.classic.connect_four_v3 --seed S --total-env-steps N --target-return 
 --port P --run-dir runs/connect_four/seed<S> --no-plot`` (plus ``--extra-args``,
 split as a shell would) as a subprocess: one shared policy plays both seats. Its wall
 time and every evaluation of its ``report.json`` (env steps against mean return) are
-recorded; since those evaluations score the policy against itself, the learning curve
-is drawn from the run's checkpoints instead (copied to ``runs/connect_four/seed<S>-checkpoints``
-while it trains, as a run keeps only its newest few): up to ``--curve-points`` of them play
-``--curve-games`` games of each matchup (win rate against env steps). Then the final
+recorded (the learner's evaluations: the policy in each seat in turn against random
+legal moves, scored +1 / 0 / -1); since they say nothing of play against a stronger
+player, the learning curve is drawn from the run's checkpoints as well (copied to
+``runs/connect_four/seed<S>-checkpoints`` while it trains, as a run keeps only its
+newest few): up to ``--curve-points`` of them play ``--curve-games`` games of each
+matchup (win rate against env steps). Then the final
 policy is evaluated as ``eval`` does.
 
 ``eval`` loads each run's policy (``zmq_rl.load_policy``; deterministic, or sampled
@@ -344,8 +346,8 @@ def win_rate_curve(
     :func:`keep_checkpoints` kept, else those still in the run directory; evenly
     spaced, the last always in) each play every matchup, ``games`` games each.
 
-    This is the learning curve that means something in self-play: the run's own
-    evaluations score the policy against itself (a zero-sum game), not its skill.
+    This is the learning curve against both players: the run's own evaluations
+    play random seats only (their return is +1 / 0 / -1 per game).
     Each point has the checkpoint's updates, its env steps (None when
     ``metrics.jsonl`` does not say) and the win rate of each matchup."""
     import torch
@@ -505,7 +507,7 @@ def train_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     """Per seed, the win rate over training against random and against one-ply
     (checkpoints, mean of the two seats) with the targets, and the run's own
-    evaluation return (self-play: little meaning, kept for reference)."""
+    evaluation return (against random seats)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -537,7 +539,7 @@ def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     ax_win.set_title("against fixed players (grey: targets)")
     ax_win.legend(fontsize=7)
     ax_eval.set_xlabel("env steps (agent moves)")
-    ax_eval.set_ylabel("mean evaluation return (self-play)")
+    ax_eval.set_ylabel("mean evaluation return (vs random seats)")
     ax_eval.set_title("the run's own evaluations")
     if any(run.get("curve") for run in runs):
         ax_eval.legend(fontsize=7)
