@@ -250,14 +250,12 @@ def build_env(
         raise EnvBuildError(
             "env_id", env_id, f"cannot make the env{shown}: {type(exc).__name__}: {exc}"
         ) from None
-    if isinstance(env, gym.Env):
-        pass  # PettingZoo is not imported for a gymnasium env
-    elif is_multi_agent(env):
+    if is_multi_agent(env):
         try:
             env = to_parallel(env, env_id)
         except ValueError as exc:
             raise EnvBuildError("env_id", env_id, str(exc).removeprefix(f"{env_id} ")) from None
-    else:
+    elif not isinstance(env, gym.Env):
         raise EnvBuildError(
             "env_id",
             env_id,

@@ -25,6 +25,7 @@ classes: :mod:`zmq_rl.actor.gym_actor`).
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .wire.protocol import StepArrays
 from .wire.spaces import Value, as_value, map_value
 
 __all__ = [
@@ -51,14 +53,21 @@ class AgentSpaceMismatch(ValueError):
     (one shared policy needs them to), or that lists no ``possible_agents``."""
 
 
+def _pettingzoo_envs() -> tuple[type, type] | None:
+    """PettingZoo's ``(ParallelEnv, AECEnv)``, or None when PettingZoo has not been
+    imported: then no object can be a PettingZoo env, and asking about a gymnasium env
+    must not import it (a single-agent run loads only the runtime packages)."""
+    if "pettingzoo" not in sys.modules:
+        return None
+    from pettingzoo.utils.env import AECEnv, ParallelEnv
+
+    return ParallelEnv, AECEnv
+
+
 def is_multi_agent(env: Any) -> bool:
-    """Whether ``env`` is a PettingZoo env (Parallel or AEC API), without importing
-    PettingZoo when it is not installed."""
-    try:
-        from pettingzoo.utils.env import AECEnv, ParallelEnv
-    except ImportError:
-        return False
-    return isinstance(env, ParallelEnv | AECEnv)
+    """Whether ``env`` is a PettingZoo env (Parallel or AEC API)."""
+    classes = _pettingzoo_envs()
+    return classes is not None and isinstance(env, classes)
 
 
 def to_parallel(env: Any, label: str) -> Any:
@@ -75,11 +84,8 @@ def to_parallel(env: Any, label: str) -> Any:
 
 def is_turn_based(env: Any) -> bool:
     """Whether ``env`` (from :func:`zmq_rl.envs.build_env`) is a turn-based AEC env."""
-    try:
-        from pettingzoo.utils.env import AECEnv
-    except ImportError:
-        return False
-    return isinstance(env, AECEnv)
+    classes = _pettingzoo_envs()
+    return classes is not None and isinstance(env, classes[1])
 
 
 def agent_spaces(env: Any, label: str) -> tuple[Any, Any, list[Any]]:
@@ -268,17 +274,11 @@ class _Row:
 
 
 @dataclass
-class SlotRows:
+class SlotRows(StepArrays):
     """One lockstep row of every slot, as :meth:`zmq_rl.actor.agent.Agent.record`
-    takes it (``[slots]`` arrays; ``version``: the oldest that chose a valid row)."""
+    takes it: the step arrays (``[slots]``) and what follows them (``version``: the
+    oldest that chose a valid row)."""
 
-    obs: Value
-    actions: np.ndarray
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    values: np.ndarray
-    log_probs: np.ndarray
     next_obs: Value
     final_obs: dict[int, Any]
     valid: np.ndarray

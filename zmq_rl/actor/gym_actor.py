@@ -305,15 +305,9 @@ class GymActor:
             rows = slots.emit(like_action)
             try:
                 agent.record(
-                    rows.obs,
-                    rows.actions,
-                    rows.rewards,
-                    rows.terminated,
-                    rows.truncated,
-                    rows.values,
-                    rows.log_probs,
-                    rows.next_obs,
-                    rows.final_obs,
+                    **rows.step_arrays(),
+                    next_obs=rows.next_obs,
+                    final_obs=rows.final_obs,
                     valid=rows.valid,
                     version=rows.version,
                 )

@@ -51,7 +51,7 @@ def evaluate_policy(
     envs = [build_env(env_id, env_kwargs, wrappers) for _ in range(episodes)]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if not isinstance(envs[0], gym.Env) and is_turn_based(envs[0]):
+        if is_turn_based(envs[0]):
             return _evaluate_turns(policy, envs, seed, deterministic)
         if not isinstance(envs[0], gym.Env):
             return _evaluate_agents(policy, envs, seed, deterministic)

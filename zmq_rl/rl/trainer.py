@@ -205,11 +205,12 @@ class Trainer:
         in row order; unfinished episodes carry over to the next rollout. Rows that
         are not valid belong to no episode and are skipped."""
         done = rollout.terminated | rollout.truncated
-        valid = rollout.valid_mask()
+        valid = rollout.valid
+        every_row = range(rollout.num_steps)
         finished: list[float] = []
         for b, key in enumerate(rollout.slots):
             running = self.running_return.get(key, 0.0)
-            for t in np.flatnonzero(valid[:, b]).tolist():
+            for t in every_row if valid is None else np.flatnonzero(valid[:, b]).tolist():
                 running += float(rollout.rewards[t, b])
                 if done[t, b]:
                     finished.append(running)
