@@ -25,8 +25,14 @@ from zmq_rl.wire.protocol import (
     Heartbeat,
     Hello,
     ProtocolError,
+    Refuse,
+    Shutdown,
+    Weights,
+    Welcome,
     decode,
+    decode_policy_weights,
     encode,
+    weights_topic,
 )
 from zmq_rl.wire.spaces import space_from_spec, space_spec
 
@@ -34,7 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "protocol" / "vectors"
 VALID = sorted(p for p in VECTORS.glob("*.json") if p.name != "index.json")
 INVALID = sorted((VECTORS / "invalid").glob("*.json"))
-SOCKET_TYPES = {"experience": (Fragment,), "control": (Hello, Heartbeat, Bye)}
+SOCKET_TYPES = {
+    "experience": (Fragment,),
+    "control": (Hello, Heartbeat, Bye),
+    # what an actor receives: its DEALER, and its SUB (section 4.9: with a topic frame)
+    "actor-control": (Welcome, Refuse, Heartbeat, Shutdown),
+    "weights": (Weights,),
+}
 ROUTING_ID = b"\x00\x01\x02\x03\x04"
 
 
@@ -75,6 +87,10 @@ def test_valid_vector_both_ways(path):
         return
     # bytes -> message -> bytes, and the message's view is the vector's
     message = decode(frame)
+    if "topic" in vector:  # a per-policy publication: [topic, frame] (section 4.9)
+        topic = bytes.fromhex(vector["topic"])
+        assert topic == weights_topic(message.policy)
+        assert encode(decode_policy_weights([topic, frame], len(frame))) == frame
     assert vector["type"] == message.TYPE
     assert encode(message) == frame
     assert V.to_view(V.unpack(encode(message))) == vector["view"]
@@ -119,7 +135,10 @@ def test_invalid_vector_is_rejected_with_its_reason(path):
     assert vector["counter"].endswith(vector["reason"])
     if vector["stage"] == "decode":
         with pytest.raises(ProtocolError) as info:
-            decode(frame, expected)
+            if "topic" in vector:  # a per-policy publication (section 4.9)
+                decode_policy_weights([bytes.fromhex(vector["topic"]), frame], len(frame))
+            else:
+                decode(frame, expected)
         assert info.value.reason == vector["reason"], str(info.value)
         return
     message = decode(frame, expected)  # caught later, not while decoding
@@ -151,6 +170,45 @@ def test_the_welcome_vector_is_a_network_an_actor_can_build_and_load():
     assert welcome.settings.policy["hidden_sizes"] == [2]
     weights = decode(bytes.fromhex(load(VECTORS / "weights.json")["hex"]))
     check_weights(policy, weights.tensors)
+
+
+def test_the_two_policy_welcome_vector_builds_and_loads_each_policy():
+    """Section 4.9: each policy's network is built from its own config map and loads
+    its own weights by name; the vector's shape is the one the page describes."""
+    import dataclasses
+
+    from zmq_rl.rl.policy import build_policy, check_weights, policy_config_from
+
+    welcome = decode(bytes.fromhex(load(VECTORS / "welcome-policies.json")["hex"]))
+    settings = welcome.settings
+    assert settings.policy_map == ["first", "second"] and settings.agents_per_env == 2
+    assert settings.policy_ids == [w.policy for w in welcome.policy_weights]
+    assert welcome.weights.policy == "first" and settings.policy == settings.policies["first"]
+    for pid, weights in zip(settings.policy_ids, welcome.policy_weights, strict=True):
+        one = dataclasses.replace(settings, policy=settings.policies[pid])
+        policy = build_policy(one.observation_space, one.action_space, policy_config_from(one))
+        check_weights(policy, weights.tensors)
+        assert weights.version == welcome.weights.version
+    published = load(VECTORS / "weights-policy.json")
+    assert bytes.fromhex(published["topic"]) == b"policy/second\0"
+
+
+def test_the_policy_vectors_are_all_there_and_actor_vectors_count_as_the_actor_does():
+    valid = {p.stem for p in VALID}
+    assert {"hello-features", "welcome-policies", "weights-policy"} <= valid
+    invalid = {p.stem: load(p) for p in INVALID}
+    for name in (
+        "welcome-policy_map-length",
+        "welcome-policy_map-unknown-id",
+        "welcome-policy-id-bad",
+        "welcome-policy_weights-order",
+        "weights-topic-mismatch",
+    ):
+        vector = invalid[name]
+        assert vector["reason"] == "bad_field" and vector["refuse"] is None
+        prefix = "weights" if vector["socket"] == "weights" else "control"
+        assert vector["counter"] == f"{prefix}:bad_field"
+    assert "topic" in invalid["weights-topic-mismatch"]
 
 
 def test_a_hello_that_does_not_decode_is_answered_bad_hello():

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..wire.codec import ARRAY_DTYPES, PROTOCOL_VERSION, ProtocolVersionMismatch, encode_array
 from ..wire.protocol import (
+    FEATURE_POLICIES,
     Bye,
     Fragment,
     Heartbeat,
@@ -39,6 +40,7 @@ from ..wire.protocol import (
     Weights,
     Welcome,
     encode,
+    weights_topic,
 )
 from ..wire.spaces import space_spec
 
@@ -355,10 +357,11 @@ def cartpole_fragment() -> Fragment:
 # --------------------------------------------------------------------------- valid vectors
 
 
-def _tiny_weights(version: int) -> Weights:
+def _tiny_weights(version: int, policy: str = "", seed: int = 5) -> Weights:
     """The weights of the welcome's network (``hidden_sizes = [2]``, separate trunks,
-    CartPole's 4 observations, 2 actions): every tensor §6.1 names, by its name."""
-    rng = np.random.default_rng(5)
+    CartPole's 4 observations, 2 actions): every tensor §6.1 names, by its name; of
+    policy ``policy`` in a run of several policies (§4.9)."""
+    rng = np.random.default_rng(seed)
 
     def normal(*shape: int) -> np.ndarray:
         return rng.normal(0, 0.1, shape).astype(np.float32)
@@ -376,6 +379,7 @@ def _tiny_weights(version: int) -> Weights:
             ("value_head.weight", normal(1, 2)),
             ("value_head.bias", np.zeros(1, np.float32)),
         ],
+        policy=policy,
     )
 
 
@@ -406,6 +410,43 @@ def _settings() -> RunSettings:
         state_size=0,
         max_weights_bytes=65536 + 2 * 400,
         max_fragment_bytes=1 << 20,
+    )
+
+
+POLICY_MAP = ["first", "second"]
+"""The policy of each agent index of the two-policy welcome vector (§4.9)."""
+
+
+def _policies_settings() -> RunSettings:
+    """The settings of a run of two policies: one env copy of two agents, agent 0 on
+    policy ``first`` (the single-policy vector's network), agent 1 on ``second`` (the
+    same layers with ReLU)."""
+    import dataclasses
+
+    base = _settings()
+    second = {**base.policy, "activation": "relu"}
+    return dataclasses.replace(
+        base,
+        env_id="my_sim.pairs:two_carts",
+        agents_per_env=2,
+        policy_map=list(POLICY_MAP),
+        policies={"first": dict(base.policy), "second": second},
+    )
+
+
+def _policies_welcome() -> Welcome:
+    """The welcome of the two-policy run: both policies' weights at version 0."""
+    each = [_tiny_weights(0, pid, seed) for pid, seed in zip(POLICY_MAP, (5, 6), strict=True)]
+    return Welcome(
+        actor_id=0,
+        run_id=RUN_ID,
+        token=TOKEN,
+        base_version=0,
+        experience_port=5556,
+        weights_port=5557,
+        settings=_policies_settings(),
+        weights=each[0],
+        policy_weights=each,
     )
 
 
@@ -599,7 +640,45 @@ def _messages() -> list[tuple[str, str, Any]]:
             agents,
         )
     )
+    out.extend(_policies_messages())
     return out
+
+
+def _policies_messages() -> list[tuple[str, str, Any]]:
+    """The valid vectors of a run of several policies (section 4.9)."""
+    from gymnasium import spaces
+
+    return [
+        (
+            "hello-features",
+            "an actor that can run several policies says so: features ['policies']",
+            Hello(
+                actor_id=-1,
+                env_id="my_sim.pairs:two_carts",
+                observation_space=space_spec(_spaces()["box"]),
+                action_space=space_spec(spaces.Discrete(2)),
+                num_envs=2,
+                host="sim-host-01",
+                pid=4242,
+                features=[FEATURE_POLICIES],
+            ),
+        ),
+        (
+            "welcome-policies",
+            "the welcome of a run of two policies (section 4.9): one env copy of two "
+            "agents (agents_per_env 2), policy_map ['first', 'second'], each policy's "
+            "network in policies, each policy's weights in policy_weights (weights is "
+            "the first's)",
+            _policies_welcome(),
+        ),
+        (
+            "weights-policy",
+            "a broadcast of version 16 of policy 'second' of a two-policy run: the "
+            "weights frame, published as the two frames [topic, weights] with topic "
+            "'policy/second' + NUL (section 4.9)",
+            _tiny_weights(16, "second", 6),
+        ),
+    ]
 
 
 def valid_vectors() -> list[dict[str, Any]]:
@@ -607,16 +686,17 @@ def valid_vectors() -> list[dict[str, Any]]:
     vectors = []
     for name, description, message in _messages():
         frame = encode(message)
-        vectors.append(
-            {
-                "name": name,
-                "description": description,
-                "type": message.TYPE,
-                "size": len(frame),
-                "hex": frame.hex(),
-                "view": to_view(unpack(frame)),
-            }
-        )
+        vector = {
+            "name": name,
+            "description": description,
+            "type": message.TYPE,
+            "size": len(frame),
+            "hex": frame.hex(),
+        }
+        if isinstance(message, Weights) and message.policy:  # a per-policy publication
+            vector["topic"] = weights_topic(message.policy).hex()
+        vector["view"] = to_view(unpack(frame))
+        vectors.append(vector)
     for kind, space in _spaces().items():
         frame = pack(space_spec(space))
         vectors.append(
@@ -937,6 +1017,77 @@ def _control_invalid() -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def _envelope(message: Any) -> dict[str, Any]:
+    """The map of ``message`` with the envelope (a deep copy: free to mutate)."""
+    return unpack(encode(message))
+
+
+def _policies_invalid() -> list[dict[str, Any]]:
+    """Invalid frames of a run of several policies (section 4.9): welcomes and weights
+    an actor must reject, and a hello the learner must refuse."""
+    from gymnasium import spaces
+
+    def welcome(name: str, description: str, edit: Callable[[dict[str, Any]], None]) -> Any:
+        body = _envelope(_policies_welcome())
+        edit(body)
+        return _invalid(
+            f"welcome-{name}",
+            f"the two-policy welcome with {description}",
+            pack(body),
+            "actor-control",
+            "decode",
+            "bad_field",
+        )
+
+    def config(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+        return lambda body: body["config"].__setitem__(key, value)
+
+    def rename_second(body: dict[str, Any]) -> None:
+        cfg = body["config"]
+        cfg["policy_map"] = ["first", "sec ond"]
+        cfg["policies"] = {"first": cfg["policies"]["first"], "sec ond": cfg["policies"]["second"]}
+
+    second = _tiny_weights(16, "second", 6)
+    bad_id = {**_envelope(second), "policy": "second/x"}
+    hello = Hello(
+        actor_id=-1,
+        env_id="my_sim.pairs:two_carts",
+        observation_space=space_spec(_spaces()["box"]),
+        action_space=space_spec(spaces.Discrete(2)),
+        num_envs=2,
+        features=[FEATURE_POLICIES] * 17,
+    )
+    return [
+        welcome("policy_map-length", "a policy_map of 3 ids for agents_per_env 2",
+                config("policy_map", ["first", "second", "first"])),
+        welcome("policy_map-unknown-id", "policy_map ['first', 'third']: 'third' is not "
+                "a key of policies", config("policy_map", ["first", "third"])),
+        welcome("policies-unused-id", "a policy 'third' in policies that no agent has",
+                lambda b: b["config"]["policies"].__setitem__(
+                    "third", b["config"]["policies"]["second"])),
+        welcome("policy_map-missing", "policies but no policy_map",
+                lambda b: b["config"].pop("policy_map")),
+        welcome("policy-id-bad", "the policy id 'sec ond' (a space is not allowed)",
+                rename_second),
+        welcome("policy_weights-order", "policy_weights in the wrong order (second, "
+                "first)", lambda b: b["policy_weights"].reverse()),
+        _invalid("weights-topic-mismatch", "the weights of policy 'second' published "
+                 "under the topic of policy 'first'", encode(second), "weights", "decode",
+                 "bad_field", topic=weights_topic("first")),
+        _invalid("weights-policy-bad-id", "weights of policy 'second/x' (a '/' is not "
+                 "allowed in a policy id)", pack(bad_id), "weights", "decode", "bad_field",
+                 topic=b"policy/second/x\0"),
+        _invalid("hello-features-too-many", "a hello with 17 features (at most 16): "
+                 "does not decode, answered refuse bad_hello naming the field",
+                 encode(hello), "control", "decode", "bad_field", refuse="bad_hello"),
+    ]  # fmt: skip
+
+
+ACTOR_SOCKETS = {"actor-control": "control", "weights": "weights"}
+"""The sockets of invalid vectors an *actor* rejects (its DEALER and SUB), with the
+prefix of the actor's counter (section 7.4)."""
+
+
 def _invalid(
     name: str,
     description: str,
@@ -946,8 +1097,14 @@ def _invalid(
     reason: str,
     refuse: str | None = None,
     context: Context | None = None,
+    topic: bytes | None = None,
 ) -> dict[str, Any]:
-    counter = f"refused/{reason}" if stage == "hello" else f"rejected/{socket}/{reason}"
+    if socket in ACTOR_SOCKETS:
+        counter = f"{ACTOR_SOCKETS[socket]}:{reason}"
+    elif stage == "hello":
+        counter = f"refused/{reason}"
+    else:
+        counter = f"rejected/{socket}/{reason}"
     try:
         view = to_view(unpack(frame))
     except Exception:  # noqa: BLE001 - not msgpack at all: no view
@@ -962,8 +1119,10 @@ def _invalid(
         "refuse": refuse,
         "size": len(frame),
         "hex": frame.hex(),
-        "view": view,
     }
+    if topic is not None:  # a two-frame publication [topic, frame] (section 4.9)
+        out["topic"] = topic.hex()
+    out["view"] = view
     if context is not None or stage == "admit":
         out["context"] = (context or WORKED_CONTEXT).to_json()
     if stage == "hello":
@@ -1012,6 +1171,7 @@ def invalid_vectors() -> list[dict[str, Any]]:
                 context=WORKED_CONTEXT if mutation.stage == "admit" else None,
             )
         )
+    out.extend(_policies_invalid())
     out.extend(_control_invalid())
     return out
 

@@ -22,7 +22,9 @@ points the socket code needs. ``decode`` raises :class:`ProtocolError` (with a
 from __future__ import annotations
 
 import math
+import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -129,6 +131,48 @@ def _require_finite(array: np.ndarray, where: str) -> None:
     problem = finite_problem(array, where)
     if problem:
         raise ProtocolError("not_finite", problem)
+
+
+# --------------------------------------------------------------------------- several policies
+
+POLICY_ID_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
+"""What a policy id is (docs/protocol.md section 4.9): 1 to 64 ASCII letters, digits,
+``_``, ``.`` or ``-``; it names a policy in ``policy_map``, ``policies``,
+``weights.policy`` and the weights topic."""
+_POLICY_ID = re.compile(POLICY_ID_PATTERN)
+FEATURE_POLICIES = "policies"
+"""The ``hello.features`` entry of an actor that runs several policies (reads
+``policy_map``, ``policies`` and ``policy_weights``, subscribes per policy topic)."""
+MAX_FEATURES = 16
+"""Most entries of ``hello.features``."""
+MAX_FEATURE_CHARS = 64
+"""Longest entry of ``hello.features``."""
+
+
+def check_policy_id(value: Any, where: str) -> str:
+    """``value`` when it is a policy id (a str matching :data:`POLICY_ID_PATTERN`);
+    else raise ProtocolError ``bad_field`` naming ``where`` and the value."""
+    if not isinstance(value, str) or _POLICY_ID.fullmatch(value) is None:
+        raise ProtocolError(
+            "bad_field",
+            f"{where}: {value!r} is not a policy id (1 to 64 of A-Z a-z 0-9 _ . -)",
+        )
+    return value
+
+
+def _features(value: Any, where: str) -> list[str]:
+    """``hello.features``: a list of at most 16 strings of at most 64 chars."""
+    if not isinstance(value, list) or len(value) > MAX_FEATURES:
+        raise ProtocolError(
+            "bad_field", f"{where}: expected a list of <= {MAX_FEATURES} strings, got {value!r}"
+        )
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or len(name) > MAX_FEATURE_CHARS:
+            raise ProtocolError(
+                "bad_field",
+                f"{where}[{i}]: expected a string of <= {MAX_FEATURE_CHARS} chars, got {name!r}",
+            )
+    return list(value)
 
 
 # --------------------------------------------------------------------------- messages
@@ -553,7 +597,9 @@ class Weights(Message):
 
     Published on PUB after every ``broadcast_every`` updates and embedded in the
     welcome. ``extras`` holds other named arrays that actors must apply exactly as
-    the learner does (e.g. observation-normalisation statistics).
+    the learner does (e.g. observation-normalisation statistics). ``policy`` is the
+    id of the policy these weights are of in a run of several policies (on the wire
+    only when non-empty; docs/protocol.md section 4.9), ``""`` in a single-policy run.
     """
 
     TYPE: ClassVar[str] = "weights"
@@ -562,14 +608,15 @@ class Weights(Message):
     run_id: str
     tensors: list[tuple[str, np.ndarray]]
     extras: dict[str, np.ndarray] = field(default_factory=dict)
+    policy: str = ""
 
     def to_map(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "run_id": self.run_id,
-            "tensors": [[name, encode_array(a)] for name, a in self.tensors],
-            "extras": {name: encode_array(a) for name, a in self.extras.items()},
-        }
+        body: dict[str, Any] = {"version": self.version, "run_id": self.run_id}
+        if self.policy:  # absent in a single-policy run: its weights keep their bytes
+            body["policy"] = self.policy
+        body["tensors"] = [[name, encode_array(a)] for name, a in self.tensors]
+        body["extras"] = {name: encode_array(a) for name, a in self.extras.items()}
+        return body
 
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Weights:
@@ -592,11 +639,13 @@ class Weights(Message):
         for name, value in _map(body.get("extras", {}), "weights.extras").items():
             extras[name] = _array(value, f"weights.extras[{name}]", ARRAY_DTYPES)
             _require_finite(extras[name], f"weights.extras[{name}]")
+        policy = body.get("policy")
         return cls(
             version=_int(body.get("version"), "weights.version"),
             run_id=_str(body.get("run_id"), "weights.run_id"),
             tensors=tensors,
             extras=extras,
+            policy="" if policy is None else check_policy_id(policy, "weights.policy"),
         )
 
 
@@ -608,7 +657,10 @@ class Hello(Message):
     ``num_envs``; empty space maps take the learner's env. ``rejoin_run_id`` names the run the
     actor was in before (empty on first contact) so a restarted learner can tell
     re-registration from a new actor. (Protocol v1's ``next_seq`` is gone: every
-    registration gets its own token and counts its fragments from 0.)
+    registration gets its own token and counts its fragments from 0.) ``features``
+    lists optional abilities of the actor (on the wire only when non-empty):
+    :data:`FEATURE_POLICIES` says it can run several policies (docs/protocol.md
+    section 4.9).
     """
 
     TYPE: ClassVar[str] = "hello"
@@ -621,9 +673,15 @@ class Hello(Message):
     host: str = ""
     pid: int = 0
     rejoin_run_id: str = ""
+    features: list[str] = field(default_factory=list)
 
     def to_map(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not self.features:  # absent means none: a hello without features keeps its bytes
+            del body["features"]
+        else:
+            body["features"] = list(self.features)
+        return body
 
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Hello:
@@ -636,6 +694,7 @@ class Hello(Message):
             host=_str(body.get("host", ""), "hello.host"),
             pid=_int(body.get("pid", 0), "hello.pid", 0, 2**31 - 1),
             rejoin_run_id=_str(body.get("rejoin_run_id", ""), "hello.rejoin_run_id"),
+            features=_features(body.get("features", []), "hello.features"),
         )
 
 
@@ -675,6 +734,11 @@ class RunSettings:
     opponent_pool: int = 0
     opponent_every: int = 1
     opponent_share: float = 0.0
+    # Several policies (absent = one, ``policy``; docs/protocol.md section 4.9): the
+    # policy id of each agent index (agents_per_env entries), and each id's network
+    # config (a map like ``policy``). Both or neither; ``policy`` is agent 0's.
+    policy_map: list[str] = field(default_factory=list)
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     OPTIONAL: ClassVar[tuple[str, ...]] = (
         "env_kwargs",
@@ -683,7 +747,22 @@ class RunSettings:
         "opponent_pool",
         "opponent_every",
         "opponent_share",
+        "policy_map",
+        "policies",
     )
+
+    @property
+    def policy_ids(self) -> list[str]:
+        """The distinct policy ids in order of first appearance in ``policy_map``
+        (empty in a single-policy run)."""
+        return list(dict.fromkeys(self.policy_map))
+
+    def policy_of_slot(self, slot: int) -> str:
+        """The policy id of slot ``slot`` (agent index ``slot % agents_per_env``,
+        docs/protocol.md section 4.1.4); ``""`` in a single-policy run."""
+        if not self.policy_map:
+            return ""
+        return self.policy_map[slot % self.agents_per_env]
 
     def to_map(self) -> dict[str, Any]:
         """The msgpack map of these settings (spaces as space maps)."""
@@ -696,6 +775,13 @@ class RunSettings:
         if not self.opponent_pool:  # absent means none
             for name in ("opponent_pool", "opponent_every", "opponent_share"):
                 del body[name]
+        for name in ("policy_map", "policies"):  # absent means one policy
+            if not body[name]:
+                del body[name]
+        if "policy_map" in body:
+            body["policy_map"] = list(self.policy_map)
+        if "policies" in body:
+            body["policies"] = {key: dict(value) for key, value in self.policies.items()}
         return body
 
     @classmethod
@@ -713,13 +799,18 @@ class RunSettings:
         for spec in wrappers:
             if _str(spec, f"{where}.wrappers[]").count(":") != 1:
                 raise ProtocolError("bad_value", f"{where}.wrappers[]: {spec!r} is not module:Name")
+        policy = _map(body["policy"], f"{where}.policy")
+        agents_per_env = _int(
+            body.get("agents_per_env", 1), f"{where}.agents_per_env", 1, MAX_ENVS_PER_ACTOR
+        )
+        policy_map, policies = _policies(body, policy, agents_per_env, where)
         return cls(
             env_id=_str(body["env_id"], f"{where}.env_id"),
             observation_space=space_from_spec(
                 body["observation_space"], f"{where}.observation_space"
             ),
             action_space=space_from_spec(body["action_space"], f"{where}.action_space"),
-            policy=_map(body["policy"], f"{where}.policy"),
+            policy=policy,
             num_steps=num_steps,
             broadcast_every=_int(body["broadcast_every"], f"{where}.broadcast_every", 1),
             steps_per_broadcast=_int(
@@ -741,13 +832,69 @@ class RunSettings:
             ),
             env_kwargs=env_kwargs,
             wrappers=list(wrappers),
-            agents_per_env=_int(
-                body.get("agents_per_env", 1), f"{where}.agents_per_env", 1, MAX_ENVS_PER_ACTOR
-            ),
+            agents_per_env=agents_per_env,
             opponent_pool=_int(body.get("opponent_pool", 0), f"{where}.opponent_pool", 0, 4096),
             opponent_every=_int(body.get("opponent_every", 1), f"{where}.opponent_every", 1),
             opponent_share=_share(body.get("opponent_share", 0.0), f"{where}.opponent_share"),
+            policy_map=policy_map,
+            policies=policies,
         )
+
+
+def _policies(
+    body: dict[str, Any], policy: dict[str, Any], agents_per_env: int, where: str
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """``policy_map`` and ``policies`` of a welcome's config, checked (docs/protocol.md
+    section 4.9): both or neither; one valid id per agent index; the ids of the map
+    exactly the keys of ``policies``; at least two of them; ``policy`` is agent 0's."""
+    raw_map, raw_policies = body.get("policy_map"), body.get("policies")
+    if raw_map is None and raw_policies is None:
+        return [], {}
+    if raw_map is None or raw_policies is None:
+        absent, present = (
+            ("policy_map", "policies") if raw_map is None else ("policies", "policy_map")
+        )
+        raise ProtocolError(
+            "bad_field", f"{where}.{absent}: missing ({where}.{present} is present: send both)"
+        )
+    if not isinstance(raw_map, list) or len(raw_map) != agents_per_env:
+        size = len(raw_map) if isinstance(raw_map, list) else raw_map
+        raise ProtocolError(
+            "bad_field",
+            f"{where}.policy_map: {size!r} entries, expected one per agent index "
+            f"(agents_per_env {agents_per_env})",
+        )
+    policy_map = [check_policy_id(pid, f"{where}.policy_map[{i}]") for i, pid in enumerate(raw_map)]
+    policies: dict[str, dict[str, Any]] = {}
+    for pid, config in _map(raw_policies, f"{where}.policies").items():
+        check_policy_id(pid, f"{where}.policies")
+        policies[pid] = _map(config, f"{where}.policies.{pid}")
+    for i, pid in enumerate(policy_map):
+        if pid not in policies:
+            raise ProtocolError(
+                "bad_field",
+                f"{where}.policy_map[{i}]: policy {pid!r} is not a key of {where}.policies",
+            )
+    for pid in policies:
+        if pid not in policy_map:
+            raise ProtocolError(
+                "bad_field",
+                f"{where}.policies.{pid}: policy {pid!r} is unused (no agent of "
+                f"{where}.policy_map {policy_map} has it)",
+            )
+    if len(policies) < 2:
+        raise ProtocolError(
+            "bad_field",
+            f"{where}.policy_map: {policy_map} names one policy; a run of several names at "
+            f"least 2 (a single-policy run sends neither policy_map nor policies)",
+        )
+    if policy != policies[policy_map[0]]:
+        raise ProtocolError(
+            "bad_field",
+            f"{where}.policy: must equal {where}.policies.{policy_map[0]} (the policy of "
+            f"agent index 0)",
+        )
+    return policy_map, policies
 
 
 def _share(value: Any, where: str) -> float:
@@ -787,7 +934,10 @@ class Welcome(Message):
     settings the actor obeys (``settings``, a :class:`RunSettings`; ``"config"`` on
     the wire), the version from which its slots are consumed (``base_version``, for
     the staleness valve) and the current weights, so an actor never acts on random
-    or stale weights.
+    or stale weights. In a run of several policies (``settings.policies``)
+    ``policy_weights`` holds the current weights of each policy, in the order of
+    ``settings.policy_ids``, and ``weights`` is the first of them (docs/protocol.md
+    section 4.9); in a single-policy run it is empty (absent on the wire).
     """
 
     TYPE: ClassVar[str] = "welcome"
@@ -800,6 +950,7 @@ class Welcome(Message):
     settings: RunSettings
     weights: Weights
     token: bytes = b"\0" * TOKEN_BYTES
+    policy_weights: list[Weights] = field(default_factory=list)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -813,7 +964,7 @@ class Welcome(Message):
         return self.settings.to_map()
 
     def to_map(self) -> dict[str, Any]:
-        return {
+        body = {
             "actor_id": self.actor_id,
             "run_id": self.run_id,
             "token": self.token,
@@ -823,10 +974,13 @@ class Welcome(Message):
             "config": self.settings.to_map(),
             "weights": self.weights.to_map(),
         }
+        if self.policy_weights:  # absent in a single-policy run
+            body["policy_weights"] = [w.to_map() for w in self.policy_weights]
+        return body
 
     @classmethod
     def from_map(cls, body: dict[str, Any]) -> Welcome:
-        return cls(
+        welcome = cls(
             actor_id=_int(body.get("actor_id"), "welcome.actor_id", 0, MAX_ACTOR_ID),
             run_id=_str(body.get("run_id"), "welcome.run_id"),
             token=_token(body.get("token"), "welcome.token"),
@@ -835,6 +989,83 @@ class Welcome(Message):
             weights_port=_int(body.get("weights_port"), "welcome.weights_port", 1, 65535),
             settings=RunSettings.from_map(body.get("config")),
             weights=Weights.from_map(_map(body.get("weights"), "welcome.weights")),
+            policy_weights=_policy_weights(body.get("policy_weights")),
+        )
+        _check_policy_weights(welcome.settings, welcome.weights, welcome.policy_weights)
+        return welcome
+
+
+def _policy_weights(raw: Any) -> list[Weights]:
+    """``welcome.policy_weights`` decoded (absent: empty), each error naming its entry."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ProtocolError("bad_field", "welcome.policy_weights: expected a list of weights maps")
+    out = []
+    for i, entry in enumerate(raw):
+        where = f"welcome.policy_weights[{i}]"
+        try:
+            out.append(Weights.from_map(_map(entry, where)))
+        except ProtocolError as exc:
+            message = str(exc)
+            if not message.startswith(where):
+                message = f"{where}: {message}"
+            raise ProtocolError(exc.reason, message) from None
+    return out
+
+
+def _check_policy_weights(
+    settings: RunSettings, weights: Weights, policy_weights: list[Weights]
+) -> None:
+    """A welcome's ``policy_weights`` against its settings (docs/protocol.md section
+    4.9): one per policy id, in the order of ``policy_ids``, each of that policy and of
+    the version and run of ``weights``, which is the first policy's; none (and no
+    ``weights.policy``) in a single-policy run."""
+    ids = settings.policy_ids
+    if not ids:
+        if policy_weights:
+            raise ProtocolError(
+                "bad_field",
+                "welcome.policy_weights: present, but welcome.config has no policies "
+                "(a single-policy run sends none)",
+            )
+        if weights.policy:
+            raise ProtocolError(
+                "bad_field",
+                f"welcome.weights.policy: {weights.policy!r} in a single-policy run (absent there)",
+            )
+        return
+    if len(policy_weights) != len(ids):
+        raise ProtocolError(
+            "bad_field",
+            f"welcome.policy_weights: {len(policy_weights)} weights, expected one per "
+            f"policy of welcome.config.policy_map, in this order: {ids}",
+        )
+    for i, (pid, each) in enumerate(zip(ids, policy_weights, strict=True)):
+        where = f"welcome.policy_weights[{i}]"
+        if each.policy != pid:
+            raise ProtocolError(
+                "bad_field",
+                f"{where}.policy: {each.policy!r}, expected {pid!r} (the policies in order "
+                f"of first appearance in welcome.config.policy_map: {ids})",
+            )
+        if each.version != weights.version:
+            raise ProtocolError(
+                "bad_field",
+                f"{where}.version: {each.version}, expected welcome.weights.version "
+                f"{weights.version} (every policy is at one version)",
+            )
+        if each.run_id != weights.run_id:
+            raise ProtocolError(
+                "bad_field",
+                f"{where}.run_id: {each.run_id!r}, expected welcome.weights.run_id "
+                f"{weights.run_id!r}",
+            )
+    if weights.policy != ids[0]:
+        raise ProtocolError(
+            "bad_field",
+            f"welcome.weights.policy: {weights.policy!r}, expected {ids[0]!r} "
+            "(welcome.weights is welcome.policy_weights[0])",
         )
 
 
@@ -1059,3 +1290,50 @@ def decode(
         raise
     except (TypeError, ValueError, KeyError, OverflowError) as exc:
         raise ProtocolError("bad_field", f"{kind}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- per-policy weights
+
+
+def weights_topic(policy_id: str) -> bytes:
+    """The PUB topic frame of the weights of policy ``policy_id`` in a run of several
+    policies (docs/protocol.md section 4.9): ``b"policy/" + id + b"\\0"``. The
+    trailing NUL makes a prefix subscription exact (``"a"`` does not match ``"ab"``)."""
+    return b"policy/" + check_policy_id(policy_id, "policy_id").encode("ascii") + b"\0"
+
+
+def policy_weights_frames(weights: Weights) -> list[bytes]:
+    """The two frames ``[topic, weights]`` that publish ``weights`` (whose ``policy``
+    is set) in a run of several policies (docs/protocol.md section 4.9)."""
+    return [weights_topic(weights.policy), encode(weights)]
+
+
+def decode_policy_weights(
+    frames: Sequence[bytes | memoryview],
+    max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> Weights:
+    """Parse and validate one weights publication of a run of several policies: two
+    frames ``[topic, weights]`` (else ``bad_frames``) whose topic is
+    :func:`weights_topic` of the weights' ``policy`` (else ``bad_field``, naming both);
+    the weights frame is decoded as by :func:`decode` with ``max_bytes``."""
+    if len(frames) != 2:
+        raise ProtocolError(
+            "bad_frames",
+            f"a per-policy weights publication is 2 frames [topic, weights], got {len(frames)}",
+        )
+    weights = decode(frames[1], (Weights,), max_bytes)
+    assert isinstance(weights, Weights)
+    topic = bytes(frames[0])
+    if not weights.policy:
+        raise ProtocolError(
+            "bad_field",
+            f"weights.policy: missing in a publication under topic {topic!r}",
+        )
+    expected = weights_topic(weights.policy)
+    if topic != expected:
+        raise ProtocolError(
+            "bad_field",
+            f"weights topic {topic!r} does not match weights.policy {weights.policy!r} "
+            f"(expected topic {expected!r})",
+        )
+    return weights
