@@ -7,6 +7,10 @@ of steps of its own, and whoever is left at ``max_cycles`` is truncated. Each st
 an agent sees a one-hot target among three and earns 1 for choosing it, so a shared
 policy learns to score 1 per step against 1/3 for a random one. The env keeps a
 ledger of every agent step it ran, which the tests hold the slots' rows against.
+
+With ``roles=True`` agents 2 and 3 earn their point for the target's *next* choice
+instead: one policy seeing the same observation cannot serve both roles (at best
+half the agents score), two policies mapped by role can (the several-policy tests).
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ class ComingAndGoing(ParallelEnv):
 
     metadata = {"name": "coming_and_going_v0", "render_modes": []}
 
-    def __init__(self, max_cycles: int = 12, mask: bool = False) -> None:
+    def __init__(self, max_cycles: int = 12, mask: bool = False, roles: bool = False) -> None:
         self.possible_agents = [f"agent_{i}" for i in range(4)]
+        self.shift = {a: int(roles and i >= 2) for i, a in enumerate(self.possible_agents)}
         self.max_cycles = max_cycles
         self.mask = mask
         box = gym.spaces.Box(0.0, 1.0, (TARGETS,), np.float32)
@@ -71,7 +76,8 @@ class ComingAndGoing(ParallelEnv):
         self.cycle += 1
         rewards, terms, truncs = {}, {}, {}
         for agent in self.agents:
-            rewards[agent] = float(int(actions[agent]) == self.targets[agent])
+            wanted = (self.targets[agent] + self.shift[agent]) % TARGETS
+            rewards[agent] = float(int(actions[agent]) == wanted)
             self.life[agent] -= 1
             terms[agent] = self.life[agent] <= 0
             truncs[agent] = self.cycle >= self.max_cycles and not terms[agent]

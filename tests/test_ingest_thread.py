@@ -100,7 +100,7 @@ def test_the_work_time_counts_as_busy_time(learner):
     for _ in range(2):  # two cycles of 0.2 s of work each (the median is over cycles)
         learner.ingest.serve_during(lambda: done.wait(0.2))
         learner.publish_weights()
-    assert learner.ingest.cycle_time() >= 0.2
+    assert learner.ingest.links.cycle_time() >= 0.2
 
 
 @pytest.mark.timeout(300)

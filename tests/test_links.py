@@ -413,7 +413,7 @@ def test_learner_advises_a_fitting_lead_once_per_actor(ctx, learner_port, caplog
         assert line["valve_paused_share"] == pytest.approx(0.8)
         assert line["running_steps_per_s_per_slot"] == pytest.approx(800.0)
         assert line["suggested_max_lead_steps"] == 176
-        stats = ingest.link_stats()
+        stats = ingest.links.stats(ingest.members)
         assert stats["links/rtt_ms_max"] == pytest.approx(200.0, abs=0.5)
         assert stats["links/valve_paused_share_max"] == pytest.approx(0.8)
         assert stats["links/suggested_max_lead_steps"] == 176
@@ -518,7 +518,7 @@ def test_a_real_run_measures_the_round_trip_and_the_valve_share(ctx, learner_por
     learner = small_learner(learner_port, ctx, total_env_steps=8 * 400)
     rows: list[dict[str, Any]] = []
     learner.runlog.on_update = lambda row: rows.append(
-        {**row, **learner.ingest.link_stats()}  # what learner.py's one-line hook adds
+        {**row, **learner.ingest.links.stats(learner.members)}  # what the learner adds
     )
     try:
         actor = gym_actor(ctx, learner_port, num_envs=1)

@@ -57,6 +57,7 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module("zmq_rl.wire.valve").ActorThrottle
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 OBJECTIVES = ("ppo", "decoupled", "impact")
 """The policy surrogates of ``PPOConfig.objective`` (:mod:`zmq_rl.rl.ppo`)."""
 
@@ -194,6 +195,8 @@ def toml_env_value(key: str, value: Any) -> Any:
     a table of env kwargs becomes its JSON text; a wrapper given as a table
     ``{"module:Name" = {key = value}}`` becomes :func:`wrapper_spec`'s text. Other
     keys and values are returned as they are (checked by the caller)."""
+    if key in ("policy_map", "policy_hidden_sizes"):
+        return policy_map_text(value)
     if key == "env_kwargs" and isinstance(value, dict):
         text = _json.dumps(value)
         parse_env_kwargs(text)  # values the welcome can carry: scalars and lists
@@ -217,6 +220,108 @@ def toml_env_value(key: str, value: Any) -> Any:
                     out.append(item)
             return out
     return value
+
+
+POLICY_ID_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
+"""What a policy id may be (``policy_map``'s values; the wire's ``check_policy_id``)."""
+
+
+def parse_policy_map(text: str, field_name: str = "policy_map") -> list[tuple[str, str]]:
+    """``policy_map``'s entries ``[(agent pattern, policy id), ...]`` from its text
+    ``AGENT=POLICY,AGENT=POLICY`` (``--policy-map player_0=first,player_1=second``).
+    An agent pattern is an agent name or an ``fnmatch`` pattern (``pursuer_*=team``);
+    the first entry that matches an agent gives its policy. ``""`` is no map (one
+    shared policy). A malformed entry or policy id is a :class:`ConfigError` naming
+    ``field_name`` and the entry."""
+    entries: list[tuple[str, str]] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part and not text.strip():
+            continue
+        agent, sep, policy = (x.strip() for x in part.partition("="))
+        _require(
+            bool(sep) and bool(agent),
+            field_name,
+            text,
+            f"{part!r} is not AGENT=POLICY (an agent name or pattern, '=', a policy id)",
+        )
+        _require(
+            re.fullmatch(POLICY_ID_PATTERN, policy) is not None,
+            field_name,
+            text,
+            f"policy id {policy!r} of agent {agent!r} must be 1-64 of A-Z a-z 0-9 _ . -",
+        )
+        _require(
+            agent not in (a for a, _ in entries),
+            field_name,
+            text,
+            f"agent {agent!r} is mapped twice",
+        )
+        entries.append((agent, policy))
+    return entries
+
+
+def parse_policy_hidden_sizes(
+    text: str, field_name: str = "policy_hidden_sizes"
+) -> dict[str, tuple[int, ...]]:
+    """Per-policy hidden layer widths from ``POLICY=64,64;POLICY=256,256`` (policies
+    not named keep ``hidden_sizes``). A malformed entry is a :class:`ConfigError`
+    naming ``field_name`` and the entry."""
+    out: dict[str, tuple[int, ...]] = {}
+    for part in (p.strip() for p in text.split(";") if p.strip()):
+        policy, sep, sizes = (x.strip() for x in part.partition("="))
+        try:
+            widths = tuple(int(w) for w in sizes.split(","))
+        except ValueError:
+            widths = ()
+        _require(
+            bool(sep) and bool(policy) and bool(widths) and all(w >= 1 for w in widths),
+            field_name,
+            text,
+            f"{part!r} is not POLICY=WIDTH,WIDTH,... (entries separated by ';')",
+        )
+        _require(policy not in out, field_name, text, f"policy {policy!r} is named twice")
+        out[policy] = widths
+    return out
+
+
+def resolve_policy_map(entries: list[tuple[str, str]], agents: list[str], env_id: str) -> list[str]:
+    """The policy id of each of ``agents`` (an env's possible agents, in order) under
+    ``policy_map``'s ``entries`` (first matching pattern wins). A
+    :class:`ConfigError` names the agent that no entry maps, or the entry that maps
+    no agent of ``env_id``, so a mapping error is one line before any process
+    starts."""
+    import fnmatch
+
+    policies = []
+    for agent in agents:
+        policy = next((p for pat, p in entries if fnmatch.fnmatchcase(agent, pat)), None)
+        _require(
+            policy is not None,
+            "policy_map",
+            ",".join(f"{a}={p}" for a, p in entries),
+            f"agent {agent!r} of {env_id} has no policy (its agents: {', '.join(agents)})",
+        )
+        policies.append(policy)
+    for pattern, policy in entries:
+        _require(
+            any(fnmatch.fnmatchcase(a, pattern) for a in agents),
+            "policy_map",
+            ",".join(f"{a}={p}" for a, p in entries),
+            f"entry {pattern}={policy} matches no agent of {env_id} "
+            f"(its agents: {', '.join(agents)})",
+        )
+    return policies
+
+
+def policy_map_text(value: Any) -> Any:
+    """A TOML table ``{agent = "policy"}`` of ``policy_map`` (or of
+    ``policy_hidden_sizes``: ``{policy = [64, 64]}``) as the config's text; other
+    values unchanged."""
+    if not isinstance(value, Mapping):
+        return value
+    if all(isinstance(v, list) for v in value.values()):
+        return ";".join(f"{k}={','.join(str(w) for w in v)}" for k, v in value.items())
+    return ",".join(f"{k}={v}" for k, v in value.items())
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -580,6 +685,19 @@ class LearnerConfig:
     opponent_share: float = _f(
         0.5, "share of games in which one seat is played by a snapshot from the pool"
     )
+    policy_map: str = _f(
+        "",
+        "multi-agent envs: train several policies, AGENT=POLICY,... (an agent name or an "
+        "fnmatch pattern such as 'pursuer_*'; the first match wins; every agent needs one); "
+        "empty = one policy shared by every agent",
+        metavar="AGENT=POLICY,...",
+    )
+    policy_hidden_sizes: str = _f(
+        "",
+        "hidden layer widths per policy of policy_map, POLICY=W,W;POLICY=W,... "
+        "(policies not named take hidden_sizes)",
+        metavar="POLICY=W,W;...",
+    )
     eval_deterministic: bool = _f(
         True,
         "evaluate with the policy's mode (argmax / mean); off: sample actions from the "
@@ -646,6 +764,8 @@ class LearnerConfig:
     """Deprecated name of ``num_envs`` (before 0.2): still accepted, with a warning."""
 
     def __post_init__(self, envs_per_actor: int | None) -> None:
+        for name in ("policy_map", "policy_hidden_sizes"):  # the Python API passes a dict
+            object.__setattr__(self, name, policy_map_text(getattr(self, name)))
         if isinstance(self.env_kwargs, Mapping):  # the Python API passes a dict
             object.__setattr__(self, "env_kwargs", _json.dumps(dict(self.env_kwargs)))
         if isinstance(self.wrappers, (list, str, Mapping)):
@@ -699,6 +819,16 @@ class LearnerConfig:
             "must be a number in [0, 1]",
         )
         _positive_int(self, "torch_threads", "num_learners")
+        _require(isinstance(self.policy_map, str), "policy_map", self.policy_map, "must be text")
+        mapped = {p for _, p in parse_policy_map(self.policy_map)}
+        for policy in parse_policy_hidden_sizes(self.policy_hidden_sizes):
+            _require(
+                policy in mapped,
+                "policy_hidden_sizes",
+                self.policy_hidden_sizes,
+                f"unknown policy id {policy!r}: policy_map's policies are "
+                f"{', '.join(sorted(mapped)) or 'none (set policy_map)'}",
+            )
         _check_device(self.device)
         _require(
             isinstance(self.env_id, str) and bool(self.env_id),

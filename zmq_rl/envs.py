@@ -147,6 +147,7 @@ class EnvShape:
     action_space: gym.Space
     agents_per_env: int = 1
     turn_based: bool = False  # a PettingZoo AEC game whose agents move one at a time
+    agents: tuple[str, ...] = ()  # a multi-agent env's possible agents (slot order)
 
 
 def env_shape(
@@ -163,7 +164,8 @@ def env_shape(
             obs_space, act_space, agents = agent_spaces(env, env_id)
         except AgentSpaceMismatch as exc:
             raise EnvBuildError("env_id", env_id, str(exc).removeprefix(f"{env_id}: ")) from None
-        return EnvShape(obs_space, act_space, len(agents), is_turn_based(env))
+        names = tuple(str(a) for a in agents)
+        return EnvShape(obs_space, act_space, len(agents), is_turn_based(env), names)
     finally:
         env.close()
 

@@ -51,8 +51,19 @@ __all__ = [
     "MetricsWriter",
     "WandbUnavailable",
     "is_evaluation_row",
+    "policy_returns_text",
     "tensorboard_available",
 ]
+
+
+def policy_returns_text(row: Mapping[str, Any]) -> str:
+    """``"  first 0.52  second -0.48"``: each policy's mean return in a metrics row of
+    a several-policy run (``policy/<id>/charts/mean_return``); ``""`` otherwise."""
+    return "".join(
+        f"  {name.split('/')[1]} {float(value):.2f}"
+        for name, value in row.items()
+        if name.startswith("policy/") and name.endswith("/charts/mean_return")
+    )
 
 
 class WandbUnavailable(ImportError):

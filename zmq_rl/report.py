@@ -41,6 +41,9 @@ class LearnerReport:
     best_evaluation: dict[str, Any] | None = None
     """The evaluation with the highest mean return (its updates, env steps, version) and
     the file holding that policy (``policy-best.pt``); ``policy.pt`` is the final one."""
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Several-policy runs (``policy_map``): each policy's agents, episodes, mean
+    return of its last 100 episodes and last update's metrics, by policy id."""
     device: str = ""
     """Where the learner's policy and PPO update ran (``"cpu"``, ``"cuda:0"``): the
     ``device`` setting resolved on this machine."""

@@ -33,8 +33,8 @@ import torch
 
 from ..rl.masking import check_action_mask, mask_key, mask_nvec
 from ..rl.policy import Policy, WeightsMismatch, check_weights, import_weights, policy_from_welcome
-from ..wire.protocol import Weights, Welcome
-from ..wire.spaces import Value, as_value, env_actions, wire_dtype
+from ..wire.protocol import FEATURE_POLICIES, Weights, Welcome
+from ..wire.spaces import Value, as_value, env_actions, map_value, wire_dtype
 from .client import ActorClient
 
 __all__ = ["PAUSE_WAIT_S", "Agent", "Decision", "PolicyRunner", "coerce_value"]
@@ -72,14 +72,21 @@ def _tensors(value: Value) -> Any:
     return torch.from_numpy(np.ascontiguousarray(value))
 
 
+def _rows(obs: Value, rows: np.ndarray) -> Value:
+    """Rows ``rows`` of every leaf of ``obs``."""
+    return map_value(lambda a: a[rows], obs)
+
+
 class PolicyRunner:
     """The learner's network on this side of the wire: built from a welcome, loaded
     with broadcast weights, run on batches of observations (with the recurrent state
     of every row for a policy whose ``state_size`` > 0). Shared by :class:`Agent` and
     the inference server (:mod:`zmq_rl.serve`)."""
 
-    def __init__(self, welcome: Welcome, seed: int) -> None:
-        self.policy: Policy = policy_from_welcome(welcome)
+    def __init__(self, welcome: Welcome, seed: int, policy_id: str = "") -> None:
+        self.policy: Policy = policy_from_welcome(welcome, policy_id)
+        self.policy_id = policy_id
+        """Which policy of a several-policy run this is ("": the run's one policy)."""
         self.run_id = welcome.run_id
         self.version = welcome.weights.version
         self.observation_space = welcome.settings.observation_space
@@ -189,6 +196,7 @@ class Agent:
         # Weights that do not fit the network are refused before the client adopts
         # their version (docs/protocol.md section 4.2).
         client_options.setdefault("weights_check", self._check_weights)
+        client_options.setdefault("features", [FEATURE_POLICIES])  # it runs several
         self.client = ActorClient(
             learner,
             observation_space=observation_space,
@@ -200,18 +208,33 @@ class Agent:
             welcome = self.client.register()
             settings = welcome.settings
             self.seed = int(seed) if seed >= 0 else settings.seed + 1 + self.client.actor_id
-            self.runner = PolicyRunner(welcome, self.seed)
+            self._build_runners(welcome)
         except BaseException:
             self.client.close()
             raise
         self.welcome = welcome
-        self._state = self.runner.initial_state(self.client.num_envs)
         self._pending: tuple[Value, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._recording = True
         log.info(
             "agent %d: %d slots, seed %d, policy version %d",
             *(self.client.actor_id, self.client.num_envs, self.seed, self.runner.version),
         )
+
+    def _build_runners(self, welcome: Welcome) -> None:
+        """The networks of ``welcome``'s run: one, or one per policy (a several-policy
+        run), and which of them acts for each slot (slot ``s`` is agent
+        ``s % agents_per_env``, whose policy ``policy_map`` names)."""
+        settings = welcome.settings
+        ids = settings.policy_ids
+        self.runners = {pid: PolicyRunner(welcome, self.seed + i, pid) for i, pid in enumerate(ids)}
+        self.runner = next(iter(self.runners.values())) if ids else PolicyRunner(welcome, self.seed)
+        slots = np.arange(self.client.num_envs)
+        self._slot_runner = (
+            np.asarray([ids.index(settings.policy_of_slot(int(s))) for s in slots], np.int64)
+            if ids
+            else None
+        )
+        self._state = self.runner.initial_state(self.client.num_envs)
 
     # ------------------------------------------------------------------ properties
 
@@ -237,8 +260,15 @@ class Agent:
 
     @property
     def policy(self) -> Policy:
-        """The local copy of the learner's network (always the newest loaded weights)."""
+        """The local copy of the learner's network (always the newest loaded weights);
+        in a several-policy run the first policy's (:attr:`policies` has each)."""
         return self.runner.policy
+
+    @property
+    def policies(self) -> dict[str, Policy]:
+        """Each policy's local network by policy id (several-policy runs; ``{}``
+        otherwise)."""
+        return {pid: runner.policy for pid, runner in self.runners.items()}
 
     @property
     def shutdown_requested(self) -> bool:
@@ -267,7 +297,11 @@ class Agent:
             raise RuntimeError("act() called twice: observe() the previous step first")
         obs = self._ready_to_act(obs)
         state = self._state if self.runner.state_size else None
-        actions, log_probs, values, next_state = self.runner.act(obs, state)
+        if self._slot_runner is None:
+            actions, log_probs, values, next_state = self.runner.act(obs, state)
+        else:
+            actions, log_probs, values = self._act_per_policy(obs, self._slot_runner)
+            next_state = None
         self._pending = (obs, actions, values, log_probs, self._state)
         if next_state is not None:
             self._state = next_state
@@ -321,20 +355,59 @@ class Agent:
 
     # -------------------------------------------- acting and recording apart
 
-    def decide(self, obs: Any) -> Decision:
+    def decide(self, obs: Any, slots: Any = None) -> Decision:
         """The policy's choice for a batch of observations (any number of rows, not
         necessarily ``num_envs``), **without recording anything**: for simulators in
         which the outcome of an action is known only later, such as turn-based games
         (an agent's reward arrives after the other players moved). Serves control,
         loads weights and waits on the staleness valve exactly as :meth:`act`. Record
         the rows with :meth:`record` once their outcomes are known. Feed-forward
-        policies only (a recurrent state needs :meth:`act`'s per-slot bookkeeping)."""
+        policies only (a recurrent state needs :meth:`act`'s per-slot bookkeeping).
+
+        ``slots`` (one slot number per row) says whose rows they are: a run of
+        several policies needs it, so that each row is decided by its slot's
+        policy; :attr:`Decision.version` is then the oldest version among them."""
         if self.runner.state_size:
             raise RuntimeError("decide() needs a feed-forward policy; use act()/observe()")
-        actions, log_probs, values, _ = self.runner.act(self._ready_to_act(obs), None)
+        obs = self._ready_to_act(obs)
+        if self._slot_runner is None:
+            actions, log_probs, values, _ = self.runner.act(obs, None)
+            version = self.runner.version
+        else:
+            if slots is None:
+                raise ValueError(
+                    "decide() in a run of several policies needs slots= (the slot of each "
+                    "row), so that each row is decided by its agent's policy"
+                )
+            actions, log_probs, values = self._act_per_policy(
+                obs, self._slot_runner[np.asarray(slots, np.int64)]
+            )
+            version = min(r.version for r in self.runners.values())
         return Decision(
-            env_actions(self.action_space, actions), actions, values, log_probs, self.runner.version
+            env_actions(self.action_space, actions), actions, values, log_probs, version
         )
+
+    def _act_per_policy(
+        self, obs: Value, owner: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Actions, log-probs and values of rows whose policies are ``owner`` (an index
+        into :attr:`runners` per row): one batched forward per policy."""
+        out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        for i, runner in enumerate(self.runners.values()):
+            rows = np.flatnonzero(owner == i)
+            if not rows.size:
+                continue
+            mine = obs if rows.size == len(owner) else _rows(obs, rows)
+            actions, log_probs, values, _ = runner.act(mine, None)
+            if out is None:
+                out = (
+                    np.empty((len(owner), *actions.shape[1:]), actions.dtype),
+                    np.empty(len(owner), np.float32),
+                    np.empty(len(owner), np.float32),
+                )
+            out[0][rows], out[1][rows], out[2][rows] = actions, log_probs, values
+        assert out is not None, "no rows to act on"
+        return out
 
     def record(
         self,
@@ -403,18 +476,30 @@ class Agent:
     def _check_weights(self, weights: Weights) -> None:
         """Raise :class:`~zmq_rl.rl.policy.WeightsMismatch` when ``weights`` (of the
         current run) do not fit the network exactly (the client's ``weights_check``)."""
-        runner = getattr(self, "runner", None)
+        runner = self._runner_of(weights)
         if runner is not None and weights.run_id == runner.run_id:
             check_weights(runner.policy, weights.tensors)
 
+    def _runner_of(self, weights: Weights) -> PolicyRunner | None:
+        """The network ``weights`` are for (None before the welcome, or for a policy
+        this agent does not run)."""
+        if weights.policy:
+            return getattr(self, "runners", {}).get(weights.policy)
+        return getattr(self, "runner", None)
+
     def _load(self, weights: Weights | None) -> None:
-        if weights is None:
-            return
+        """Load ``weights`` and every other policy's the client has ready (a
+        several-policy run delivers one policy's weights per :meth:`ActorClient.poll`)."""
+        while weights is not None:
+            self._load_one(weights)
+            weights = self.client.poll() if self.client.weights_ready() else None
+
+    def _load_one(self, weights: Weights) -> None:
         if weights.run_id != self.runner.run_id and self.client.welcome is not None:
             # Registered again with a restarted learner: its network may differ.
             self.welcome = self.client.welcome
-            self.runner = PolicyRunner(self.welcome, self.seed)
-            self._state = self.runner.initial_state(self.client.num_envs)
+            self._build_runners(self.welcome)
             return
-        if not self.runner.load(weights):
+        runner = self._runner_of(weights)
+        if runner is None or not runner.load(weights):
             self.client.reject_weights(weights, WeightsMismatch("weights do not fit the network"))

@@ -46,8 +46,8 @@ import os
 import socket as pysocket
 import time
 import warnings
-from collections import Counter
-from collections.abc import Callable, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 import numpy as np
@@ -78,6 +78,7 @@ from ..wire.protocol import (
     decode,
     encode,
     space_spec,
+    weights_topic,
 )
 from ..wire.transport import (
     ACTOR_PUSH_LINGER_MS,
@@ -182,8 +183,14 @@ class LearnerConnection:
         max_message_bytes: int = 0,
         curve: CurveClientKeys | None = None,
         weights_check: Callable[[Weights], None] | None = None,
+        features: Sequence[str] = (),
     ) -> None:
         self.host, self.control_port = parse_learner_address(learner)
+        self.features = list(features)
+        """What this actor can do beyond protocol 2's core, said in its hello
+        (``"policies"``: it runs several policies; docs/protocol.md)."""
+        self._fresh: deque[Weights] = deque()  # several policies: adopted, not yet returned
+        self._policy_versions: dict[str, int] = {}  # several policies: each one's version
         self.env_id = env_id
         self.observation_space = observation_space
         self.action_space = action_space
@@ -282,6 +289,7 @@ class LearnerConnection:
             host=pysocket.gethostname()[:200],
             pid=os.getpid(),
             rejoin_run_id=self.run_id,
+            features=self.features,
         )
         frame = encode(hello)
         unsent = True  # never block on send: a refused CURVE handshake leaves no pipe
@@ -366,7 +374,7 @@ class LearnerConnection:
         self._welcome_refused = (
             self.registrations > 0
             and welcome.run_id == self.run_id
-            and not self._weights_fit(welcome.weights)
+            and not all(self._weights_fit(w) for w in welcome.policy_weights or [welcome.weights])
         )
         self.welcome = welcome
         self.registrations += 1
@@ -383,6 +391,8 @@ class LearnerConnection:
         if not self._welcome_refused:
             self._version_before = self.version
             self.version = welcome.weights.version
+            self._policy_versions = {w.policy: w.version for w in welcome.policy_weights}
+            self._fresh.clear()
         self.num_envs = settings.num_envs
         self.heartbeat_interval = settings.heartbeat_interval
         self.last_heard = now = time.monotonic()
@@ -439,13 +449,16 @@ class LearnerConnection:
         return announced or DEFAULT_MAX_RECEIVE_BYTES
 
     def _weights_socket(self, endpoint: str) -> zmq.Socket:
-        """A SUB connected to the learner's weights ``endpoint``, subscribed to all,
-        taking frames up to the subscriber's limit (:meth:`_weights_limit`)."""
+        """A SUB connected to the learner's weights ``endpoint``, subscribed to all
+        (several policies: to the topic of each policy of the run), taking frames up
+        to the subscriber's limit (:meth:`_weights_limit`)."""
         sub = self._socket(
             zmq.SUB,
             SocketOptions(rcvhwm=WEIGHTS_HWM, max_message_bytes=self.subscriber.max_message_bytes),
         )
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        policies = self.settings.policy_ids if self.settings is not None else []
+        for topic in [weights_topic(pid) for pid in policies] or [b""]:
+            sub.setsockopt(zmq.SUBSCRIBE, topic)  # several policies: each one run here
         sub.connect(endpoint)
         return sub
 
@@ -484,23 +497,36 @@ class LearnerConnection:
 
     # ------------------------------------------------------------------ receiving
 
+    def weights_ready(self) -> bool:
+        """Whether :meth:`poll` holds more weights to return without reading a socket
+        (several policies: the other policies' weights of the same reading)."""
+        return bool(self._fresh)
+
     def poll(self) -> Weights | None:
         """Handle control messages and return the newest unseen weights, if any.
 
         Never blocks while the learner is there. When several weight blobs are
         queued only the newest is decoded and returned; the caller must load it
         before its next step (the client tags later fragments with its version).
+        In a run of several policies each call returns one policy's weights: call
+        again while :meth:`weights_ready` (the client's version is the oldest of
+        the policies' versions, so no row is tagged newer than its policy).
 
         When the learner restarted (a new run id, or it no longer knows this
         actor) the client registers again, blocking up to ``register_timeout``,
         and returns the new welcome's weights. Raises :class:`LearnerLost` when
         the learner has been silent for ``learner_timeout`` seconds.
         """
+        if self._fresh:
+            return self._fresh.popleft()
         self._poll_control()
         if self.needs_reregister:
             self._log_reregister()
             welcome = self.register()
-            return None if self._welcome_refused else welcome.weights
+            if self._welcome_refused:
+                return None
+            self._fresh.extend(welcome.policy_weights[1:])
+            return welcome.weights
         self._check_link(time.monotonic())
         self._check_learner_alive("no message from the learner")
         self._maybe_heartbeat()
@@ -509,6 +535,8 @@ class LearnerConnection:
             self.stats["weights_resubscriptions"] = self.subscriber.resubscriptions
         if not self.subscriber.pending():
             return None
+        if self._policy_versions:
+            return self._adopt_policies(self.subscriber.newest_each(self.run_id))
         weights = self.subscriber.newest(self.run_id)
         if self.subscriber.saw_other_run:
             self.needs_reregister = True
@@ -517,23 +545,49 @@ class LearnerConnection:
         self.last_heard = time.monotonic()
         if weights.version <= self.version or not self._weights_fit(weights):
             return None
+        self._adopt_version(weights.version)
+        return weights
+
+    def _adopt_policies(self, newest: list[Weights]) -> Weights | None:
+        """Several policies: take each policy's newest weights that are new and fit;
+        the client's version becomes the oldest policy's. Returns the first of them
+        (the others wait in :meth:`weights_ready`)."""
+        if self.subscriber.saw_other_run:
+            self.needs_reregister = True
+        fresh = [
+            w
+            for w in newest
+            if w.version > self._policy_versions.get(w.policy, w.version) and self._weights_fit(w)
+        ]
+        if not fresh:
+            return None
+        self.last_heard = time.monotonic()
+        for w in fresh:
+            self._policy_versions[w.policy] = w.version
+        oldest = min(self._policy_versions.values())
+        if oldest > self.version:
+            self._adopt_version(oldest)
+        self._fresh.extend(fresh[1:])
+        return fresh[0]
+
+    def _adopt_version(self, weights_version: int) -> None:
+        """Weights of ``weights_version`` are what the actor acts with from now on."""
         if (
             self._link_checks
             and self.link_paused_since is None
-            and self.sender.impossible_version(weights.version)
+            and self.sender.impossible_version(weights_version)
         ):
             sent = int(self.sender.sent_steps.min())
             self._pause_for_link(
-                f"weights version {weights.version} prove more consumption than the "
+                f"weights version {weights_version} prove more consumption than the "
                 f"{sent} steps per slot this actor sent since its welcome (base version "
                 f"{self.sender.throttle.base_version}): the learner may have dropped it"
             )
         self.flush()  # rows collected under the old version leave tagged with it
         self._version_before = self.version
-        self.version = weights.version
+        self.version = weights_version
         self.stats["policy_updates_received"] += 1
-        self.stats["last_policy_version"] = weights.version
-        return weights
+        self.stats["last_policy_version"] = weights_version
 
     def wait_for_weights(self, timeout: float) -> Weights | None:
         """Block up to ``timeout`` seconds for new weights (or a control message)."""
@@ -749,7 +803,10 @@ class ActorClient(LearnerConnection):
         if self.needs_reregister or self.link_paused_since is not None:
             self._note_valve(False, now)
             return True
-        paused = self.sender.should_pause(self.version)
+        # Several policies: each one's version v proves the same consumption, so the
+        # newest loaded counts (a dropped publication of one must not hold the actor).
+        proven = max(self._policy_versions.values(), default=self.version)
+        paused = self.sender.should_pause(max(proven, self.version))
         self._note_valve(paused, now)
         return paused
 

@@ -55,14 +55,19 @@ ENV_FIELDS = {
 """What the env returned, by the client's field name (for :class:`BadEnvValue`)."""
 
 
-def _decide(agent: Agent, pool: OpponentPool | None, obs: Any, opponent: np.ndarray) -> Decision:
-    """One decision per mover: the policy's (:meth:`Agent.decide`) for the seats it
-    plays, the pool's snapshot's for opponent seats (env actions only: not recorded)."""
+def _decide(
+    agent: Agent, pool: OpponentPool | None, obs: Any, movers: np.ndarray, opponent: np.ndarray
+) -> Decision:
+    """One decision per mover (``movers``: their slots): the policy's (:meth:`Agent.decide`;
+    several policies: each slot's own) for the seats it plays, the pool's snapshot's
+    for opponent seats (env actions only: not recorded)."""
     if pool is None or not opponent.any():
-        return agent.decide(obs)
+        return agent.decide(obs, slots=movers)
     mine = np.flatnonzero(~opponent)
     theirs = np.flatnonzero(opponent)
-    decided = agent.decide(map_value(lambda a: a[mine], obs)) if mine.size else None
+    decided = (
+        agent.decide(map_value(lambda a: a[mine], obs), slots=movers[mine]) if mine.size else None
+    )
     moves = pool.act(map_value(lambda a: a[theirs], obs))
     if decided is None:
         return Decision(moves, moves, np.zeros(len(moves), np.float32),
@@ -294,7 +299,7 @@ class GymActor:
                 if obs is None:
                     continue
                 with _mask_errors_are_the_envs(env_id):
-                    decision = _decide(agent, pool, obs, slots.opponent[movers])
+                    decision = _decide(agent, pool, obs, np.asarray(movers), slots.opponent[movers])
                 if agent.shutdown_requested:
                     return self._turn_stats(agent, slots, pool)
                 if like_action is None and decision.actions.size:

@@ -23,12 +23,13 @@ from collections.abc import Callable
 import zmq
 
 from ..sparse_log import log_sparsely
-from ..wire.protocol import ProtocolError, Weights, decode
+from ..wire.protocol import ProtocolError, Weights, decode, decode_policy_weights
 from ..wire.transport import readable
 
 __all__ = ["WeightsSubscriber"]
 
 log = logging.getLogger("zmq_rl.subscriber")
+
 
 class WeightsSubscriber:
     """Newest-wins reader of the learner's PUB; ``reject(where, error)`` counts and
@@ -126,6 +127,32 @@ class WeightsSubscriber:
             quiet=logging.DEBUG,
         )
         self.start(self._connect(), self._connect)
+
+    def newest_each(self, run_id: str) -> list[Weights]:
+        """Several policies: drain every queued ``[topic, weights]`` message and return
+        the newest valid weights of ``run_id`` of each policy (in arrival order of
+        their policies' first message). Messages of another run, frames that do not
+        decode and topics that do not match their weights are counted as
+        :meth:`newest` counts them."""
+        self.saw_other_run = False
+        newest: dict[str, Weights] = {}
+        while self.pending():
+            assert self.socket is not None
+            frames = [f.buffer for f in self.socket.recv_multipart(copy=False)]
+            try:
+                weights = decode_policy_weights(frames, self.max_message_bytes)
+            except ProtocolError as exc:
+                size = sum(len(f) for f in frames)
+                self.reject("weights", ProtocolError(exc.reason, f"{exc} ({size:,} bytes)"))
+                continue
+            if weights.run_id != run_id:
+                self.rejects["weights:other_run"] += 1
+                self.saw_other_run = True
+                continue
+            held = newest.get(weights.policy)
+            if held is None or weights.version > held.version:
+                newest[weights.policy] = weights
+        return list(newest.values())
 
     def newest(self, run_id: str) -> Weights | None:
         """Drain every queued frame; return the newest valid weights of ``run_id``

@@ -28,7 +28,7 @@ from .checkpoint import config_dict
 
 @torch.no_grad()
 def evaluate_policy(
-    policy: Policy,
+    policy: Policy | Sequence[Policy],
     env_id: str,
     episodes: int,
     seed: int = 0,
@@ -46,7 +46,9 @@ def evaluate_policy(
     (:func:`zmq_rl.wire.spaces.env_actions`); a recurrent policy carries its state per
     episode from zeros. The envs are built by :func:`~zmq_rl.envs.make_env` with
     ``env_kwargs`` and ``wrappers``. A multi-agent env's episode scores the mean
-    return of its agents, each acted for by ``policy`` (:func:`_evaluate_agents`).
+    return of its agents, each acted for by ``policy`` (:func:`_evaluate_agents`);
+    ``policy`` may then be a list of one policy per agent index (a run of several
+    policies: each agent acts by its own).
     """
     envs = [build_env(env_id, env_kwargs, wrappers) for _ in range(episodes)]
     with torch.random.fork_rng(devices=[]):
@@ -118,7 +120,7 @@ def _evaluate_envs(
 
 
 def _evaluate_agents(
-    policy: Policy, envs: list[Any], seed: int, deterministic: bool
+    policy: Policy | Sequence[Policy], envs: list[Any], seed: int, deterministic: bool
 ) -> tuple[float, float]:
     """Mean and std over ``envs`` (one episode each, in lockstep) of the mean return
     of each episode's agents: every live agent acts by the policy (its mode when
@@ -127,25 +129,31 @@ def _evaluate_agents(
     obs_space, space, agents = agent_spaces(envs[0], "evaluation env")
     slot_of = {agent: i for i, agent in enumerate(agents)}
     k, scalar = len(agents), isinstance(space, gym.spaces.Discrete)
-    recurrent = is_recurrent(policy)
-    state = policy.initial_state(len(envs) * k) if recurrent else None
+    by_agent = _per_agent(policy, k)
+    recurrent = is_recurrent(by_agent[0])  # several policies are feed-forward
+    state = by_agent[0].initial_state(len(envs) * k) if recurrent else None
     returns = np.zeros((len(envs), k), np.float64)
     seen = np.zeros((len(envs), k), bool)  # agents that took part in each episode
     obs = [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, len(envs)), strict=True)]
-    was_training = policy.training
-    policy.eval()
+    was_training = [p.training for p in by_agent]
+    for p in by_agent:
+        p.eval()
     try:
         while True:
             cells = [(e, agent) for e, env in enumerate(envs) for agent in env.agents]
             cells = [(e, agent) for e, agent in cells if agent in obs[e]]
             if not cells:
                 break
-            raw = [obs[e][agent] for e, agent in cells]
-            rows = [e * k + slot_of[agent] for e, agent in cells]
-            actions = _act(policy, raw, (obs_space, space), state, rows, deterministic)
             chosen: list[dict[Any, Any]] = [{} for _ in envs]
-            for (e, agent), action in zip(cells, actions, strict=True):
-                chosen[e][agent] = action.item() if scalar else action
+            for acting in {id(p): p for p in by_agent}.values():
+                mine = [c for c in cells if by_agent[slot_of[c[1]]] is acting]
+                if not mine:
+                    continue
+                raw = [obs[e][agent] for e, agent in mine]
+                rows = [e * k + slot_of[agent] for e, agent in mine]
+                actions = _act(acting, raw, (obs_space, space), state, rows, deterministic)
+                for (e, agent), action in zip(mine, actions, strict=True):
+                    chosen[e][agent] = action.item() if scalar else action
             for e, env in enumerate(envs):
                 if not chosen[e]:
                     continue
@@ -154,7 +162,8 @@ def _evaluate_agents(
                     returns[e, slot_of[agent]] += float(reward)
                     seen[e, slot_of[agent]] = True
     finally:
-        policy.train(was_training)
+        for p, mode in zip(by_agent, was_training, strict=True):
+            p.train(mode)
         for env in envs:
             env.close()
     scores = (returns * seen).sum(axis=1) / np.maximum(seen.sum(axis=1), 1)
@@ -162,7 +171,7 @@ def _evaluate_agents(
 
 
 def _evaluate_turns(
-    policy: Policy, envs: list[Any], seed: int, deterministic: bool
+    policy: Policy | Sequence[Policy], envs: list[Any], seed: int, deterministic: bool
 ) -> tuple[float, float]:
     """A turn-based game's evaluation: episode ``i`` (one per env) seats the policy as
     possible agent ``i % agents`` and every other seat plays uniformly random legal
@@ -173,13 +182,13 @@ def _evaluate_turns(
     rng = np.random.default_rng(seed)
     scalar = isinstance(space, gym.spaces.Discrete)
     scores = np.zeros(len(envs), np.float64)
-    was_training = policy.training
-    policy.eval()
+    by_agent = _per_agent(policy, len(agents))
+    was_training = [p.training for p in by_agent]
+    for p in by_agent:
+        p.eval()
     try:
-        for i, (env, episode_seed) in enumerate(
-            zip(envs, env_seeds(seed, len(envs)), strict=True)
-        ):
-            seat = agents[i % len(agents)]
+        for i, (env, episode_seed) in enumerate(zip(envs, env_seeds(seed, len(envs)), strict=True)):
+            seat, acting = agents[i % len(agents)], by_agent[i % len(agents)]
             env.reset(seed=episode_seed)
             for agent in env.agent_iter():
                 obs, reward, terminated, truncated, _ = env.last()
@@ -189,15 +198,25 @@ def _evaluate_turns(
                     env.step(None)
                     continue
                 if agent == seat:
-                    action = _act(policy, [obs], (obs_space, space), None, [], deterministic)[0]
+                    action = _act(acting, [obs], (obs_space, space), None, [], deterministic)[0]
                     env.step(action.item() if scalar else action)
                 else:
                     env.step(_random_legal(obs, space, rng))
     finally:
-        policy.train(was_training)
+        for p, mode in zip(by_agent, was_training, strict=True):
+            p.train(mode)
         for env in envs:
             env.close()
     return float(scores.mean()), float(scores.std())
+
+
+def _per_agent(policy: Policy | Sequence[Policy], agents: int) -> list[Policy]:
+    """The policy of each agent index: ``policy`` for all, or the list as given."""
+    if isinstance(policy, Sequence):
+        if len(policy) != agents:
+            raise ValueError(f"{len(policy)} policies for {agents} agents")
+        return list(policy)
+    return [policy] * agents
 
 
 def _random_legal(obs: Any, space: gym.Space, rng: np.random.Generator) -> Any:

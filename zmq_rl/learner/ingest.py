@@ -41,6 +41,7 @@ from ..wire.protocol import (
     Welcome,
     decode,
     encode,
+    policy_weights_frames,
 )
 from ..wire.spaces import space_spec
 from ..wire.transport import bind_learner_sockets, tcp_endpoint
@@ -187,6 +188,7 @@ class Ingest:
         self.started = False  # training started: later joiners wait for a broadcast
         self.shutting_down = False
         self.current_weights: Weights | None = None
+        self.current_policy_weights: list[Weights] = []  # several policies: each one's
         self._last_heartbeat = 0.0
         # Processes a supervisor saw exit (any thread appends; pump reads). Bounded by
         # what one pump handles: the supervisor reports each exit once.
@@ -276,14 +278,18 @@ class Ingest:
             if failure:
                 raise failure[0]
 
-    def publish(self, weights: Weights, send: bool = True) -> None:
-        """Make ``weights`` what welcomes carry and, with ``send``, PUBlish them."""
-        self.current_weights = weights
+    def publish(self, weights: Weights | list[Weights], send: bool = True) -> None:
+        """Make ``weights`` what welcomes carry and, with ``send``, PUBlish them (a list
+        of several policies' weights: each on its own topic, docs/protocol.md 4.9)."""
+        several = weights if isinstance(weights, list) and len(weights) > 1 else []
+        self.current_weights = first = weights[0] if isinstance(weights, list) else weights
+        self.current_policy_weights = several
         if send:
             self.links.cycle_ended()
-            self.sockets.weights.send(encode(weights), copy=False)
+            for frames in [policy_weights_frames(w) for w in several] or [[encode(first)]]:
+                self.sockets.weights.send_multipart(frames, copy=False)
             self.report.broadcasts_sent += 1
-            self.report.last_policy_version = weights.version
+            self.report.last_policy_version = first.version
 
     def discard_queued(self, reason: str) -> None:
         """Drop every queued row, counted as ``discarded/steps/<reason>``."""
@@ -474,6 +480,7 @@ class Ingest:
             *self.spaces,
             limits=self.limits,
             default_envs=self.settings.num_envs,
+            policy_map=self.settings.policy_map,
         )
         if problem:
             code, reason = problem
@@ -517,6 +524,7 @@ class Ingest:
             weights_port=cfg.weights_port(),
             settings=dataclasses.replace(self.settings, num_envs=rec.num_envs),
             weights=self.current_weights,
+            policy_weights=self.current_policy_weights,
         )
 
     def send_control(self, routing_id: bytes, message: Any) -> bool:
@@ -607,16 +615,6 @@ class Ingest:
         if beat.sent_at is not None:
             rec.peer_sent_at, rec.peer_heard_at = beat.sent_at, now
         self.links.on_heartbeat(rec, beat, now)
-
-    def cycle_time(self) -> float | None:
-        """The learner's busy time per broadcast cycle (:meth:`Links.cycle_time
-        <zmq_rl.learner.links.Links.cycle_time>`)."""
-        return self.links.cycle_time()
-
-    def link_stats(self) -> dict[str, float]:
-        """The link figures of the metrics row (:meth:`Links.stats
-        <zmq_rl.learner.links.Links.stats>`)."""
-        return self.links.stats(self.members)
 
     def _evict_silent_actors(self) -> None:
         """Declare dead every actor silent for ``actor_timeout``: its slots leave the

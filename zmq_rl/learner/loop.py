@@ -23,6 +23,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from ..envs import env_shape
 from ..report import LearnerReport
 from ..rl.distributed import LearnerRankLost, RankSpec, rank_spec
 from ..rl.policy import Policy
+from ..rl.policy_set import PolicyTrainers
 from ..rl.rollout import SlotQueues
 from ..rl.trainer import Trainer
 from ..wire.protocol import Weights, encode
@@ -47,7 +49,7 @@ from .checkpoint import (
 )
 from .ingest import POLL_MS, Ingest
 from .runlog import RunLog
-from .settings import LearnerStarved, StopRequested, run_settings
+from .settings import LearnerStarved, StopRequested, policy_plan, run_settings
 
 if TYPE_CHECKING:
     from .ranks import LeaderRanks
@@ -66,6 +68,7 @@ log = logging.getLogger("zmq_rl.learner")
 BEST_POLICY_FILE = "policy-best.pt"
 """The best evaluated policy of a run (``report.json``'s ``best_evaluation``), beside
 ``policy.pt`` (the final one)."""
+
 
 class Learner:
     """Runs the loop: receives through its :attr:`ingest` (which holds the sockets, the
@@ -104,20 +107,32 @@ class Learner:
                 f"{cfg.env_id} is a multi-agent env: it trains on one learner rank for now "
                 "(the ranks' reports count every row as an env step)",
             )
-        self.trainer = Trainer(cfg, self.ppo_cfg, self.policy_cfg, *spaces)
+        self.plan = policy_plan(cfg, self.policy_cfg, shape)
+        self.plan_agents = list(shape.agents)
+        self.trainer: Trainer | PolicyTrainers
+        if self.plan.several:
+            self.trainer = PolicyTrainers(
+                cfg, self.ppo_cfg, self.plan.configs, *spaces, self.plan.agent_policies
+            )
+        else:
+            self.trainer = Trainer(cfg, self.ppo_cfg, self.policy_cfg, *spaces)
         self.run_id = uuid.uuid4().hex[:12]
-        weights = Weights(version=0, run_id=self.run_id, tensors=self.trainer.weights())
         self.settings = run_settings(
             cfg,
             *spaces,
             self.policy_cfg,
-            weights_bytes=len(encode(weights)),
+            weights_bytes=max(len(encode(w)) for w in self._weights()),
             state_size=int(getattr(self.trainer.policy, "state_size", 0)),
             agents_per_env=shape.agents_per_env,
+            plan=self.plan,
         )
         self.report = LearnerReport(run_id=self.run_id, device=str(self.trainer.device))
         self.counters: Counter[str] = Counter()
         self._stop_reason = ""
+        if self.plan.several and cfg.eval_in_background:
+            # The background evaluator runs one network; several evaluate in the loop.
+            log.info("several policies: evaluations run in the learner's loop")
+            cfg = replace(cfg, eval_in_background=False)
         self.runlog = RunLog(cfg, self.report, on_update, self.policy_cfg, on_evaluation)
         self.runlog.updates_budget = cfg.num_updates(shape.agents_per_env)
         # Data-parallel learner ranks (num_learners > 1): this is rank 0; the others
@@ -153,6 +168,15 @@ class Learner:
     @property
     def policy(self) -> Policy:
         """The trainer's policy (what is broadcast)."""
+        return self.trainer.policy
+
+    @property
+    def eval_policy(self) -> Policy | list[Policy]:
+        """What evaluations act with: the policy, or (several policies) the policy of
+        each agent index."""
+        if isinstance(self.trainer, PolicyTrainers):
+            trainers = self.trainer.trainers
+            return [trainers[pid].policy for pid in self.plan.agent_policies]
         return self.trainer.policy
 
     @property
@@ -212,8 +236,8 @@ class Learner:
                 metrics = self._one_update() if self.ranks is None else self.ranks.update()
                 if metrics is None:
                     break
-                solved = self.ingest.serve_during(lambda: runlog.maybe_evaluate(self.policy))
-                metrics.update(self.ingest.link_stats())  # round trips, valve shares
+                solved = self.ingest.serve_during(lambda: runlog.maybe_evaluate(self.eval_policy))
+                metrics.update(self.ingest.links.stats(self.members))  # round trips, valve shares
                 runlog.record(metrics, self.version, sum(1 for r in self.members if r.member))
                 if (
                     cfg.checkpoint_every
@@ -228,7 +252,7 @@ class Learner:
             # The actors are still connected: their heartbeats are served meanwhile.
             self.ingest.serve_during(runlog.finish_background)
             if not runlog.evaluated_last_update():
-                self.ingest.serve_during(lambda: runlog.evaluate(self.policy))
+                self.ingest.serve_during(lambda: runlog.evaluate(self.eval_policy))
         except StopRequested as stop:  # asked for (Ctrl-C, a callback): not a warning,
             stop_reason = str(stop)  # which Python prints even with logging unconfigured
             log.info("stopping: %s", stop_reason)
@@ -349,8 +373,16 @@ class Learner:
     def publish_weights(self, publish: bool = True) -> None:
         """Snapshot the trainer's weights as the current version (what welcomes
         carry) and, with ``publish``, send them on PUB."""
-        weights = Weights(version=self.version, run_id=self.run_id, tensors=self.trainer.weights())
-        self.ingest.publish(weights, send=publish)
+        self.ingest.publish(self._weights(), send=publish)
+
+    def _weights(self) -> list[Weights]:
+        """The current version's weights: one, or one per policy (each with its id)."""
+        if isinstance(self.trainer, PolicyTrainers):
+            return [
+                Weights(version=self.version, run_id=self.run_id, tensors=t, policy=pid)
+                for pid, t in self.trainer.policy_weights().items()
+            ]
+        return [Weights(version=self.version, run_id=self.run_id, tensors=self.trainer.weights())]
 
     @property
     def current_weights(self) -> Weights:
@@ -376,6 +408,14 @@ class Learner:
     def _finish(self) -> None:
         for rec in self.members:
             self.report.actor_stats[str(rec.actor_id)] = rec.summary()
+        if isinstance(self.trainer, PolicyTrainers):
+            self.report.policies = self.trainer.summary()
+            for pid, summary in self.report.policies.items():
+                summary["agents"] = [
+                    agent
+                    for agent, p in zip(self.plan_agents, self.plan.agent_policies, strict=True)
+                    if p == pid
+                ]
         self.counters["consumed/steps"] = self.report.env_steps_consumed
         self.ingest.discard_queued("run_ended")  # counted; the final checkpoint holds none
         self.report.counters = dict(self.counters)
@@ -394,6 +434,15 @@ class Learner:
             lambda: atomic_write_bytes(run_dir / "report.json", self.report.to_json().encode()),
             lambda: self.save_policy(run_dir / "policy.pt"),
         ]
+        if isinstance(self.trainer, PolicyTrainers):
+            for pid, trainer in self.trainer.trainers.items():
+                writes.append(
+                    lambda pid=pid, trainer=trainer: self.save_policy(
+                        run_dir / f"policy-{pid}.pt",
+                        trainer.policy.state_dict(),
+                        policy_cfg=self.plan.configs[pid],
+                    )
+                )
         if best is not None:
             writes.append(
                 lambda: self.save_policy(
@@ -424,13 +473,17 @@ class Learner:
         path: Path,
         tensors: dict[str, Any] | None = None,
         version: int | None = None,
+        policy_cfg: PolicyConfig | None = None,
     ) -> None:
         """Save the policy (tensors + the config needed to rebuild it), atomically:
-        the current one, or ``tensors`` (a ``state_dict`` of it) of ``version``."""
+        the current one, or ``tensors`` (a ``state_dict`` of it) of ``version``
+        (``policy_cfg``: its network, when it is one policy of several)."""
+        if policy_cfg is None and self.plan.several:
+            policy_cfg = next(iter(self.plan.configs.values()))  # policy.pt: the first
         save_policy(
             path,
             self.policy if tensors is None else tensors,
-            self.policy_cfg,
+            policy_cfg or self.policy_cfg,
             self.cfg.env_id,
             self.version if version is None else version,
             env_kwargs=self.cfg.env_kwargs_map(),

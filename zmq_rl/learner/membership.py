@@ -31,7 +31,7 @@ from ..wire.codec import (
     magnitude_problem,
     unpack_map,
 )
-from ..wire.protocol import MAX_SEQ_GAP, TOKEN_BYTES, Fragment, Hello, Refuse
+from ..wire.protocol import FEATURE_POLICIES, MAX_SEQ_GAP, TOKEN_BYTES, Fragment, Hello, Refuse
 from ..wire.spaces import space_from_spec, value_problem
 
 RunSpaces = tuple[gym.Space, gym.Space]
@@ -445,9 +445,16 @@ def check_hello(
     action_space: gym.Space,
     limits: MembershipLimits | None = None,
     default_envs: int = 1,
+    policy_map: list[str] | None = None,
 ) -> tuple[str, str] | None:
     """Why a hello must be refused, as (refuse code, message naming both sides or the
-    limit), or None when it is acceptable."""
+    limit), or None when it is acceptable. ``policy_map``: a run of several policies
+    refuses an actor that does not announce it can run them (docs/protocol.md 4.9)."""
+    if policy_map and FEATURE_POLICIES not in hello.features:
+        return "bad_hello", (
+            f"this run trains several policies (policy_map {policy_map}); an actor must "
+            f"announce the {FEATURE_POLICIES!r} feature in its hello"
+        )
     if hello.observation_space or hello.action_space:
         try:
             theirs_obs = space_from_spec(hello.observation_space, "hello.observation_space")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..config import LearnerConfig, PolicyConfig
-from ..metrics import JsonlMetrics
+from ..metrics import JsonlMetrics, policy_returns_text
 from ..report import LearnerReport
 from ..rl.policy import Policy, export_weights
 from .evaluation import BackgroundEvaluator, evaluate_policy
@@ -110,7 +110,7 @@ class RunLog:
         self.steps_at_start = report.env_steps_consumed
         self._metrics = JsonlMetrics(cfg.run_dir) if cfg.run_dir else None
         self.evaluator = None
-        self._cpu_policy: Policy | None = None
+        self._cpu_policies: dict[int, Policy] = {}
         self.best: BestPolicy | None = None
         # Snapshots in the background evaluator, by tag: (version, weights).
         self._submitted: dict[tuple[int, int, float], tuple[int, Any]] = {}
@@ -137,15 +137,16 @@ class RunLog:
         self.start = time.monotonic()
         self.steps_at_start = self.report.env_steps_consumed
 
-    def evaluate(self, policy: Policy) -> dict[str, float]:
+    def evaluate(self, policy: Policy | list[Policy]) -> dict[str, float]:
         """Run ``eval_episodes`` deterministic episodes now, in this process, on the
         CPU (a copy of ``policy`` when it is on a GPU, see the module docstring), and
-        add the result to the report."""
+        add the result to the report. ``policy`` may be a list of one policy per agent
+        index (several policies; no best policy is kept of those)."""
         cfg = self.cfg
         seed = cfg.seed + EVAL_SEED_OFFSET
         tag = self._snapshot_tag()  # the wall time of the weights, not of the result
         mean, std = evaluate_policy(
-            self._on_cpu(policy),
+            [self._on_cpu(p) for p in policy] if isinstance(policy, list) else self._on_cpu(policy),
             cfg.env_id,
             cfg.eval_episodes,
             seed,
@@ -154,7 +155,7 @@ class RunLog:
             cfg.eval_deterministic,
         )
         result = self._add_result(tag, mean, std)
-        if self._is_best(result):
+        if not isinstance(policy, list) and self._is_best(result):
             self.best = BestPolicy(result, self.report.last_policy_version, export_weights(policy))
         return result
 
@@ -179,11 +180,12 @@ class RunLog:
         parameter = next(iter(policy.parameters()), None)
         if parameter is None or parameter.device.type == "cpu":
             return policy
-        if self._cpu_policy is None:
-            self._cpu_policy = copy.deepcopy(policy).cpu()
+        copy_ = self._cpu_policies.get(id(policy))
+        if copy_ is None:  # one copy per policy (several policies: one each)
+            copy_ = self._cpu_policies[id(policy)] = copy.deepcopy(policy).cpu()
         else:
-            self._cpu_policy.load_state_dict(policy.state_dict())
-        return self._cpu_policy
+            copy_.load_state_dict(policy.state_dict())
+        return copy_
 
     def _snapshot_tag(self) -> tuple[int, int, float]:
         report = self.report
@@ -212,7 +214,7 @@ class RunLog:
             self.on_evaluation(row)
         return result
 
-    def maybe_evaluate(self, policy: Policy) -> bool:
+    def maybe_evaluate(self, policy: Policy | list[Policy]) -> bool:
         """Evaluate every ``eval_every`` updates (in the background process when
         ``eval_in_background``: a snapshot is submitted and finished evaluations are
         collected); each result is recorded as it comes (report, evaluation row);
@@ -270,13 +272,14 @@ class RunLog:
         if self.on_update is not None:
             self.on_update(row)
         log.info(
-            "update %d/%d  steps %d  %.0f steps/s  return %s  actors %d  lag %.2f  "
+            "update %d/%d  steps %d  %.0f steps/s  return %s%s  actors %d  lag %.2f  "
             "loss %.3f  entropy %.3f  device %s",
             report.updates_completed,
             self.updates_budget,
             report.env_steps_consumed,
             row["charts/SPS"],
             f"{row['charts/mean_return']:.1f}" if report.episodes_completed else "-",
+            policy_returns_text(metrics),
             actors,
             metrics["charts/policy_lag_mean"],
             metrics.get("losses/policy_loss", math.nan),

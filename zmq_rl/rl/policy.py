@@ -310,23 +310,28 @@ def _flat_box(space: gymnasium.Space) -> bool:
     return isinstance(space, gymnasium.spaces.Box) and np.issubdtype(space.dtype, np.floating)
 
 
-def policy_config_from(settings: RunSettings) -> PolicyConfig:
+def policy_config_from(settings: RunSettings, policy_id: str = "") -> PolicyConfig:
     """The :class:`PolicyConfig` of a welcome's :class:`~zmq_rl.wire.protocol.RunSettings`
-    (its ``policy`` map; lists become tuples), validated."""
-    raw = dict(settings.policy)
+    (its ``policy`` map, or policy ``policy_id``'s of a several-policy run; lists
+    become tuples), validated."""
+    raw = dict(settings.policies[policy_id] if policy_id else settings.policy)
     if "hidden_sizes" in raw:
         raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
     return PolicyConfig(**raw).validate()
 
 
-def policy_from_welcome(welcome: Welcome) -> Policy:
+def policy_from_welcome(welcome: Welcome, policy_id: str = "") -> Policy:
     """Build the learner's network from a :class:`~zmq_rl.wire.protocol.Welcome` and load
-    its weights: what an embedding actor needs to start acting."""
+    its weights: what an embedding actor needs to start acting (``policy_id``: that
+    policy of a several-policy run, from ``policies`` and ``policy_weights``)."""
     settings = welcome.settings
     policy = build_policy(
-        settings.observation_space, settings.action_space, policy_config_from(settings)
+        settings.observation_space, settings.action_space, policy_config_from(settings, policy_id)
     )
-    import_weights(policy, welcome.weights.tensors)
+    weights = welcome.weights
+    if policy_id:
+        weights = next(w for w in welcome.policy_weights if w.policy == policy_id)
+    import_weights(policy, weights.tensors)
     policy.eval()
     return policy
 

@@ -69,6 +69,28 @@ class Rollout(StepArrays):
             return self.num_steps * self.num_slots
         return int(np.count_nonzero(self.valid))
 
+    def columns(self, index: np.ndarray) -> Rollout:
+        """The rollout of the columns ``index`` (ascending column numbers) only: what
+        one policy of a several-policy run trains on (its agents' slots). Final
+        observations follow their columns, renumbered."""
+        index = np.asarray(index, np.int64)
+        renumber = np.full(self.num_slots, -1, np.int64)
+        renumber[index] = np.arange(len(index))
+        kept = np.flatnonzero(renumber[self.final_b] >= 0)
+        valid = None if self.valid is None else self.valid[:, index]
+        return Rollout(
+            **self.select((slice(None), index)).step_arrays(),
+            slots=[self.slots[int(b)] for b in index],
+            versions=self.versions[:, index],
+            bootstrap_obs=map_value(lambda a: a[index], self.bootstrap_obs),
+            final_t=self.final_t[kept],
+            final_b=renumber[self.final_b[kept]],
+            final_obs=map_value(lambda a: a[kept], self.final_obs),
+            states=None if self.states is None else self.states[:, index],
+            state_starts=None if self.state_starts is None else self.state_starts[:, index],
+            valid=None if valid is None or valid.all() else valid,
+        )
+
     def slot_env_steps(self) -> np.ndarray:
         """``[B]`` int64: the valid rows of each column (``slots[b]``'s env steps)."""
         if self.valid is None:

@@ -28,6 +28,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from ..metrics import policy_returns_text
+
 __all__ = ["TrainingProgress", "format_row"]
 
 PLAIN_INTERVAL_S = 15.0
@@ -54,7 +56,7 @@ def format_row(row: Mapping[str, Any], steps_at_start: int = 0) -> str:
     mean_return = f"{_get(row, 'charts/mean_return'):.1f}" if ended else "-"
     text = (
         f"{sps:,.0f} steps/s  "
-        f"return {mean_return}  "
+        f"return {mean_return}{policy_returns_text(row)}  "
         f"actors {int(_get(row, 'charts/actors')) if 'charts/actors' in row else '?'}  "
         f"lag {_get(row, 'charts/policy_lag_mean'):.2f}"
     )
