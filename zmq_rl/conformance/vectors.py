@@ -434,9 +434,9 @@ def _policies_settings() -> RunSettings:
     )
 
 
-def _policies_welcome() -> Welcome:
-    """The welcome of the two-policy run: both policies' weights at version 0."""
-    each = [_tiny_weights(0, pid, seed) for pid, seed in zip(POLICY_MAP, (5, 6), strict=True)]
+def _welcome(settings: RunSettings, weights: list[Weights]) -> Welcome:
+    """Actor 0's welcome into the vectors' run with ``settings``: ``weights`` are the
+    run's one policy's, or (several policies) each policy's."""
     return Welcome(
         actor_id=0,
         run_id=RUN_ID,
@@ -444,10 +444,16 @@ def _policies_welcome() -> Welcome:
         base_version=0,
         experience_port=5556,
         weights_port=5557,
-        settings=_policies_settings(),
-        weights=each[0],
-        policy_weights=each,
+        settings=settings,
+        weights=weights[0],
+        policy_weights=weights if len(weights) > 1 else [],
     )
+
+
+def _policies_welcome() -> Welcome:
+    """The welcome of the two-policy run: both policies' weights at version 0."""
+    each = [_tiny_weights(0, pid, seed) for pid, seed in zip(POLICY_MAP, (5, 6), strict=True)]
+    return _welcome(_policies_settings(), each)
 
 
 def _messages() -> list[tuple[str, str, Any]]:
@@ -490,16 +496,7 @@ def _messages() -> list[tuple[str, str, Any]]:
             "welcome",
             "the answer to 'hello': id, run id, session token, base version, ports, every "
             "run setting, and the current weights (a tiny network: one hidden layer of 2)",
-            Welcome(
-                actor_id=0,
-                run_id=RUN_ID,
-                token=TOKEN,
-                base_version=0,
-                experience_port=5556,
-                weights_port=5557,
-                settings=_settings(),
-                weights=_tiny_weights(0),
-            ),
+            _welcome(_settings(), [_tiny_weights(0)]),
         ),
         (
             "weights",
