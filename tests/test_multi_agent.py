@@ -320,10 +320,11 @@ def test_the_opponent_pool_keeps_spaced_snapshots_and_plays_legal_moves():
                 p.add_(0.01)  # the acting policy learns
         acting.version = version
         pool.offer(acting)
-    assert [v for v, _ in pool.snapshots] == [20, 25, 30]  # every 5 versions, newest 3
-    assert pool.playing in (20, 25, 30)
-    first = dict(pool.snapshots[0][1])
-    later = dict(pool.snapshots[-1][1])
+    assert list(pool.snapshots) == [20, 25, 30]  # every 5 versions, newest 3
+    assert sorted(pool.runners) == [20, 25, 30]
+    assert {pool.choose() for _ in range(60)} == {20, 25, 30}  # uniform: each drawn
+    first = pool.runners[20].policy.state_dict()
+    later = pool.runners[30].policy.state_dict()
     assert any((first[k] != later[k]).any() for k in first)  # frozen copies, not views
     env = build_env(c4)
     env.reset(seed=0)
@@ -332,5 +333,80 @@ def test_the_opponent_pool_keeps_spaced_snapshots_and_plays_legal_moves():
     obs = env.observe(env.agent_selection)
     assert obs["action_mask"][3] == 0
     batch = {k: np.stack([v] * 64) for k, v in obs.items()}
-    moves = pool.act(batch)
+    moves = pool.act(batch, np.repeat([20, 25, 30, 30], 16))
     assert moves.shape == (64,) and (moves != 3).all()
+
+
+def test_snapshot_choices_latest_and_by_win_rate():
+    """``latest`` always draws the newest snapshot; ``win_rate`` draws the snapshots
+    the policy beats least most often (PFSP weights (1 - score)^2), never none; the
+    results per snapshot reach the bye's stats."""
+    from collections import deque
+
+    from zmq_rl.actor.opponents import OpponentPool
+
+    def pool_of(choice):
+        pool = OpponentPool.__new__(OpponentPool)
+        pool.choice, pool.rng, pool.results = choice, np.random.default_rng(0), {}
+        pool.snapshots = deque([10, 20, 30])
+        return pool
+
+    assert {pool_of("latest").choose() for _ in range(20)} == {30}
+    pool = pool_of("win_rate")
+    for _ in range(40):
+        pool.record(10, "win")  # beaten every time: score 41/42
+        pool.record(30, "loss")  # never beaten: score 1/42
+    drawn = [pool.choose() for _ in range(2000)]
+    counts = {v: drawn.count(v) for v in (10, 20, 30)}
+    assert counts[30] > counts[20] > counts[10] > 0, counts
+    pool.record(20, "draw")
+    stats = {k: v for k, v in OpponentPool.stats(pool).items() if "/vs/" in k}
+    assert stats["self_play/vs/10/wins"] == 40 and stats["self_play/vs/30/losses"] == 40
+    assert stats["self_play/vs/20/draws"] == 1 and stats["self_play/vs/20/wins"] == 0
+
+
+def test_a_real_run_with_a_prioritised_pool_writes_the_snapshot_table(tmp_path, capsys):
+    """``--opponent-pool 3 --opponent-choice win_rate``: actors play games against
+    snapshots; the run dir's ``self_play.csv`` and ``report.json``'s ``self_play``
+    list each snapshot played, the games adding up to the actors' own counts."""
+    import csv
+
+    from tests.conftest import free_port_block
+    from zmq_rl.cli import main as main_cli
+
+    run_dir = tmp_path / "run"
+    argv = ["run", "--env", "pettingzoo.classic.connect_four_v3", "--actors", "2"]
+    argv += ["--num-envs", "4", "--total-env-steps", "8000", "--opponent-pool", "3"]
+    argv += ["--opponent-every", "2", "--opponent-choice", "win_rate", "--eval-episodes", "4"]
+    argv += ["--port", str(free_port_block()), "--run-dir", str(run_dir), "--no-plot"]
+    assert main_cli.main(argv) == 0, capsys.readouterr().err
+    report = json.loads((run_dir / "report.json").read_text())
+    table = report["self_play"]
+    assert len(table) >= 2 and all(row["version"] % 2 == 0 for row in table), table
+    played = sum(
+        stats[f"actor/self_play/{k}"] for stats in report["actor_stats"].values()
+        for k in ("wins", "draws", "losses")
+    )  # fmt: skip
+    assert sum(row["games"] for row in table) == played > 0
+    for row in table:
+        assert row["wins"] + row["draws"] + row["losses"] == row["games"]
+        assert (row["elo_gap"] > 0) == (row["score"] > 0.5) or row["score"] == 0.5
+    with (run_dir / "self_play.csv").open() as f:
+        assert [int(r["games"]) for r in csv.DictReader(f)] == [r["games"] for r in table]
+
+
+def test_the_snapshot_table_adds_actors_and_rates_by_score():
+    from zmq_rl.learner.self_play import self_play_table
+
+    stats = {
+        "0": {"actor/self_play/vs/4/wins": 3, "actor/self_play/vs/4/losses": 1},
+        "1": {"actor/self_play/vs/4/wins": 5, "actor/self_play/vs/4/draws": 1,
+              "actor/self_play/vs/0/losses": 2, "actor/steps_sent": 9},
+    }  # fmt: skip
+    table = self_play_table(stats)
+    assert [r["version"] for r in table] == [0, 4]
+    assert table[1] == {
+        "version": 4, "games": 10, "wins": 8, "draws": 1, "losses": 1, "score": 0.85,
+        "elo_gap": round(400 * np.log10((8.5 + 0.5) / 11 / (1 - (8.5 + 0.5) / 11)), 1),
+    }  # fmt: skip
+    assert table[0]["elo_gap"] < 0 and table[0]["score"] == 0.0

@@ -331,3 +331,15 @@ def test_replace_keeps_policy_ids_derived_from_the_map():
     )
     assert run.policy_ids == ["blue", "red"] and run.policy_of_slot(4) == "red"
     assert RunSettings.from_map(run.to_map()) == run
+
+
+def test_the_opponent_choice_travels_only_when_it_is_not_uniform():
+    pool = {"opponent_pool": 4, "opponent_every": 2, "opponent_share": 0.5}
+    assert "opponent_choice" not in settings(**pool).to_map()
+    latest = settings(**pool, opponent_choice="latest")
+    assert latest.to_map()["opponent_choice"] == "latest"
+    assert RunSettings.from_map(latest.to_map()).opponent_choice == "latest"
+    assert RunSettings.from_map(settings(**pool).to_map()).opponent_choice == "uniform"
+    body = {**latest.to_map(), "opponent_choice": "strongest"}
+    with pytest.raises(ProtocolError, match="welcome.config.opponent_choice: 'strongest'"):
+        RunSettings.from_map(body)

@@ -682,6 +682,12 @@ class LearnerConfig:
         "(0 = the latest policy plays itself in every seat)",
     )
     opponent_every: int = _f(10, "policy versions between two snapshots of the opponent pool")
+    opponent_choice: str = _f(
+        "uniform",
+        "which snapshot a game against the pool draws: uniform (over the pool), latest (the "
+        "newest), win_rate (prioritised: the snapshots the policy beats least, (1 - win rate)^2)",
+        choices=("uniform", "latest", "win_rate"),
+    )
     opponent_share: float = _f(
         0.5, "share of games in which one seat is played by a snapshot from the pool"
     )
@@ -812,6 +818,12 @@ class LearnerConfig:
         )
         _non_negative_int(self, "eval_every", "opponent_pool")
         _positive_int(self, "opponent_every")
+        _require(
+            self.opponent_choice in ("uniform", "latest", "win_rate"),
+            "opponent_choice",
+            self.opponent_choice,
+            "must be uniform, latest or win_rate",
+        )
         _require(
             type(self.opponent_share) in (int, float) and 0.0 <= self.opponent_share <= 1.0,
             "opponent_share",

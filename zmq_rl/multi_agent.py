@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,7 +307,10 @@ class TurnSlots(_AgentSlots):
     ``opponent_share``: the share of games in which one seat (drawn uniformly, with
     ``rng``) is an *opponent*: the caller moves it by other means (a frozen snapshot of
     the policy) and its rows are never recorded: its slot's rows are not valid for
-    that whole game (it ended its previous game, so that is allowed).
+    that whole game (it ended its previous game, so that is allowed). ``pick()``
+    names the opponent of each such game when it starts (:attr:`opponent_of`, per
+    env), and ``on_result(opponent, outcome)`` hears how it ended for the policy's
+    seat (``"win"``, ``"draw"``, ``"loss"``).
     """
 
     def __init__(
@@ -316,6 +319,8 @@ class TurnSlots(_AgentSlots):
         possible_agents: Sequence[Any],
         opponent_share: float = 0.0,
         rng: np.random.Generator | None = None,
+        pick: Callable[[], int] = lambda: 0,
+        on_result: Callable[[int, str], None] = lambda opponent, outcome: None,
     ) -> None:
         super().__init__(envs, possible_agents)
         self.held: list[_Row | None] = [None] * self.num_slots  # moved, outcome unknown
@@ -326,6 +331,8 @@ class TurnSlots(_AgentSlots):
         self.opponent_share = float(opponent_share)
         self.rng = rng or np.random.default_rng()
         self.opponent = np.zeros(self.num_slots, bool)  # seats an opponent plays this game
+        self.opponent_of = np.full(len(self.envs), -1, np.int64)  # each game's opponent
+        self.pick, self.on_result = pick, on_result
         self.results: dict[str, int] = {"win": 0, "draw": 0, "loss": 0}
         """Games against an opponent seat, by the result of the policy's seat."""
         self.turns = np.zeros(self.num_slots, np.int64)  # moves of each slot this round
@@ -343,6 +350,7 @@ class TurnSlots(_AgentSlots):
         self.opponent[e * k : (e + 1) * k] = False
         if self.opponent_share and self.rng.random() < self.opponent_share:
             self.opponent[e * k + int(self.rng.integers(k))] = True
+            self.opponent_of[e] = self.pick()
 
     def to_move(self) -> tuple[list[int], list[int], Value | None]:
         """The next turn of the round: ``(envs, slots, observations)`` of the agent to
@@ -373,7 +381,9 @@ class TurnSlots(_AgentSlots):
         row.reward, row.terminated, row.truncated = reward, term, trunc and not term
         k = self.agents_per_env
         if (term or trunc) and self.opponent[slot - slot % k : slot - slot % k + k].any():
-            self.results["win" if reward > 0 else "loss" if reward < 0 else "draw"] += 1
+            outcome = "win" if reward > 0 else "loss" if reward < 0 else "draw"
+            self.results[outcome] += 1
+            self.on_result(int(self.opponent_of[slot // k]), outcome)
         if row.truncated:
             row.final_obs = obs
         self.held[slot] = None

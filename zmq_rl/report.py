@@ -41,6 +41,10 @@ class LearnerReport:
     best_evaluation: dict[str, Any] | None = None
     """The evaluation with the highest mean return (its updates, env steps, version) and
     the file holding that policy (``policy-best.pt``); ``policy.pt`` is the final one."""
+    self_play: list[dict[str, Any]] = field(default_factory=list)
+    """Turn-based runs with an opponent pool: every snapshot the policy played, with
+    the games' results and an Elo gap (:mod:`zmq_rl.learner.self_play`; also
+    ``self_play.csv`` in the run dir)."""
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Several-policy runs (``policy_map``): each policy's agents, episodes, mean
     return of its last 100 episodes and last update's metrics, by policy id."""

@@ -56,11 +56,17 @@ ENV_FIELDS = {
 
 
 def _decide(
-    agent: Agent, pool: OpponentPool | None, obs: Any, movers: np.ndarray, opponent: np.ndarray
+    agent: Agent,
+    pool: OpponentPool | None,
+    obs: Any,
+    movers: np.ndarray,
+    opponent: np.ndarray,
+    snapshots: np.ndarray,
 ) -> Decision:
     """One decision per mover (``movers``: their slots): the policy's (:meth:`Agent.decide`;
-    several policies: each slot's own) for the seats it plays, the pool's snapshot's
-    for opponent seats (env actions only: not recorded)."""
+    several policies: each slot's own) for the seats it plays, the snapshot's of the
+    game (``snapshots``, per mover) for opponent seats (env actions only: not
+    recorded)."""
     if pool is None or not opponent.any():
         return agent.decide(obs, slots=movers)
     mine = np.flatnonzero(~opponent)
@@ -68,7 +74,7 @@ def _decide(
     decided = (
         agent.decide(map_value(lambda a: a[mine], obs), slots=movers[mine]) if mine.size else None
     )
-    moves = pool.act(map_value(lambda a: a[theirs], obs))
+    moves = pool.act(map_value(lambda a: a[theirs], obs), snapshots[theirs])
     if decided is None:
         return Decision(moves, moves, np.zeros(len(moves), np.float32),
                         np.zeros(len(moves), np.float32), agent.runner.version)  # fmt: skip
@@ -282,11 +288,21 @@ class GymActor:
         pool = None
         if settings.opponent_pool:
             pool = OpponentPool(
-                settings.opponent_pool, settings.opponent_every, agent.welcome, agent.seed
+                settings.opponent_pool,
+                settings.opponent_every,
+                agent.welcome,
+                agent.seed,
+                settings.opponent_choice,
             )
             pool.offer(agent.runner)
         share = settings.opponent_share if pool is not None else 0.0
-        slots = TurnSlots(envs, agents, share, np.random.default_rng(agent.seed))
+        slots = TurnSlots(
+            envs,
+            agents,
+            share,
+            np.random.default_rng(agent.seed),
+            **({} if pool is None else {"pick": pool.choose, "on_result": pool.record}),
+        )
         slots.reset(env_seeds(agent.seed, len(slots.envs)))
         log.info(
             "actor %d collecting on %d x %s (turn-based, %d agents each, seed %d)",
@@ -299,7 +315,14 @@ class GymActor:
                 if obs is None:
                     continue
                 with _mask_errors_are_the_envs(env_id):
-                    decision = _decide(agent, pool, obs, np.asarray(movers), slots.opponent[movers])
+                    decision = _decide(
+                        agent,
+                        pool,
+                        obs,
+                        np.asarray(movers),
+                        slots.opponent[movers],
+                        slots.opponent_of[playing],
+                    )
                 if agent.shutdown_requested:
                     return self._turn_stats(agent, slots, pool)
                 if like_action is None and decision.actions.size:

@@ -49,6 +49,7 @@ from .checkpoint import (
 )
 from .ingest import POLL_MS, Ingest
 from .runlog import RunLog
+from .self_play import self_play_table, write_self_play_csv
 from .settings import LearnerStarved, StopRequested, policy_plan, run_settings
 
 if TYPE_CHECKING:
@@ -416,6 +417,7 @@ class Learner:
                     for agent, p in zip(self.plan_agents, self.plan.agent_policies, strict=True)
                     if p == pid
                 ]
+        self.report.self_play = self_play_table(self.report.actor_stats)
         self.counters["consumed/steps"] = self.report.env_steps_consumed
         self.ingest.discard_queued("run_ended")  # counted; the final checkpoint holds none
         self.report.counters = dict(self.counters)
@@ -434,6 +436,10 @@ class Learner:
             lambda: atomic_write_bytes(run_dir / "report.json", self.report.to_json().encode()),
             lambda: self.save_policy(run_dir / "policy.pt"),
         ]
+        if self.report.self_play:
+            writes.append(
+                lambda: write_self_play_csv(run_dir / "self_play.csv", self.report.self_play)
+            )
         if isinstance(self.trainer, PolicyTrainers):
             for pid, trainer in self.trainer.trainers.items():
                 writes.append(

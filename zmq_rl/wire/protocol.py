@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import msgpack
 import numpy as np
 
+from ..config import POLICY_ID_PATTERN
 from .codec import (
     ARRAY_DTYPES,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -135,10 +136,9 @@ def _require_finite(array: np.ndarray, where: str) -> None:
 
 # --------------------------------------------------------------------------- several policies
 
-POLICY_ID_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
-"""What a policy id is (docs/protocol.md section 4.9): 1 to 64 ASCII letters, digits,
-``_``, ``.`` or ``-``; it names a policy in ``policy_map``, ``policies``,
-``weights.policy`` and the weights topic."""
+# What a policy id is (docs/protocol.md section 4.9, config.POLICY_ID_PATTERN): 1 to
+# 64 ASCII letters, digits, ``_``, ``.`` or ``-``; it names a policy in ``policy_map``,
+# ``policies``, ``weights.policy`` and the weights topic.
 _POLICY_ID = re.compile(POLICY_ID_PATTERN)
 FEATURE_POLICIES = "policies"
 """The ``hello.features`` entry of an actor that runs several policies (reads
@@ -147,6 +147,18 @@ MAX_FEATURES = 16
 """Most entries of ``hello.features``."""
 MAX_FEATURE_CHARS = 64
 """Longest entry of ``hello.features``."""
+
+
+OPPONENT_CHOICES = ("uniform", "latest", "win_rate")
+"""How an actor draws the snapshot a game is played against (``opponent_choice``,
+docs/protocol.md section 4.4)."""
+
+
+def _choice(value: Any, where: str, choices: Sequence[str]) -> str:
+    """``value`` when it is one of ``choices``; else ProtocolError ``bad_field``."""
+    if value not in choices:
+        raise ProtocolError("bad_field", f"{where}: {value!r} is not one of {list(choices)}")
+    return str(value)
 
 
 def check_policy_id(value: Any, where: str) -> str:
@@ -734,6 +746,7 @@ class RunSettings:
     opponent_pool: int = 0
     opponent_every: int = 1
     opponent_share: float = 0.0
+    opponent_choice: str = "uniform"  # which snapshot a game draws (OPPONENT_CHOICES)
     # Several policies (absent = one, ``policy``; docs/protocol.md section 4.9): the
     # policy id of each agent index (agents_per_env entries), and each id's network
     # config (a map like ``policy``). Both or neither; ``policy`` is agent 0's.
@@ -747,6 +760,7 @@ class RunSettings:
         "opponent_pool",
         "opponent_every",
         "opponent_share",
+        "opponent_choice",
         "policy_map",
         "policies",
     )
@@ -773,8 +787,10 @@ class RunSettings:
         if self.agents_per_env == 1:  # absent means 1: single-agent welcomes keep their bytes
             del body["agents_per_env"]
         if not self.opponent_pool:  # absent means none
-            for name in ("opponent_pool", "opponent_every", "opponent_share"):
+            for name in ("opponent_pool", "opponent_every", "opponent_share", "opponent_choice"):
                 del body[name]
+        elif self.opponent_choice == "uniform":  # absent means uniform: earlier bytes kept
+            del body["opponent_choice"]
         for name in ("policy_map", "policies"):  # absent means one policy
             if not body[name]:
                 del body[name]
@@ -836,6 +852,11 @@ class RunSettings:
             opponent_pool=_int(body.get("opponent_pool", 0), f"{where}.opponent_pool", 0, 4096),
             opponent_every=_int(body.get("opponent_every", 1), f"{where}.opponent_every", 1),
             opponent_share=_share(body.get("opponent_share", 0.0), f"{where}.opponent_share"),
+            opponent_choice=_choice(
+                body.get("opponent_choice", "uniform"),
+                f"{where}.opponent_choice",
+                OPPONENT_CHOICES,
+            ),
             policy_map=policy_map,
             policies=policies,
         )
