@@ -23,6 +23,8 @@ with warnings.catch_warnings():  # pettingzoo 1.27 warns on this import (its old
     warnings.simplefilter("ignore", DeprecationWarning)
     from pettingzoo.classic import connect_four_v3
 
+from zmq_rl import baselines as bl  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore:The old environment creation API")
 
@@ -54,7 +56,7 @@ def board(rows: list[str]) -> dict[str, np.ndarray]:
 
 def leftmost(obs: dict[str, np.ndarray], rng: np.random.Generator) -> int:
     """The leftmost legal column: a deterministic player that fills columns up."""
-    return cf.legal_moves(obs)[0]
+    return bl.legal_moves(obs)[0]
 
 
 # --- winning_moves ------------------------------------------------------------------------
@@ -68,29 +70,29 @@ def test_observation_layout_matches_the_real_env():
     obs = env.last()[0]
     assert env.agent_selection == "player_1"
     assert obs["observation"][5, 3, 1] == 1 and obs["observation"].sum() == 1
-    assert cf.landing_row(obs["observation"], 3) == 4
-    assert cf.landing_row(obs["observation"], 0) == 5
+    assert bl.landing_row(obs["observation"], 3) == 4
+    assert bl.landing_row(obs["observation"], 0) == 5
     env.close()
 
 
 def test_winning_moves_horizontal():
     obs = board([".......", ".......", ".......", ".......", ".......", ".XXX.OO"])
-    assert cf.winning_moves(obs["observation"], cf.MOVER) == [0, 4]
-    assert cf.winning_moves(obs["observation"], cf.OPPONENT) == []
+    assert bl.winning_moves(obs["observation"], bl.MOVER) == [0, 4]
+    assert bl.winning_moves(obs["observation"], bl.OPPONENT) == []
 
 
 def test_winning_moves_vertical_lands_on_top_of_the_stack():
     obs = board([".......", ".......", ".......", "..XO...", "..XO...", "..XOX.."])
-    assert cf.winning_moves(obs["observation"], cf.MOVER) == [2]
-    assert cf.winning_moves(obs["observation"], cf.OPPONENT) == [3]
+    assert bl.winning_moves(obs["observation"], bl.MOVER) == [2]
+    assert bl.winning_moves(obs["observation"], bl.OPPONENT) == [3]
 
 
 def test_winning_moves_rising_diagonal():
     # X at (5,0) (4,1) (3,2); the fourth cell (2,3) is reachable: column 3 filled to row 3
     obs = board([".......", ".......", ".......", "..XO...", ".XOO...", "XOOX..."])
-    assert cf.winning_moves(obs["observation"], cf.MOVER) == [3]
-    assert cf.winning_moves(obs["observation"], cf.OPPONENT) == []
-    assert cf.landing_row(obs["observation"], 3) == 2
+    assert bl.winning_moves(obs["observation"], bl.MOVER) == [3]
+    assert bl.winning_moves(obs["observation"], bl.OPPONENT) == []
+    assert bl.landing_row(obs["observation"], 3) == 2
 
 
 def test_winning_moves_falling_diagonal():
@@ -98,24 +100,24 @@ def test_winning_moves_falling_diagonal():
     # filled to row 3 so that a piece lands there
     obs = board([".......", ".......", ".......", "..OX...", "..XOX..", "..OOOX."])
     # O has three in row 5 (cols 2..4) capped by X at (5,5): it wins only at (5,1)
-    assert cf.winning_moves(obs["observation"], cf.MOVER) == [2]
-    assert cf.winning_moves(obs["observation"], cf.OPPONENT) == [1]
+    assert bl.winning_moves(obs["observation"], bl.MOVER) == [2]
+    assert bl.winning_moves(obs["observation"], bl.OPPONENT) == [1]
 
 
 def test_no_winning_move_when_the_cell_is_not_reachable():
     # X three on a rising diagonal, but the fourth cell (2,3) floats: column 3 is empty
     obs = board([".......", ".......", ".......", "..X....", ".XO....", "XOO...."])
-    assert cf.winning_moves(obs["observation"], cf.MOVER) == []
+    assert bl.winning_moves(obs["observation"], bl.MOVER) == []
 
 
 def test_no_winning_moves_on_boards_without_one():
     empty = board(["......."] * 6)
-    assert cf.winning_moves(empty["observation"], cf.MOVER) == []
-    assert cf.winning_moves(empty["observation"], cf.OPPONENT) == []
+    assert bl.winning_moves(empty["observation"], bl.MOVER) == []
+    assert bl.winning_moves(empty["observation"], bl.OPPONENT) == []
     # pairs and broken threes only
     obs = board([".......", ".......", ".......", ".......", "X..O...", "XX.OO.X"])
-    assert cf.winning_moves(obs["observation"], cf.MOVER) == []
-    assert cf.winning_moves(obs["observation"], cf.OPPONENT) == []
+    assert bl.winning_moves(obs["observation"], bl.MOVER) == []
+    assert bl.winning_moves(obs["observation"], bl.OPPONENT) == []
 
 
 def test_winning_moves_agree_with_the_env_on_random_positions():
@@ -132,8 +134,8 @@ def test_winning_moves_agree_with_the_env_on_random_positions():
             if termination or truncation:
                 env.step(None)
                 continue
-            predicted = set(cf.winning_moves(obs["observation"], cf.MOVER))
-            for col in cf.legal_moves(obs):
+            predicted = set(bl.winning_moves(obs["observation"], bl.MOVER))
+            for col in bl.legal_moves(obs):
                 replay = connect_four_v3.env()  # the game so far, then this move
                 replay.reset()
                 for move in [*history, col]:
@@ -154,16 +156,16 @@ def test_winning_moves_agree_with_the_env_on_random_positions():
 def test_one_ply_takes_a_win_over_a_block():
     # X can win in column 4 (row 5); O threatens column 0 (vertical three); win first
     obs = board([".......", ".......", ".......", "O......", "O......", "OXXX..."])
-    assert cf.winning_moves(obs["observation"], cf.MOVER) == [4]
-    assert cf.winning_moves(obs["observation"], cf.OPPONENT) == [0]
+    assert bl.winning_moves(obs["observation"], bl.MOVER) == [4]
+    assert bl.winning_moves(obs["observation"], bl.OPPONENT) == [0]
     for seed in range(20):
         assert cf.one_ply_move(obs, np.random.default_rng(seed)) == 4
 
 
 def test_one_ply_blocks_when_it_cannot_win():
     obs = board([".......", ".......", ".......", ".......", "X......", "XO.OO.X"])
-    assert cf.winning_moves(obs["observation"], cf.MOVER) == []
-    assert cf.winning_moves(obs["observation"], cf.OPPONENT) == [2]
+    assert bl.winning_moves(obs["observation"], bl.MOVER) == []
+    assert bl.winning_moves(obs["observation"], bl.OPPONENT) == [2]
     for seed in range(20):
         assert cf.one_ply_move(obs, np.random.default_rng(seed)) == 2
 
@@ -195,9 +197,9 @@ def test_full_column_is_never_played_or_counted_as_a_win():
         env.step(0)
     obs = env.last()[0]
     assert obs["action_mask"][0] == 0
-    assert cf.landing_row(obs["observation"], 0) is None
-    for plane in (cf.MOVER, cf.OPPONENT):
-        assert 0 not in cf.winning_moves(obs["observation"], plane)
+    assert bl.landing_row(obs["observation"], 0) is None
+    for plane in (bl.MOVER, bl.OPPONENT):
+        assert 0 not in bl.winning_moves(obs["observation"], plane)
     for seed in range(30):
         rng = np.random.default_rng(seed)
         assert cf.one_ply_move(obs, rng) != 0

@@ -37,6 +37,7 @@ RANKS: dict[str, int] = {
     "sparse_log": 0,
     "metrics": 0,
     "presets": 0,
+    "baselines": 0,
     "_moved": 0,
     # the wire (bytes, messages, spaces, sockets), the configs' TOML form
     "wire": 1,

@@ -410,3 +410,40 @@ def test_the_snapshot_table_adds_actors_and_rates_by_score():
         "elo_gap": round(400 * np.log10((8.5 + 0.5) / 11 / (1 - (8.5 + 0.5) / 11)), 1),
     }  # fmt: skip
     assert table[0]["elo_gap"] < 0 and table[0]["score"] == 0.0
+
+
+def test_evaluations_play_the_chosen_opponent():
+    """``--eval-opponent``: the one-ply player (win, else block) beats an untrained
+    policy far more than random moves do; a saved policy file plays as a snapshot
+    (here the same weights: an even match against itself); a file or player that
+    cannot play is a ConfigError naming eval_opponent; a non-turn-based env refuses it."""
+    import tempfile
+    from pathlib import Path
+
+    from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig
+    from zmq_rl.learner.checkpoint import save_policy
+    from zmq_rl.learner.evaluation import evaluate_policy, opponent_player
+    from zmq_rl.rl.policy import build_policy
+
+    c4 = "pettingzoo.classic.connect_four_v3"
+    shape = env_shape(c4)
+    spaces = (shape.observation_space, shape.action_space)
+    net = build_policy(*spaces, PolicyConfig(hidden_sizes=(16,)))
+    vs_random, _ = evaluate_policy(net, c4, 40, seed=3)
+    vs_one_ply, _ = evaluate_policy(net, c4, 40, seed=3, opponent="zmq_rl.baselines:one_ply_move")
+    assert vs_one_ply < vs_random - 0.4, (vs_one_ply, vs_random)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "policy.pt"
+        save_policy(path, net, PolicyConfig(hidden_sizes=(16,)), c4, 7)
+        mirror, _ = evaluate_policy(net, c4, 40, seed=3, opponent=f"policy:{path}")
+        assert mirror == 0.0  # the same deterministic player in both seats: mirrored games
+        cartpole = Path(tmp) / "cartpole.pt"
+        cart = env_shape("CartPole-v1")
+        small = build_policy(cart.observation_space, cart.action_space, PolicyConfig((16,)))
+        save_policy(cartpole, small, PolicyConfig(hidden_sizes=(16,)), "CartPole-v1", 1)
+        with pytest.raises(ConfigError, match="eval_opponent.*not a policy file"):
+            opponent_player(f"policy:{cartpole}", *spaces)
+    with pytest.raises(ConfigError, match="eval_opponent"):
+        opponent_player("tests.agent_envs:TARGETS", *spaces)  # not callable
+    with pytest.raises(ConfigError, match="eval_opponent"):
+        LearnerConfig(eval_opponent="policy:").validate()

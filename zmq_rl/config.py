@@ -709,6 +709,13 @@ class LearnerConfig:
         "evaluate with the policy's mode (argmax / mean); off: sample actions from the "
         "policy, seeded (for envs where the mode gets stuck, e.g. pettingzoo pursuit)",
     )
+    eval_opponent: str = _f(
+        "random",
+        "turn-based games: who plays the other seats in evaluations: random (legal moves), "
+        "policy:PATH (a saved policy.pt / policy-best.pt: a chosen snapshot) or a scripted "
+        "player module.path:name, e.g. zmq_rl.baselines:one_ply_move for connect four",
+        metavar="random|policy:PATH|MODULE:NAME",
+    )
     eval_in_background: bool = _f(
         True,
         "run periodic evaluations in a separate low-priority process on a snapshot of the "
@@ -831,6 +838,14 @@ class LearnerConfig:
             "must be a number in [0, 1]",
         )
         _positive_int(self, "torch_threads", "num_learners")
+        _require(
+            self.eval_opponent == "random"
+            or (self.eval_opponent.startswith("policy:") and len(self.eval_opponent) > 7)
+            or (":" in self.eval_opponent and all(self.eval_opponent.split(":", 1))),
+            "eval_opponent",
+            self.eval_opponent,
+            "must be random, policy:PATH or module.path:name",
+        )
         _require(isinstance(self.policy_map, str), "policy_map", self.policy_map, "must be text")
         mapped = {p for _, p in parse_policy_map(self.policy_map)}
         for policy in parse_policy_hidden_sizes(self.policy_hidden_sizes):

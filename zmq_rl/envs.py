@@ -102,6 +102,16 @@ def _import_attr(spec: str, field: str, env_label: str) -> tuple[Any, Any]:
     return module, getattr(module, name, None)
 
 
+def import_callable(spec: str, field: str) -> Any:
+    """The callable ``"module.path:name"`` names (a scripted player, a factory);
+    :class:`EnvBuildError` naming ``field`` and ``spec`` when its module does not
+    import or it is no callable there."""
+    _, found = _import_attr(spec, field, spec)
+    if not callable(found):
+        raise EnvBuildError(field, spec, f"{spec.partition(':')[2]!r} is not a callable there")
+    return found
+
+
 def _load_wrapper(spec: str) -> tuple[Any, dict[str, Any]]:
     """The wrapper of ``spec`` (``module:Name`` or ``module:Name(key=value,...)``, see
     :func:`~zmq_rl.config.parse_wrapper`) and the keyword arguments it is called with."""

@@ -4,23 +4,25 @@ process (:func:`evaluate_policy`) or off the training path (:class:`BackgroundEv
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
-from ..envs import build_env, env_shape
+from ..config import PolicyConfig
+from ..envs import build_env, env_shape, import_callable
 from ..multi_agent import agent_spaces, is_turn_based
 from ..rl.masking import check_observation_mask
 from ..rl.networks import batch_obs, obs_tensor
-from ..rl.policy import Policy, is_recurrent
+from ..rl.policy import Policy, build_policy, is_recurrent
 from ..seeding import env_seeds
 from ..wire.spaces import env_actions
 from .checkpoint import config_dict
@@ -35,6 +37,7 @@ def evaluate_policy(
     env_kwargs: Mapping[str, Any] | None = None,
     wrappers: Sequence[str] = (),
     deterministic: bool = True,
+    opponent: str = "random",
 ) -> tuple[float, float]:
     """Mean and std of the return of ``episodes`` deterministic episodes
     (``deterministic`` False: actions sampled from the policy, seeded by ``seed``
@@ -48,13 +51,14 @@ def evaluate_policy(
     ``env_kwargs`` and ``wrappers``. A multi-agent env's episode scores the mean
     return of its agents, each acted for by ``policy`` (:func:`_evaluate_agents`);
     ``policy`` may then be a list of one policy per agent index (a run of several
-    policies: each agent acts by its own).
+    policies: each agent acts by its own). A turn-based game's other seats are
+    played by ``opponent`` (:func:`opponent_player`).
     """
     envs = [build_env(env_id, env_kwargs, wrappers) for _ in range(episodes)]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if is_turn_based(envs[0]):
-            return _evaluate_turns(policy, envs, seed, deterministic)
+            return _evaluate_turns(policy, envs, seed, deterministic, opponent)
         if not isinstance(envs[0], gym.Env):
             return _evaluate_agents(policy, envs, seed, deterministic)
         return _evaluate_envs(policy, envs, seed, deterministic)
@@ -171,14 +175,19 @@ def _evaluate_agents(
 
 
 def _evaluate_turns(
-    policy: Policy | Sequence[Policy], envs: list[Any], seed: int, deterministic: bool
+    policy: Policy | Sequence[Policy],
+    envs: list[Any],
+    seed: int,
+    deterministic: bool,
+    opponent: str = "random",
 ) -> tuple[float, float]:
     """A turn-based game's evaluation: episode ``i`` (one per env) seats the policy as
-    possible agent ``i % agents`` and every other seat plays uniformly random legal
-    moves (the ``action_mask`` when the observation has one), seeded; the score is
-    the policy's return (in a zero-sum game: +1 win, 0 draw, -1 loss, as the game
-    pays). Mean and std over the episodes. Closes the envs."""
+    possible agent ``i % agents`` and every other seat is played by ``opponent``
+    (:func:`opponent_player`; by default uniformly random legal moves), seeded; the
+    score is the policy's return (in a zero-sum game: +1 win, 0 draw, -1 loss, as
+    the game pays). Mean and std over the episodes. Closes the envs."""
     obs_space, space, agents = agent_spaces(envs[0], "evaluation env")
+    other = opponent_player(opponent, obs_space, space, deterministic)
     rng = np.random.default_rng(seed)
     scalar = isinstance(space, gym.spaces.Discrete)
     scores = np.zeros(len(envs), np.float64)
@@ -201,13 +210,59 @@ def _evaluate_turns(
                     action = _act(acting, [obs], (obs_space, space), None, [], deterministic)[0]
                     env.step(action.item() if scalar else action)
                 else:
-                    env.step(_random_legal(obs, space, rng))
+                    env.step(other(obs, rng))
     finally:
         for p, mode in zip(by_agent, was_training, strict=True):
             p.train(mode)
         for env in envs:
             env.close()
     return float(scores.mean()), float(scores.std())
+
+
+def opponent_player(
+    spec: str, observation_space: gym.Space, action_space: gym.Space, deterministic: bool = True
+) -> Callable[[Any, np.random.Generator], Any]:
+    """The player of a turn-based game's other seats in evaluations
+    (``--eval-opponent``), a callable ``(observation, rng) -> action``:
+
+    * ``"random"``: uniformly random legal moves (the ``action_mask``);
+    * ``"policy:PATH"``: a saved policy (``policy.pt``, ``policy-best.pt``,
+      ``policy-<id>.pt``: a chosen snapshot of a run), acting by its mode (sampled
+      when ``deterministic`` is False);
+    * ``"module.path:name"``: a scripted player, such as connect four's
+      ``zmq_rl.baselines:one_ply_move``.
+
+    A file that is no policy of these spaces, or a player that does not import, is
+    a :class:`~zmq_rl.config.ConfigError` naming ``eval_opponent``."""
+    from ..config import ConfigError
+
+    if spec == "random":
+        return lambda obs, rng: _random_legal(obs, action_space, rng)
+    if not spec.startswith("policy:"):
+        return import_callable(spec, "eval_opponent")
+    path = spec.removeprefix("policy:")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        cfg = json.loads(saved["policy_config"])
+        net = build_policy(
+            observation_space,
+            action_space,
+            PolicyConfig(**{**cfg, "hidden_sizes": tuple(cfg["hidden_sizes"])}),
+        )
+        net.load_state_dict(saved["policy"])
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            "eval_opponent", spec, f"not a policy file of this env's spaces: {why}"
+        ) from None
+    net.eval()
+    spaces = (observation_space, action_space)
+
+    def snapshot(obs: Any, rng: np.random.Generator) -> Any:
+        action = _act(net, [obs], spaces, None, [], deterministic)[0]
+        return action.item() if np.ndim(action) == 0 else action
+
+    return snapshot
 
 
 def _per_agent(policy: Policy | Sequence[Policy], agents: int) -> list[Policy]:
@@ -251,9 +306,10 @@ class BackgroundEvaluator:
         env_kwargs: Mapping[str, Any] | None = None,
         wrappers: Sequence[str] = (),
         deterministic: bool = True,
+        opponent: str = "random",
     ) -> None:
         self.env_id, self.episodes, self.seed = env_id, episodes, seed
-        self.deterministic = deterministic
+        self.deterministic, self.opponent = deterministic, opponent
         self.env_kwargs, self.wrappers = dict(env_kwargs or {}), list(wrappers)
         self.policy_cfg = policy_cfg
         self._conn: Any = None
@@ -318,7 +374,7 @@ class BackgroundEvaluator:
         self._conn, child = ctx.Pipe()
         env = (self.env_id, self.env_kwargs, self.wrappers)
         args = (child, env, self.episodes, self.seed, config_dict(self.policy_cfg))
-        args += (self.deterministic,)
+        args += (self.deterministic, self.opponent)
         self._process = ctx.Process(target=_evaluate_forever, args=args, daemon=True)
         with _main_module_hidden(), _sigint_ignored():
             self._process.start()
@@ -390,12 +446,12 @@ def _evaluate_forever(
     seed: int,
     policy: dict,
     deterministic: bool = True,
+    opponent: str = "random",
 ) -> None:
     """The evaluator process: evaluate each snapshot received, send the result back.
     Ctrl-C is ignored: the learner stops this process (see :func:`_sigint_ignored`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from ..config import PolicyConfig
-    from ..rl.policy import build_policy, import_weights
+    from ..rl.policy import import_weights
 
     with contextlib.suppress(OSError):
         os.nice(19)
@@ -415,7 +471,7 @@ def _evaluate_forever(
         try:
             import_weights(net, weights)
             mean, std = evaluate_policy(
-                net, env_id, episodes, seed, env_kwargs, wrappers, deterministic
+                net, env_id, episodes, seed, env_kwargs, wrappers, deterministic, opponent
             )
         except Exception as exc:  # noqa: BLE001 - reported to the learner, which raises it
             conn.send(("error", f"{type(exc).__name__}: {exc}"))

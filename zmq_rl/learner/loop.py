@@ -47,6 +47,7 @@ from .checkpoint import (
     save_learner_checkpoint,
     save_policy,
 )
+from .evaluation import opponent_player
 from .ingest import POLL_MS, Ingest
 from .runlog import RunLog
 from .self_play import self_play_table, write_self_play_csv
@@ -101,6 +102,14 @@ class Learner:
                 f"{cfg.env_id} is not a turn-based game: snapshot opponents play turn-based "
                 "games only (0 turns the pool off)",
             )
+        if cfg.eval_opponent != "random":
+            if not shape.turn_based:
+                raise ConfigError(
+                    "eval_opponent",
+                    cfg.eval_opponent,
+                    f"{cfg.env_id} is not a turn-based game: only those have other seats",
+                )
+            opponent_player(cfg.eval_opponent, *spaces)  # fails here, naming the field
         if shape.agents_per_env > 1 and cfg.num_learners > 1:
             raise ConfigError(
                 "num_learners",

@@ -124,6 +124,7 @@ class RunLog:
                 cfg.env_kwargs_map(),
                 cfg.wrappers,
                 cfg.eval_deterministic,
+                cfg.eval_opponent,
             )
 
     def elapsed(self) -> float:
@@ -153,6 +154,7 @@ class RunLog:
             cfg.env_kwargs_map(),
             cfg.wrappers,
             cfg.eval_deterministic,
+            cfg.eval_opponent,
         )
         result = self._add_result(tag, mean, std)
         if not isinstance(policy, list) and self._is_best(result):
@@ -203,9 +205,11 @@ class RunLog:
         if self.evaluator is not None:
             result["reported_at_update"] = self.report.updates_completed
         self.report.evaluations.append(result)
+        opponent = self.cfg.eval_opponent
         log.info(
-            "evaluation after %d steps: %.1f ± %.1f over %d episodes",
+            "evaluation after %d steps: %.1f ± %.1f over %d episodes%s",
             *(env_steps, mean, std, self.cfg.eval_episodes),
+            "" if opponent == "random" else f" against {opponent}",
         )
         row = evaluation_row(result)
         if self._metrics is not None:
