@@ -104,17 +104,22 @@ def test_broken_actor_fails_its_clause_and_only_it(tmp_path, fixture, clause):
     assert statuses(report)["registration"] == "PASS"
 
 
-@pytest.mark.timeout(300)
-def test_zmq_learner_conforms(tmp_path):
+SEVERAL_POLICIES = ("refuse-missing-feature", "policy-topics")
+"""The clauses of a learner of several policies (SKIP against a learner of one)."""
+
+
+def conformance_learner(tmp_path: Path, *learner_flags: str, num_envs: int = 2) -> dict:
+    """Start ``zmq-learner`` with ``learner_flags`` and run ``zmq-rl conformance learner``
+    against it; the report (the tool's exit code 0 and the learner's asserted)."""
     port = free_port_block()
     learner = subprocess.Popen(
         [
-            *(str(BIN / "zmq-learner"), "--env", "CartPole-v1", "--port", str(port)),
+            *(str(BIN / "zmq-learner"), "--port", str(port), *learner_flags),
             *("--num-actors", "1", "--num-steps", "16", "--fragment-length", "8"),
-            *("--total-env-steps", "64", "--eval-episodes", "1", "--no-preset"),
+            *("--eval-episodes", "1", "--no-preset"),
             *("--run-dir", str(tmp_path / "run"), "--log-level", "warning"),
         ],
-        cwd=tmp_path,
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -125,7 +130,7 @@ def test_zmq_learner_conforms(tmp_path):
             [
                 *(str(BIN / "zmq-rl"), "conformance", "learner", f"127.0.0.1:{port}"),
                 *("--register-timeout", "90", "--shutdown-timeout", "60"),
-                *("--json", str(report_path)),
+                *("--num-envs", str(num_envs), "--json", str(report_path)),
             ],
             capture_output=True,
             text=True,
@@ -133,10 +138,33 @@ def test_zmq_learner_conforms(tmp_path):
         )
         report = json.loads(report_path.read_text())
         assert done.returncode == 0 and report["passed"], done.stdout + done.stderr
-        seen = statuses(report)
-        assert all(status == "PASS" for status in seen.values()), seen  # shutdown included
         assert learner.wait(30) == 0
+        return report
     finally:
         if learner.poll() is None:
             learner.kill()
         learner.communicate(timeout=10)
+
+
+@pytest.mark.timeout(300)
+def test_zmq_learner_conforms(tmp_path):
+    report = conformance_learner(
+        tmp_path, "--env", "CartPole-v1", "--total-env-steps", "64"
+    )
+    seen = statuses(report)
+    assert {c: seen.pop(c) for c in SEVERAL_POLICIES} == dict.fromkeys(SEVERAL_POLICIES, "SKIP")
+    assert all(status == "PASS" for status in seen.values()), seen  # shutdown included
+
+
+@pytest.mark.timeout(300)
+def test_a_learner_of_several_policies_conforms(tmp_path):
+    """Every clause passes against a learner of two policies (the roles env, four
+    agents: the well-behaved actor announces the feature and runs four slots)."""
+    report = conformance_learner(
+        tmp_path,
+        *("--env", "tests.agent_envs:coming_and_going", "--env-kwargs", "roles=true"),
+        *("--policy-map", "agent_[01]=red,agent_[23]=blue", "--total-env-steps", "256"),
+        num_envs=4,
+    )
+    seen = statuses(report)
+    assert all(status == "PASS" for status in seen.values()), seen

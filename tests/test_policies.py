@@ -369,3 +369,32 @@ def test_a_checkpoint_holds_every_policy():
     )  # fmt: skip
     with pytest.raises(ValueError, match="no policy 'green'"):
         other.load_state_dict(trained.state_dict())
+
+
+def test_the_conformance_tool_fails_a_learner_that_publishes_one_policy_only(
+    learner_port, ctx, monkeypatch
+):
+    """``policy-topics`` can fail: a learner whose broadcasts leave out a policy (here
+    blue's weights go out under red's topic, so the tool rejects them, as an actor
+    must) fails it; the feature refusal still passes."""
+    import zmq_rl.learner.ingest as ingest_module
+    from zmq_rl.conformance.learner import LearnerCheckOptions, check_learner
+    from zmq_rl.learner import Learner
+    from zmq_rl.wire.protocol import encode, weights_topic
+
+    monkeypatch.setattr(
+        ingest_module, "policy_weights_frames", lambda w: [weights_topic("red"), encode(w)]
+    )
+    cfg = _roles_config(learner_port, total_env_steps=256, fragment_length=8)
+    learner = Learner(cfg, PPOConfig(num_epochs=1), context=ctx)
+    run = CheckedBackground(learner.run)
+    try:
+        options = LearnerCheckOptions(num_envs=4, reply_timeout=2.0, shutdown_timeout=20.0)
+        report = check_learner(f"127.0.0.1:{learner_port}", options)
+    finally:
+        learner.request_stop("test over")
+        run.join()
+        learner.close()
+    statuses = {cid: r.status for cid, r in report.results.items()}
+    assert statuses["policy-topics"] == "FAIL", statuses
+    assert statuses["refuse-missing-feature"] == "PASS", statuses

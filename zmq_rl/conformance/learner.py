@@ -25,6 +25,7 @@ import zmq
 
 from ..wire.codec import PROTOCOL_VERSION
 from ..wire.protocol import (
+    FEATURE_POLICIES,
     Fragment,
     Heartbeat,
     Hello,
@@ -34,7 +35,9 @@ from ..wire.protocol import (
     Weights,
     Welcome,
     decode,
+    decode_policy_weights,
     encode,
+    weights_topic,
 )
 from ..wire.spaces import space_spec
 from ..wire.transport import SocketOptions, make_socket, parse_learner_address, tcp_endpoint
@@ -89,6 +92,20 @@ CLAUSES = {
             "MUST",
             "S rows per slot make the next version: version + 1, the run id, the tensors",
         ),
+        Clause(
+            "refuse-missing-feature",
+            "4.9",
+            "MUST",
+            "a learner of several policies refuses a hello without the 'policies' feature "
+            "(bad_hello, naming it); SKIP for a learner of one policy",
+        ),
+        Clause(
+            "policy-topics",
+            "4.9",
+            "MUST",
+            "a learner of several policies publishes every policy at each new version, each "
+            "as [its topic, weights of that policy]; SKIP for a learner of one policy",
+        ),
         Clause("shutdown", "5.7", "MUST", "the end of the run is a shutdown to the actor"),
     )
 }
@@ -132,7 +149,8 @@ class Peer:
         self.push = make_socket(self.ctx, zmq.PUSH, SocketOptions(linger_ms=1000))
         self.push.connect(tcp_endpoint(self.host, welcome.experience_port))
         self.sub = make_socket(self.ctx, zmq.SUB, SocketOptions(linger_ms=0))
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        for topic in [weights_topic(p) for p in welcome.settings.policy_ids] or [b""]:
+            self.sub.setsockopt(zmq.SUBSCRIBE, topic)  # several policies: each one's topic
         self.sub.connect(tcp_endpoint(self.host, welcome.weights_port))
 
     def close(self) -> None:
@@ -143,6 +161,8 @@ class Peer:
 
 
 def _hello(**fields: Any) -> dict[str, Any]:
+    """A hello map (announcing the ``policies`` feature, which the well-behaved actor
+    implements) with ``fields`` changed."""
     body = Hello(
         actor_id=-1,
         env_id="conformance",
@@ -151,6 +171,7 @@ def _hello(**fields: Any) -> dict[str, Any]:
         num_envs=2,
         host=pysocket.gethostname()[:200],
         pid=os.getpid(),
+        features=[FEATURE_POLICIES],
     ).to_map()
     body.update(fields)
     return {**body, "proto": PROTOCOL_VERSION, "type": "hello"}
@@ -182,6 +203,7 @@ class LearnerScenario:
             self.refusals()
             welcome = self.register()
             if welcome is not None:
+                self.feature_refusal(welcome)
                 self.stream(welcome)
         finally:
             for peer in self.peers:
@@ -244,6 +266,19 @@ class LearnerScenario:
             {**beat.to_map(), "proto": PROTOCOL_VERSION, "type": "heartbeat"},
             "reregister",
         )
+
+    def feature_refusal(self, welcome: Welcome) -> None:
+        """Several policies: a hello without the ``policies`` feature is refused."""
+        if not welcome.settings.policies:
+            self.record("refuse-missing-feature", None, "the learner runs one policy")
+            return
+        hello = _hello(num_envs=self.options.num_envs)
+        hello.pop("features")
+        refuse = self.refuse_check("refuse-missing-feature", hello, "bad_hello")
+        if refuse is not None and FEATURE_POLICIES not in refuse.reason:
+            self.record(
+                "refuse-missing-feature", False, f"the reason does not name it: {refuse.reason!r}"
+            )
 
     # ---------------------------------------------------------------- the actor
 
@@ -329,8 +364,10 @@ class LearnerScenario:
             if self.report.status("invalid-fragments") == "PASS":
                 self.record("invalid-fragments", None, "not decided: nothing was published")
         else:
+            self.policy_topics(welcome)
             newest = self.weights[-1]
-            names = [n for n, _ in newest.tensors] == [n for n, _ in welcome.weights.tensors]
+            known = {w.policy: w for w in welcome.policy_weights or [welcome.weights]}
+            names = [n for n, _ in newest.tensors] == [n for n, _ in known[newest.policy].tensors]
             good = newest.version == self.version + 1 and newest.run_id == welcome.run_id
             self.record(
                 "weights-broadcast",
@@ -379,6 +416,26 @@ class LearnerScenario:
             "; ".join(self.beat_problems[:2])
             or f"{len(times) - 2} heartbeat(s) while it waited for rows, longest gap "
             f"{worst:.2f}s (allowed {limit:.2f}s)",
+        )
+
+    def policy_topics(self, welcome: Welcome) -> None:
+        """Several policies: the first new version comes as one publication per policy,
+        each under its topic (decode_policy_weights checks the topic), at one version."""
+        ids = welcome.settings.policy_ids
+        if not ids:
+            self.record("policy-topics", None, "the learner runs one policy")
+            return
+
+        def published() -> dict[str, int]:
+            return {w.policy: w.version for w in self.weights if w.version > self.version}
+
+        self.wait(lambda: len(published()) == len(ids), self.options.reply_timeout)
+        seen = published()
+        versions = set(seen.values())
+        self.record(
+            "policy-topics",
+            set(seen) == set(ids) and len(versions) == 1,
+            f"version(s) {sorted(versions)} of policies {sorted(seen)} (the run's: {ids})",
         )
 
     def budget(self) -> int:
@@ -493,7 +550,11 @@ class LearnerScenario:
                 self.on_control(self.actor.control.recv())
             if self.actor.sub in events:
                 try:
-                    weights = decode(self.actor.sub.recv(), (Weights,), 1 << 30)
+                    frames = self.actor.sub.recv_multipart()
+                    if w.settings.policies:
+                        weights = decode_policy_weights(frames, 1 << 30)
+                    else:
+                        weights = decode(frames[0], (Weights,), 1 << 30)
                     assert isinstance(weights, Weights)
                     if weights.run_id == w.run_id:
                         self.weights.append(weights)

@@ -450,11 +450,6 @@ def check_hello(
     """Why a hello must be refused, as (refuse code, message naming both sides or the
     limit), or None when it is acceptable. ``policy_map``: a run of several policies
     refuses an actor that does not announce it can run them (docs/protocol.md 4.9)."""
-    if policy_map and FEATURE_POLICIES not in hello.features:
-        return "bad_hello", (
-            f"this run trains several policies (policy_map {policy_map}); an actor must "
-            f"announce the {FEATURE_POLICIES!r} feature in its hello"
-        )
     if hello.observation_space or hello.action_space:
         try:
             theirs_obs = space_from_spec(hello.observation_space, "hello.observation_space")
@@ -474,6 +469,11 @@ def check_hello(
         return "duplicate_id", (
             f"actor id {hello.actor_id} is already taken by a live actor on "
             f"{rec.host} pid {rec.pid}; pass another --actor-id or -1"
+        )
+    if policy_map and FEATURE_POLICIES not in hello.features:
+        return "bad_hello", (
+            f"this run trains several policies (policy_map {policy_map}); an actor must "
+            f"announce the {FEATURE_POLICIES!r} feature in its hello"
         )
     if limits is not None:
         return _over_limits(membership, routing_id, hello, limits, default_envs)
