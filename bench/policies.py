@@ -8,13 +8,14 @@ with one shared policy and once with ``--policy-map``: env steps per second (the
 run's own ``env_steps_consumed / wall_seconds``), the final deterministic evaluation
 and each policy's mean return of its last 100 episodes (``report.json``). The pairs
 alternate, so drift on a noisy machine hits both sides; the ratio is per round.
+``--smoke``: one small pair of the roles case.
 
 Cases: ``roles`` (``tests.agent_envs:coming_and_going`` with ``roles=true``: agents 2
 and 3 are paid for another answer to the same observation, so one policy cannot
 serve both) mapped ``agent_[01]=red,agent_[23]=blue``; ``connect_four``
 (``pettingzoo.classic.connect_four_v3``, each seat its own policy) mapped
-``player_0=first,player_1=second``. Results go to ``bench/results/policies.json``;
-a markdown table is printed.
+``player_0=first,player_1=second``. Results go to ``bench/results/policies.json``
+(``--out``); a markdown table is printed.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import free_port_block, machine_info  # noqa: E402
+from _util import add_common_flags, free_port_block, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 RUNS = ROOT / "runs" / "policies"
 
 CASES: dict[str, dict[str, Any]] = {
@@ -56,7 +56,8 @@ CASES: dict[str, dict[str, Any]] = {
 def run_once(case: str, mapped: bool, round_: int, args: argparse.Namespace) -> dict[str, Any]:
     """One ``zmq-rl run``; its throughput, evaluation and per-policy returns."""
     spec = CASES[case]
-    run_dir = RUNS / f"{case}-{'map' if mapped else 'shared'}-{round_}"
+    smoke = "-smoke" if args.smoke else ""
+    run_dir = RUNS / f"{case}-{'map' if mapped else 'shared'}-{round_}{smoke}"
     cmd = [str(Path(sys.executable).parent / "zmq-rl"), "run", *spec["env"], *spec["args"]]
     cmd += ["--actors", str(args.actors), "--seed", str(args.seed)]
     cmd += ["--total-env-steps", str(args.steps or spec["steps"]), "--eval-every", "0"]
@@ -91,15 +92,16 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=0, help="env steps per run (0: the case's)")
+    add_common_flags(parser)
     args = parser.parse_args()
+    if args.smoke:  # one small pair: checks that it runs
+        args.cases, args.rounds, args.steps = ["roles"], 1, 2048
     runs = []
     for case in args.cases:
         for round_ in range(args.rounds):
             order = (False, True) if round_ % 2 == 0 else (True, False)
             runs += [run_once(case, mapped, round_, args) for mapped in order]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {"args": vars(args), "runs": runs, "machine": machine_info()}
-    (RESULTS / "policies.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_result("policies", args, {"args": vars(args), "runs": runs})
     print("| case | policies | env steps/s (median) | map / shared (per round) | final eval | "
           "per-policy return (last 100) |")  # fmt: skip
     print("|---|---|---|---|---|---|")

@@ -39,6 +39,7 @@ SCRIPTS = (
     "learner_ceiling",
     "scaling",
     "update_cost",
+    "policies",
 )
 TIMEOUT_S = 150.0
 
@@ -371,3 +372,12 @@ def test_scaling_actor_counts_reach_the_cores(cores: int, counts: list[int]) -> 
     import scaling
 
     assert scaling.default_actor_counts(cores) == counts
+
+
+def test_policies_smoke(smoke: SmokeRuns) -> None:
+    """One pair of roles runs: one shared policy, then two; both report, the two
+    policies each with their own return."""
+    data = smoke.result("policies")
+    runs = {r["policies"]: r for r in data["runs"]}
+    assert set(runs) == {"shared", "map"} and all(r["steps_per_s"] > 0 for r in runs.values())
+    assert set(runs["map"]["per_policy"]) == {"red", "blue"} and not runs["shared"]["per_policy"]

@@ -340,6 +340,14 @@ def test_two_policies_learn_two_roles_one_shared_policy_cannot(tmp_path, capsys)
         assert first.shape[0] == width, (pid, first.shape)
     for stats in report["actor_stats"].values():
         assert stats["actor/last_policy_version"] >= report["last_policy_version"] - 1
+    # zmq-rl eval of the run plays every agent by its own policy (policy.pt names them).
+    from zmq_rl.cli.evaluate import evaluate, load_policy
+
+    loaded = load_policy(run_dir)
+    widths = [p.state_dict()["actor_trunk.0.weight"].shape[0] for p in loaded.agent_policies]
+    assert widths == [64, 64, 32, 32]
+    assert evaluate(loaded, 20, 10_000)[0] >= 3.5
+    assert not load_policy(run_dir / "policy-blue.pt").agent_policies  # one policy's file
 
 
 def test_a_checkpoint_holds_every_policy():

@@ -98,6 +98,8 @@ class SavedPolicy:
     version: int = 0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     wrappers: list[str] = field(default_factory=list)
+    agent_policies: list[str] = field(default_factory=list)
+    """A run of several policies: the policy id of each agent (``policy-<id>.pt``)."""
 
 
 def policy_path(target: str | Path) -> Path:
@@ -153,10 +155,13 @@ def read_policy_file(target: str | Path) -> SavedPolicy:
         raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
         config = PolicyConfig(**raw).validate()
         version = int(state.get("version", 0))
+        agent_policies = [str(p) for p in json.loads(state.get("agent_policies", "[]"))]
     except (KeyError, TypeError, ValueError) as exc:
         missing = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
         raise PolicyFileError(f"{path}: {NOT_OURS} ({missing})") from None
-    return SavedPolicy(path, config, env_id, weights, version, dict(env_kwargs), list(wrappers))
+    return SavedPolicy(
+        path, config, env_id, weights, version, dict(env_kwargs), list(wrappers), agent_policies
+    )
 
 
 _OLD_RETURN = (

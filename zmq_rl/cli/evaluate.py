@@ -43,6 +43,8 @@ class LoadedPolicy:
     path: Path
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     wrappers: list[str] = field(default_factory=list)
+    agent_policies: list[Any] = field(default_factory=list)
+    """A run of several policies: each agent's network (from ``policy-<id>.pt``)."""
 
 
 def policy_path(target: str | Path) -> Path:
@@ -71,6 +73,16 @@ def load_policy(target: str | Path, env_id: str = "") -> LoadedPolicy:
     except PolicyFileError as exc:
         raise CliFailure(str(exc)) from None
     saved = deployed.source
+    per_agent = []
+    if saved.agent_policies:  # a run of several policies: each agent plays its own
+        networks = {}
+        for pid in dict.fromkeys(saved.agent_policies):
+            sibling = saved.path.parent / f"policy-{pid}.pt"
+            try:
+                networks[pid] = load(sibling, deployed.env_id).network
+            except PolicyFileError as exc:
+                raise CliFailure(f"{exc} (policy {pid!r} of {saved.path})") from None
+        per_agent = [networks[pid] for pid in saved.agent_policies]
     return LoadedPolicy(
         deployed.network,
         deployed.env_id,
@@ -79,15 +91,29 @@ def load_policy(target: str | Path, env_id: str = "") -> LoadedPolicy:
         saved.path,
         deployed.env_kwargs,
         deployed.wrappers,
+        per_agent,
     )
 
 
-def evaluate(loaded: LoadedPolicy, episodes: int, seed: int) -> tuple[float, float]:
-    """Mean and std return of ``episodes`` deterministic episodes (the learner's evaluator)."""
+def evaluate(
+    loaded: LoadedPolicy, episodes: int, seed: int, opponent: str = "random"
+) -> tuple[float, float]:
+    """Mean and std return of ``episodes`` deterministic episodes (the learner's
+    evaluator; a run of several policies plays each agent by its own; a turn-based
+    game's other seats by ``opponent``, as ``--eval-opponent``)."""
+    from zmq_rl.envs import env_shape
     from zmq_rl.learner.evaluation import evaluate_policy
 
+    if opponent != "random" and not env_shape(loaded.env_id, loaded.env_kwargs).turn_based:
+        raise CliFailure(f"--opponent {opponent}: {loaded.env_id} is not a turn-based game")
     return evaluate_policy(
-        loaded.policy, loaded.env_id, episodes, seed, loaded.env_kwargs, loaded.wrappers
+        loaded.agent_policies or loaded.policy,
+        loaded.env_id,
+        episodes,
+        seed,
+        loaded.env_kwargs,
+        loaded.wrappers,
+        opponent=opponent,
     )
 
 

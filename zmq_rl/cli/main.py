@@ -181,6 +181,14 @@ def _plot_curve(run_dir: Path) -> Path:
     ),
     arg("--env", default="", help="env id to play (default: the one the policy was trained on)"),
     arg(
+        "--opponent",
+        metavar="random|policy:PATH|MODULE:NAME",
+        default="random",
+        help="turn-based games: who plays the other seats (as zmq-rl run's --eval-opponent): "
+        "random legal moves, a saved policy (policy:PATH), or a scripted player such as "
+        "zmq_rl.baselines:one_ply_move",
+    ),
+    arg(
         "--video",
         metavar="DIR",
         type=Path,
@@ -208,7 +216,7 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.video is not None:
         mean, std = record_episodes(loaded, args.episodes, args.seed, args.video)
     else:
-        mean, std = evaluate(loaded, args.episodes, args.seed)
+        mean, std = evaluate(loaded, args.episodes, args.seed, args.opponent)
     print(
         f"{loaded.env_id}: mean return {mean:.2f} ± {std:.2f} over {args.episodes} "
         f"episodes (policy version {loaded.version}, {loaded.path})"

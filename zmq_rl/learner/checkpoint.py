@@ -198,11 +198,14 @@ def save_policy(
     version: int,
     env_kwargs: dict[str, Any] | None = None,
     wrappers: Any = (),
+    agent_policies: list[str] | None = None,
 ) -> None:
     """Write ``policy.pt``: the policy's tensors plus what rebuilds it (its config as
     JSON, the env id, ``gym.make`` kwargs and wrappers as JSON, the version),
     atomically; ``zmq-rl eval``, ``zmq-rl export`` and ``zmq_rl.load_policy`` read it.
-    ``policy`` is the module or its ``state_dict`` (a mapping of tensors)."""
+    ``policy`` is the module or its ``state_dict`` (a mapping of tensors).
+    ``agent_policies``: a run of several policies' policy id of each agent (its
+    files are ``policy-<id>.pt`` beside this one; ``zmq-rl eval`` plays them all)."""
     tensors = policy if isinstance(policy, Mapping) else policy.state_dict()
     state = {
         "policy": to_cpu(dict(tensors)),  # loads on any device
@@ -212,6 +215,8 @@ def save_policy(
         "wrappers": json.dumps(list(wrappers)),
         "version": version,
     }
+    if agent_policies:
+        state["agent_policies"] = json.dumps(list(agent_policies))
     atomic_torch_save(state, path)
 
 

@@ -493,8 +493,9 @@ class Learner:
         """Save the policy (tensors + the config needed to rebuild it), atomically:
         the current one, or ``tensors`` (a ``state_dict`` of it) of ``version``
         (``policy_cfg``: its network, when it is one policy of several)."""
-        if policy_cfg is None and self.plan.several:
-            policy_cfg = next(iter(self.plan.configs.values()))  # policy.pt: the first
+        joint = policy_cfg is None  # policy.pt of several policies names them all
+        if joint and self.plan.several:
+            policy_cfg = next(iter(self.plan.configs.values()))  # its tensors: the first's
         save_policy(
             path,
             self.policy if tensors is None else tensors,
@@ -503,6 +504,7 @@ class Learner:
             self.version if version is None else version,
             env_kwargs=self.cfg.env_kwargs_map(),
             wrappers=self.cfg.wrappers,
+            agent_policies=self.plan.agent_policies if joint else None,
         )
 
     # ------------------------------------------------------------------ checkpoints
