@@ -447,3 +447,89 @@ def test_evaluations_play_the_chosen_opponent():
         opponent_player("tests.agent_envs:TARGETS", *spaces)  # not callable
     with pytest.raises(ConfigError, match="eval_opponent"):
         LearnerConfig(eval_opponent="policy:").validate()
+
+
+class _RecordingAgent:
+    """A stand-in for zmq_rl.Agent (this test is about AgentTeam's bookkeeping): acts
+    by a fixed rule of the observation and keeps every observe() call."""
+
+    def __init__(self, num_envs):
+        self.num_envs = num_envs
+        self.steps = []
+
+    def act(self, obs):
+        return np.argmax(np.asarray(obs), axis=-1)  # the target of each slot
+
+    def observe(self, rewards, terminated, truncated, next_obs, final_obs=None, valid=None):
+        self.steps.append((rewards, terminated, truncated, dict(final_obs or {}), valid))
+
+
+def test_agents_by_name_give_the_rows_parallel_slots_give():
+    """AgentTeam (a simulator that names its agents) and ParallelSlots (a PettingZoo
+    env the actor steps) record the same rows of the same episodes: rewards, endings,
+    valid rows and final observations, step for step, over agents that come and go;
+    an agent that vanishes without an ending is refused by name."""
+    from zmq_rl.actor.team import AgentTeam
+
+    seeds = [7, 8]
+    slots = ParallelSlots([ComingAndGoing() for _ in seeds], ComingAndGoing().possible_agents)
+    obs = slots.reset(seeds)
+    fake = _RecordingAgent(8)
+    team = AgentTeam(fake, ComingAndGoing().possible_agents, copies=2)
+    sims = [ComingAndGoing() for _ in seeds]
+    named = [sim.reset(seed=s)[0] for sim, s in zip(sims, seeds, strict=True)]
+    for _ in range(120):
+        step = slots.step(np.argmax(obs, axis=-1))
+        obs = step.next_obs
+        actions = team.act(named)
+        results = [sim.step(a) for sim, a in zip(sims, actions, strict=True)]
+        named = team.observe(*([r[i] for r in results] for i in range(4)))
+        named = [live or sim.reset()[0] for live, sim in zip(named, sims, strict=True)]
+        rewards, terminated, truncated, final_obs, valid = fake.steps[-1]
+        np.testing.assert_array_equal(rewards, step.rewards)
+        np.testing.assert_array_equal(terminated, step.terminated)
+        np.testing.assert_array_equal(truncated, step.truncated)
+        np.testing.assert_array_equal(valid, step.valid)
+        assert final_obs.keys() == step.final_obs.keys()
+        for slot, value in final_obs.items():
+            np.testing.assert_array_equal(value, step.final_obs[slot])
+    assert not all(v.all() for *_, v in fake.steps)  # agents did come and go
+    lone = AgentTeam(_RecordingAgent(4), ["a", "b", "c", "d"])
+    lone.act({"a": np.eye(3)[0], "b": np.eye(3)[1]})
+    with pytest.raises(ValueError, match="agent 'b' .* acted but is neither observed"):
+        lone.observe({"a": np.eye(3)[2]}, {"a": 1.0, "b": 0.0}, {}, {})
+
+
+def test_agents_by_name_train_with_a_real_learner(start_learner, learner_port, ctx):
+    """AgentTeam over zmq_rl.Agent and a learner over tcp: two simulator copies whose
+    agents come and go, stepped by name until the learner ends the run; the learner
+    counts no more env steps than the agents took (empty slots are no steps)."""
+    from tests.helpers import TIMEOUT, wait_for
+    from zmq_rl import Agent, AgentTeam
+    from zmq_rl.config import LearnerConfig
+
+    cfg = LearnerConfig(
+        env_id="tests.agent_envs:coming_and_going", num_actors=1, num_envs=2, num_steps=16,
+        fragment_length=8, total_env_steps=1500, port=learner_port, eval_episodes=2,
+        checkpoint_every=0, starvation_timeout=TIMEOUT,
+    )  # fmt: skip
+    learner, run = start_learner(cfg)
+    names = ComingAndGoing().possible_agents
+    sims = [ComingAndGoing() for _ in range(2)]
+    taken = 0
+    with Agent(f"127.0.0.1:{learner_port}", None, None, 8, context=ctx) as agent:
+        team = AgentTeam(agent, names, copies=2)
+        obs = [sim.reset(seed=c)[0] for c, sim in enumerate(sims)]
+        while not agent.shutdown_requested:
+            actions = team.act(obs)
+            if agent.shutdown_requested:
+                break
+            taken += sum(len(a) for a in actions)
+            results = [sim.step(a) for sim, a in zip(sims, actions, strict=True)]
+            obs = team.observe(*([r[i] for r in results] for i in range(4)))
+            obs = [live or sim.reset()[0] for live, sim in zip(obs, sims, strict=True)]
+    report = run.join()
+    wait_for(lambda: not run.alive(), TIMEOUT, "the learner's end")
+    assert report.stop_reason == "budget spent"
+    assert 0 < report.env_steps_consumed <= taken
+    assert report.env_steps_consumed < report.updates_completed * 16 * 8  # rows > agent steps

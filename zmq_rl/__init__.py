@@ -36,6 +36,7 @@ Policies
 Embedding (your own simulator as an actor)
     Agent(learner, obs_space, action_space, num_envs)   act(obs) / observe(...) / close()
     Decision                      what Agent.decide chose (turn-based simulators: record later)
+    AgentTeam(agent, names)       act({name: obs}) / observe(...): agents by name
 
 Environments
     make_env(env, env_kwargs, wrappers)  an env as every process of a run builds it
@@ -81,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     # embedding (zmq_rl.actor.agent)
     "Agent": "actor.agent",
     "Decision": "actor.agent",
+    "AgentTeam": "actor.team",
     # environments (zmq_rl.envs)
     "make_env": "envs",
     "build_env": "envs",
@@ -99,6 +101,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "ActorConfig",
     "Agent",
+    "AgentTeam",
     "ActorProcesses",
     "Callback",
     "ConfigError",
@@ -129,6 +132,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports lazily
     from .actor.agent import Agent, Decision
+    from .actor.team import AgentTeam
     from .api import (
         ActorProcesses,
         Callback,

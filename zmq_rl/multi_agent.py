@@ -44,6 +44,7 @@ __all__ = [
     "agent_spaces",
     "is_multi_agent",
     "is_turn_based",
+    "stacked",
     "to_parallel",
 ]
 
@@ -198,7 +199,7 @@ class ParallelSlots(_AgentSlots):
             live = np.flatnonzero(self.alive[e * k : (e + 1) * k])
             if live.size:
                 self._stand_in[e] = self._last[e * k + int(live[0])]
-        return _stacked(
+        return stacked(
             [
                 self._last[slot] if self.alive[slot] else self._stand_in[slot // k]
                 for slot in range(self.num_slots)
@@ -252,8 +253,9 @@ class ParallelSlots(_AgentSlots):
         return SlotStep(self._observations(), rewards, terminated, truncated, final_obs, valid)
 
 
-def _stacked(values: list[Any]) -> Value:
-    """One batched value (leading dim ``len(values)``) of per-agent observations."""
+def stacked(values: Sequence[Any]) -> Value:
+    """One batched value (leading dim ``len(values)``) of per-agent observations (any
+    value of the space each: arrays, or dicts / tuples of them)."""
     return map_value(lambda *xs: np.stack(xs), *(as_value(v) for v in values))
 
 
@@ -371,7 +373,7 @@ class TurnSlots(_AgentSlots):
             observations.append(obs)
         if not observations:
             return envs, slots, None
-        return envs, slots, _stacked(observations)
+        return envs, slots, stacked(observations)
 
     def _settle(self, slot: int, obs: Any, reward: float, term: bool, trunc: bool) -> None:
         """The held row of ``slot`` gets its outcome and becomes final."""
@@ -472,14 +474,14 @@ class TurnSlots(_AgentSlots):
                 self.ended[slot] = row.terminated or row.truncated
         versions = [row.version for row in rows if row is not None]
         return SlotRows(
-            obs=_stacked(obs),
+            obs=stacked(obs),
             actions=np.stack([row.action if row is not None else blank for row in rows]),
             rewards=np.array([row.reward if row else 0.0 for row in rows], np.float32),
             terminated=np.array([bool(row and row.terminated) for row in rows]),
             truncated=np.array([bool(row and row.truncated) for row in rows]),
             values=np.array([row.value if row else 0.0 for row in rows], np.float32),
             log_probs=np.array([row.log_prob if row else 0.0 for row in rows], np.float32),
-            next_obs=_stacked(following),
+            next_obs=stacked(following),
             final_obs=final_obs,
             valid=valid,
             version=min(versions) if versions else None,

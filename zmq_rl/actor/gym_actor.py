@@ -20,12 +20,12 @@ import torch
 
 from ..config import ActorConfig
 from ..envs import build_env, env_shape, make_env
-from ..multi_agent import ParallelSlots, TurnSlots, agent_spaces, is_turn_based
+from ..multi_agent import ParallelSlots, TurnSlots, agent_spaces, is_turn_based, stacked
 from ..rl.masking import ActionMaskError
 from ..rl.policy import Policy, WeightsMismatch, import_weights
 from ..seeding import env_seeds
 from ..wire.protocol import Weights
-from ..wire.spaces import as_value, map_value
+from ..wire.spaces import map_value
 from ..wire.transport import CurveClientKeys, load_public_certificate, load_secret_certificate
 from .agent import PAUSE_WAIT_S, Agent, Decision
 from .client import ActorClient, BadExperience
@@ -134,7 +134,7 @@ def load_weights(client: ActorClient, policy: Policy, weights: Weights) -> None:
 
 def stack(values: list[Any]) -> Any:
     """One batched value (leading dim ``len(values)``) of per-env observations."""
-    return map_value(lambda *xs: np.stack(xs), *(as_value(v) for v in values))
+    return stacked(values)
 
 
 class GymActor:
