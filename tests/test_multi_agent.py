@@ -378,6 +378,7 @@ def test_a_real_run_with_a_prioritised_pool_writes_the_snapshot_table(tmp_path, 
     argv = ["run", "--env", "pettingzoo.classic.connect_four_v3", "--actors", "2"]
     argv += ["--num-envs", "4", "--total-env-steps", "8000", "--opponent-pool", "3"]
     argv += ["--opponent-every", "2", "--opponent-choice", "win_rate", "--eval-episodes", "4"]
+    argv += ["--checkpoint-every", "3"]
     argv += ["--port", str(free_port_block()), "--run-dir", str(run_dir), "--no-plot"]
     assert main_cli.main(argv) == 0, capsys.readouterr().err
     report = json.loads((run_dir / "report.json").read_text())
@@ -393,6 +394,29 @@ def test_a_real_run_with_a_prioritised_pool_writes_the_snapshot_table(tmp_path, 
         assert (row["elo_gap"] > 0) == (row["score"] > 0.5) or row["score"] == 0.5
     with (run_dir / "self_play.csv").open() as f:
         assert [int(r["games"]) for r in csv.DictReader(f)] == [r["games"] for r in table]
+    # zmq-rl ladder: a round robin of its checkpoints and policy.pt, one per version.
+    assert main_cli.main(["ladder", str(run_dir), "--games", "4", "--points", "3"]) == 0
+    with (run_dir / "ladder.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    versions = [int(r["version"]) for r in rows]
+    assert len(rows) >= 3 and len(set(versions)) == len(rows), rows
+    assert all(int(r["games"]) == 4 * (len(rows) - 1) for r in rows)
+    assert [float(r["elo"]) for r in rows] == sorted(float(r["elo"]) for r in rows)
+    assert min(versions) in [v for v, r in zip(versions, rows, strict=True) if float(r["elo"]) == 0]
+
+
+def test_elo_ratings_recover_known_strengths():
+    """Players of Elo 0, 100 and 200 meeting with the logistic model's expected scores
+    come out at their ratings (within the half game of prior per pair), the first at 0;
+    a clean sweep stays finite."""
+    from zmq_rl.learner.self_play import elo_ratings
+
+    elo = np.array([0.0, 100.0, 200.0])
+    expected = 1 / (1 + 10 ** ((elo[None, :] - elo[:, None]) / 400))
+    games = 1000 * (1 - np.eye(3))
+    np.testing.assert_allclose(elo_ratings(expected * games, games), elo, atol=2.0)
+    sweep = elo_ratings(np.array([[0, 10.0], [0, 0]]), np.array([[0, 10], [10, 0]]))
+    assert sweep[0] == 0 and -1000 < sweep[1] < -300
 
 
 def test_the_snapshot_table_adds_actors_and_rates_by_score():

@@ -295,6 +295,38 @@ def plot_command(args: argparse.Namespace) -> int:
     return plot_from_args(args)
 
 
+# -- ladder ---------------------------------------------------------------------------
+
+
+@subcommand(
+    "ladder",
+    "a round-robin Elo ladder of a turn-based run's snapshots (its checkpoints and policy.pt)",
+    arg("run_dir", metavar="RUN_DIR", type=Path, help="the run directory"),
+    arg("--games", type=int, default=20, help="games per pair of snapshots (seats alternate)"),
+    arg("--points", type=int, default=6, help="checkpoints to take, evenly spaced"),
+    arg("--seed", type=int, default=0, help="seed of the games (moves are sampled)"),
+)
+def ladder_command(args: argparse.Namespace) -> int:
+    """Play every pair of snapshots, fit Elo ratings, print them and write ladder.csv."""
+    from zmq_rl.config import ConfigError
+
+    from .ladder import ladder, write_ladder_csv
+
+    for name in ("games", "points"):
+        if getattr(args, name) < 1 + (name == "points"):
+            raise ConfigError(name, getattr(args, name), f"must be >= {1 + (name == 'points')}")
+    rows = ladder(args.run_dir, args.games, args.points, args.seed)
+    write_ladder_csv(args.run_dir / "ladder.csv", rows)
+    print(f"{'player':<36} {'version':>7} {'elo':>8} {'score':>6} {'games':>6}")
+    for row in rows:
+        print(
+            f"{row['player']:<36} {row['version']:>7} {row['elo']:>8.1f} "
+            f"{row['score']:>6.3f} {row['games']:>6}"
+        )
+    print(f"written: {args.run_dir / 'ladder.csv'}")
+    return 0
+
+
 # -- keys -----------------------------------------------------------------------------
 
 

@@ -37,7 +37,7 @@ def evaluate_policy(
     env_kwargs: Mapping[str, Any] | None = None,
     wrappers: Sequence[str] = (),
     deterministic: bool = True,
-    opponent: str = "random",
+    opponent: str | Policy = "random",
 ) -> tuple[float, float]:
     """Mean and std of the return of ``episodes`` deterministic episodes
     (``deterministic`` False: actions sampled from the policy, seeded by ``seed``
@@ -179,7 +179,7 @@ def _evaluate_turns(
     envs: list[Any],
     seed: int,
     deterministic: bool,
-    opponent: str = "random",
+    opponent: str | Policy = "random",
 ) -> tuple[float, float]:
     """A turn-based game's evaluation: episode ``i`` (one per env) seats the policy as
     possible agent ``i % agents`` and every other seat is played by ``opponent``
@@ -220,7 +220,10 @@ def _evaluate_turns(
 
 
 def opponent_player(
-    spec: str, observation_space: gym.Space, action_space: gym.Space, deterministic: bool = True
+    spec: str | Policy,
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    deterministic: bool = True,
 ) -> Callable[[Any, np.random.Generator], Any]:
     """The player of a turn-based game's other seats in evaluations
     (``--eval-opponent``), a callable ``(observation, rng) -> action``:
@@ -232,10 +235,14 @@ def opponent_player(
     * ``"module.path:name"``: a scripted player, such as connect four's
       ``zmq_rl.baselines:one_ply_move``.
 
-    A file that is no policy of these spaces, or a player that does not import, is
-    a :class:`~zmq_rl.config.ConfigError` naming ``eval_opponent``."""
+    A network (a :class:`~zmq_rl.rl.policy.Policy`, e.g. a checkpoint's) plays as a
+    snapshot does. A file that is no policy of these spaces, or a player that does
+    not import, is a :class:`~zmq_rl.config.ConfigError` naming ``eval_opponent``."""
     from ..config import ConfigError
 
+    spaces = (observation_space, action_space)
+    if not isinstance(spec, str):
+        return _network_player(spec, spaces, deterministic)
     if spec == "random":
         return lambda obs, rng: _random_legal(obs, action_space, rng)
     if not spec.startswith("policy:"):
@@ -255,8 +262,13 @@ def opponent_player(
         raise ConfigError(
             "eval_opponent", spec, f"not a policy file of this env's spaces: {why}"
         ) from None
-    net.eval()
-    spaces = (observation_space, action_space)
+    return _network_player(net.eval(), spaces, deterministic)
+
+
+def _network_player(
+    net: Policy, spaces: tuple[gym.Space, gym.Space], deterministic: bool
+) -> Callable[[Any, np.random.Generator], Any]:
+    """A player that moves by ``net`` (its mode, or sampled)."""
 
     def snapshot(obs: Any, rng: np.random.Generator) -> Any:
         action = _act(net, [obs], spaces, None, [], deterministic)[0]
