@@ -330,10 +330,13 @@ def test_two_policies_learn_two_roles_one_shared_policy_cannot(tmp_path, capsys)
     for summary in report["policies"].values():
         assert summary["episodes_completed"] > 100 and summary["final_stats"]
     assert report["evaluations"][-1]["mean_return"] >= 3.5, report["evaluations"]
+    each = report["evaluations"][-1]["policies"]  # each policy's agents, evaluated apart
+    assert set(each) == {"red", "blue"} and min(each.values()) >= 3.0, each
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "losses/policy_loss" in r]
     assert all("policy/red/losses/policy_loss" in r for r in trained)
     assert all("policy/blue/losses/policy_loss" in r for r in trained)
+    assert any("eval/policy/blue/mean_return" in r for r in rows)
     for pid, width in (("red", 64), ("blue", 32)):
         saved = torch.load(run_dir / f"policy-{pid}.pt", weights_only=True)
         first = saved["policy"]["actor_trunk.0.weight"]

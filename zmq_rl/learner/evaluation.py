@@ -38,6 +38,7 @@ def evaluate_policy(
     wrappers: Sequence[str] = (),
     deterministic: bool = True,
     opponent: str | Policy = "random",
+    by_agent: dict[int, float] | None = None,
 ) -> tuple[float, float]:
     """Mean and std of the return of ``episodes`` deterministic episodes
     (``deterministic`` False: actions sampled from the policy, seeded by ``seed``
@@ -52,15 +53,18 @@ def evaluate_policy(
     return of its agents, each acted for by ``policy`` (:func:`_evaluate_agents`);
     ``policy`` may then be a list of one policy per agent index (a run of several
     policies: each agent acts by its own). A turn-based game's other seats are
-    played by ``opponent`` (:func:`opponent_player`).
+    played by ``opponent`` (:func:`opponent_player`). ``by_agent`` (a dict to fill;
+    multi-agent envs) gets each agent index's mean return: its agent's, or the
+    policy's in that seat of a turn-based game.
     """
     envs = [build_env(env_id, env_kwargs, wrappers) for _ in range(episodes)]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        by_agent = {} if by_agent is None else by_agent
         if is_turn_based(envs[0]):
-            return _evaluate_turns(policy, envs, seed, deterministic, opponent)
+            return _evaluate_turns(policy, envs, seed, deterministic, opponent, by_agent)
         if not isinstance(envs[0], gym.Env):
-            return _evaluate_agents(policy, envs, seed, deterministic)
+            return _evaluate_agents(policy, envs, seed, deterministic, by_agent)
         return _evaluate_envs(policy, envs, seed, deterministic)
 
 
@@ -124,12 +128,17 @@ def _evaluate_envs(
 
 
 def _evaluate_agents(
-    policy: Policy | Sequence[Policy], envs: list[Any], seed: int, deterministic: bool
+    policy: Policy | Sequence[Policy],
+    envs: list[Any],
+    seed: int,
+    deterministic: bool,
+    by_index: dict[int, float],
 ) -> tuple[float, float]:
     """Mean and std over ``envs`` (one episode each, in lockstep) of the mean return
     of each episode's agents: every live agent acts by the policy (its mode when
     ``deterministic``), a recurrent policy's state is carried per agent from zeros.
-    Closes the envs."""
+    ``by_index`` gets each agent index's mean return over the episodes it took part
+    in. Closes the envs."""
     obs_space, space, agents = agent_spaces(envs[0], "evaluation env")
     slot_of = {agent: i for i, agent in enumerate(agents)}
     k, scalar = len(agents), isinstance(space, gym.spaces.Discrete)
@@ -171,6 +180,8 @@ def _evaluate_agents(
         for env in envs:
             env.close()
     scores = (returns * seen).sum(axis=1) / np.maximum(seen.sum(axis=1), 1)
+    for i in np.flatnonzero(seen.any(axis=0)):
+        by_index[int(i)] = float(returns[seen[:, i], i].mean())
     return float(scores.mean()), float(scores.std())
 
 
@@ -180,12 +191,15 @@ def _evaluate_turns(
     seed: int,
     deterministic: bool,
     opponent: str | Policy = "random",
+    by_seat: dict[int, float] | None = None,
 ) -> tuple[float, float]:
     """A turn-based game's evaluation: episode ``i`` (one per env) seats the policy as
     possible agent ``i % agents`` and every other seat is played by ``opponent``
     (:func:`opponent_player`; by default uniformly random legal moves), seeded; the
     score is the policy's return (in a zero-sum game: +1 win, 0 draw, -1 loss, as
-    the game pays). Mean and std over the episodes. Closes the envs."""
+    the game pays). Mean and std over the episodes (``by_seat`` gets each seat's).
+    Closes the envs."""
+    by_seat = {} if by_seat is None else by_seat
     obs_space, space, agents = agent_spaces(envs[0], "evaluation env")
     other = opponent_player(opponent, obs_space, space, deterministic)
     rng = np.random.default_rng(seed)
@@ -216,6 +230,9 @@ def _evaluate_turns(
             p.train(mode)
         for env in envs:
             env.close()
+    seats = np.arange(len(envs)) % len(agents)
+    for seat in np.unique(seats):
+        by_seat[int(seat)] = float(scores[seats == seat].mean())
     return float(scores.mean()), float(scores.std())
 
 

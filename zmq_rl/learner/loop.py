@@ -145,6 +145,7 @@ class Learner:
             cfg = replace(cfg, eval_in_background=False)
         self.runlog = RunLog(cfg, self.report, on_update, self.policy_cfg, on_evaluation)
         self.runlog.updates_budget = cfg.num_updates(shape.agents_per_env)
+        self.runlog.agent_policies = list(self.plan.agent_policies)
         # Data-parallel learner ranks (num_learners > 1): this is rank 0; the others
         # are started (or joined, under torchrun) when the run starts.
         self.spec: RankSpec | None = rank_spec(cfg.num_learners, cfg.host, cfg.rendezvous_port())

@@ -75,6 +75,8 @@ def evaluation_row(result: dict[str, Any]) -> dict[str, Any]:
     }
     if "reported_at_update" in result:
         row["reported_at_update"] = result["reported_at_update"]
+    for pid, value in result.get("policies", {}).items():
+        row[f"eval/policy/{pid}/mean_return"] = value
     return row
 
 
@@ -104,6 +106,9 @@ class RunLog:
         self.report = report
         self.updates_budget = cfg.num_updates()
         """The updates the budget buys (the learner sets it for a multi-agent env)."""
+        self.agent_policies: list[str] = []
+        """Several policies: each agent index's policy id (the learner sets it), by
+        which evaluations are also reported per policy."""
         self.on_update = on_update
         self.on_evaluation = on_evaluation
         self.start = time.monotonic()
@@ -146,6 +151,7 @@ class RunLog:
         cfg = self.cfg
         seed = cfg.seed + EVAL_SEED_OFFSET
         tag = self._snapshot_tag()  # the wall time of the weights, not of the result
+        by_agent: dict[int, float] = {}
         mean, std = evaluate_policy(
             [self._on_cpu(p) for p in policy] if isinstance(policy, list) else self._on_cpu(policy),
             cfg.env_id,
@@ -155,8 +161,15 @@ class RunLog:
             cfg.wrappers,
             cfg.eval_deterministic,
             cfg.eval_opponent,
+            by_agent,
         )
-        result = self._add_result(tag, mean, std)
+        per_policy: dict[str, list[float]] = {}
+        for index, value in by_agent.items():
+            if index < len(self.agent_policies):
+                per_policy.setdefault(self.agent_policies[index], []).append(value)
+        result = self._add_result(
+            tag, mean, std, {pid: float(np.mean(v)) for pid, v in per_policy.items()}
+        )
         if not isinstance(policy, list) and self._is_best(result):
             self.best = BestPolicy(result, self.report.last_policy_version, export_weights(policy))
         return result
@@ -193,23 +206,32 @@ class RunLog:
         report = self.report
         return report.updates_completed, report.env_steps_consumed, self.elapsed()
 
-    def _add_result(self, tag: tuple[int, int, float], mean: float, std: float) -> dict[str, float]:
+    def _add_result(
+        self,
+        tag: tuple[int, int, float],
+        mean: float,
+        std: float,
+        policies: dict[str, float] | None = None,
+    ) -> dict[str, Any]:
         updates, env_steps, wall = tag
-        result = {
+        result: dict[str, Any] = {
             "updates": updates,
             "env_steps": env_steps,
             "wall_seconds": wall,
             "mean_return": mean,
             "std_return": std,
         }
+        if policies:  # several policies: each one's agents' mean return
+            result["policies"] = policies
         if self.evaluator is not None:
             result["reported_at_update"] = self.report.updates_completed
         self.report.evaluations.append(result)
         opponent = self.cfg.eval_opponent
         log.info(
-            "evaluation after %d steps: %.1f ± %.1f over %d episodes%s",
+            "evaluation after %d steps: %.1f ± %.1f over %d episodes%s%s",
             *(env_steps, mean, std, self.cfg.eval_episodes),
             "" if opponent == "random" else f" against {opponent}",
+            "".join(f"; {pid} {v:.2f}" for pid, v in (policies or {}).items()),
         )
         row = evaluation_row(result)
         if self._metrics is not None:
