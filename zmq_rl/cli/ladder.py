@@ -1,7 +1,9 @@
 """``zmq-rl ladder RUN_DIR``: a round-robin Elo ladder of a turn-based run's snapshots.
 
 The players are up to ``points`` checkpoints of the run (``checkpoints/ckpt-N.pt``,
-evenly spaced over those kept) and its final ``policy.pt``, one per policy version. Every pair plays
+evenly spaced over those kept: the learner keeps its newest three, so keep copies
+along a long run and name their folder) and its final ``policy.pt``, one per policy
+version. Every pair plays
 ``games`` games, seats alternating, with moves *sampled* from each policy (seeded:
 two deterministic policies would replay one game per seating); the points (a win
 1, a draw 1/2, from the game's +1 / 0 / −1 payoff to a seat, as PettingZoo's classic
@@ -25,10 +27,11 @@ __all__ = ["ladder", "write_ladder_csv"]
 COLUMNS = ("player", "version", "elo", "score", "games")
 
 
-def _players(run_dir: Path, points: int) -> list[Path]:
-    """Up to ``points`` checkpoints, evenly spaced (oldest first), then policy.pt."""
+def _players(run_dir: Path, points: int, folder: Path | None = None) -> list[Path]:
+    """Up to ``points`` checkpoints of ``folder`` (default ``run_dir/checkpoints``),
+    evenly spaced (oldest first), then policy.pt."""
     kept = sorted(
-        (run_dir / "checkpoints").glob("ckpt-*.pt"),
+        (folder or run_dir / "checkpoints").glob("ckpt-*.pt"),
         key=lambda p: int(re.sub(r"\D", "", p.stem) or 0),
     )
     if len(kept) > points:
@@ -43,15 +46,23 @@ def _players(run_dir: Path, points: int) -> list[Path]:
     return players
 
 
-def ladder(run_dir: str | Path, games: int = 20, points: int = 6, seed: int = 0) -> list[dict]:
-    """The ladder's rows (module docstring), weakest to strongest by Elo."""
+def ladder(
+    run_dir: str | Path,
+    games: int = 20,
+    points: int = 6,
+    seed: int = 0,
+    checkpoints: str | Path | None = None,
+) -> list[dict]:
+    """The ladder's rows (module docstring), weakest to strongest by Elo;
+    ``checkpoints``: a folder of kept checkpoints instead of the run's own (the
+    learner keeps its newest three)."""
     from ..deploy import PolicyFileError, load_policy
     from ..envs import env_shape
     from ..learner.evaluation import evaluate_policy
     from ..learner.self_play import elo_ratings
 
     run_dir = Path(run_dir)
-    paths = _players(run_dir, points)
+    paths = _players(run_dir, points, None if checkpoints is None else Path(checkpoints))
     try:
         loaded = [load_policy(path) for path in paths]
     except PolicyFileError as exc:
@@ -78,7 +89,7 @@ def ladder(run_dir: str | Path, games: int = 20, points: int = 6, seed: int = 0)
     elo = elo_ratings(won, met)
     rows = [
         {
-            "player": str(path.relative_to(run_dir)),
+            "player": str(path.relative_to(run_dir) if path.is_relative_to(run_dir) else path),
             "version": policy.version,
             "elo": round(float(elo[k]), 1),
             "score": round(float(won[k].sum() / met[k].sum()), 3),

@@ -305,6 +305,14 @@ def plot_command(args: argparse.Namespace) -> int:
     arg("--games", type=int, default=20, help="games per pair of snapshots (seats alternate)"),
     arg("--points", type=int, default=6, help="checkpoints to take, evenly spaced"),
     arg("--seed", type=int, default=0, help="seed of the games (moves are sampled)"),
+    arg(
+        "--checkpoints",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="take the checkpoints from DIR (copies kept along the run) instead of "
+        "RUN_DIR/checkpoints, which holds the newest three",
+    ),
 )
 def ladder_command(args: argparse.Namespace) -> int:
     """Play every pair of snapshots, fit Elo ratings, print them and write ladder.csv."""
@@ -315,12 +323,13 @@ def ladder_command(args: argparse.Namespace) -> int:
     for name in ("games", "points"):
         if getattr(args, name) < 1 + (name == "points"):
             raise ConfigError(name, getattr(args, name), f"must be >= {1 + (name == 'points')}")
-    rows = ladder(args.run_dir, args.games, args.points, args.seed)
+    rows = ladder(args.run_dir, args.games, args.points, args.seed, args.checkpoints)
     write_ladder_csv(args.run_dir / "ladder.csv", rows)
-    print(f"{'player':<36} {'version':>7} {'elo':>8} {'score':>6} {'games':>6}")
+    width = max(len(row["player"]) for row in rows)
+    print(f"{'player':<{width}} {'version':>7} {'elo':>8} {'score':>6} {'games':>6}")
     for row in rows:
         print(
-            f"{row['player']:<36} {row['version']:>7} {row['elo']:>8.1f} "
+            f"{row['player']:<{width}} {row['version']:>7} {row['elo']:>8.1f} "
             f"{row['score']:>6.3f} {row['games']:>6}"
         )
     print(f"written: {args.run_dir / 'ladder.csv'}")
