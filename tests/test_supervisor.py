@@ -338,7 +338,9 @@ def log_after(path: Path, marker: str) -> str:
 @pytest.mark.timeout(RUN_S + 60)
 def test_kill_9_of_a_zmq_rl_run_actor_is_survived(procs, tmp_path, learner_port):
     run_dir = tmp_path / "run"
-    actors, budget_updates, actor_timeout = 3, 250, 3.0
+    # The run must outlast the replacement's start (1 s backoff, ~2.5 s of imports on a
+    # 2-core machine, then its first fragments): 250 updates took 5 s and lost the race.
+    actors, budget_updates, actor_timeout = 3, 600, 3.0
     run = procs.start(
         "zmq-rl-run",
         run_argv(
