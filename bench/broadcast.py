@@ -271,7 +271,7 @@ def run_busy(actors: int, seconds: float) -> dict:
         num_steps=64,
         fragment_length=64,
         total_env_steps=10**12,
-        broadcast_every=1,  # on_update below relies on it
+        broadcast_every=1,  # every update publishes a version
         eval_every=0,
         eval_episodes=1,
         checkpoint_every=0,
@@ -283,14 +283,22 @@ def run_busy(actors: int, seconds: float) -> dict:
     marks: dict[str, float] = {}
 
     def on_update(row: dict[str, Any]) -> None:
-        # broadcast_every is 1: the row's version was published just before this call.
-        published.setdefault(int(row["version"]), time.time())
         now = time.monotonic()
         marks.setdefault("first", now)
         if now - marks["first"] >= seconds:
             learner.request_stop("broadcast benchmark done")
 
     learner = Learner(cfg, ppo, PolicyConfig(), on_update=on_update)
+    publish = learner.publish_weights
+
+    def timed_publish(send: bool = True) -> None:
+        # Stamped as the frames go out: an actor can load a version before the
+        # update's row reaches on_update (a stamp there made latencies negative).
+        if send:
+            published.setdefault(learner.version, time.time())
+        publish(send)
+
+    learner.publish_weights = timed_publish  # type: ignore[method-assign]
     ctx = zmq.Context()
     back = ctx.socket(zmq.PULL)
     back.bind(ack)
