@@ -138,6 +138,8 @@ def test_support_is_the_plain_mlp_under_ppo():
     assert "objective" in analytic_support(mlp, PPOConfig(objective="decoupled"))
     lstm = build_policy(OBS, SPACES["discrete"], PolicyConfig(policy_type="lstm"))
     assert "RecurrentActorCritic" in analytic_support(lstm, PPOConfig())
+    assert "not the CPU" in analytic_support(copy.deepcopy(mlp).to("meta"), PPOConfig())
+    assert "float16" in analytic_support(copy.deepcopy(mlp).half(), PPOConfig())
     mlp.policy_head.bias.requires_grad_(False)  # autograd would leave it alone
     assert "frozen" in analytic_support(mlp, PPOConfig())
 
@@ -212,3 +214,18 @@ def test_optimizer_step_hooks_still_run():
     trainer.optimizer.register_step_post_hook(lambda *_: steps.append(1))
     trainer.update(_rollout_batch(policy, 32, 0))
     assert len(steps) == 2 * 2
+
+
+def test_parameters_given_new_memory_are_still_the_ones_stepped():
+    """The numpy steps move the policy's own tensors: a parameter whose memory was
+    replaced after the trainer was built (``param.data = ...``) is trained too."""
+    policy = _policy("discrete", dtype=torch.float32)
+    trainer = PPOTrainer(policy, PPOConfig(num_epochs=1, minibatch_size=16), seed=0)
+    trainer.update(_rollout_batch(policy, 32, 0))
+    head = policy.policy_head.weight
+    head.data = head.data.clone()  # memory of its own, outside the flat buffer
+    before = head.detach().clone()
+    trainer.update(_rollout_batch(policy, 32, 1))
+    assert not torch.equal(head, before)
+    flat = trainer.flat.flat_params  # the parameter is a view of the flat buffer again
+    assert head.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()

@@ -370,29 +370,6 @@ def test_cuda_graph_steps_equal_eager_steps(case: str, monkeypatch: pytest.Monke
 
 
 @NEEDS_CUDA
-@pytest.mark.parametrize("case", ["ppo-discrete", "ppo-remainder", "poisoned"])
-def test_cuda_closed_form_gradients_equal_autograd(
-    case: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The golden cases on CUDA, eager steps, with closed-form gradients
-    (rl/analytic.py, the flat-buffer clip and functional Adam) and with autograd: the
-    same metrics and weights within float32 tolerance."""
-    from tests import ppo_golden
-
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(ppo_golden, "DEVICE", "cuda")
-    results = {}
-    for analytic in (True, False):
-        monkeypatch.setattr(ppo_golden, "BASE", dataclasses.replace(
-            ppo_golden.BASE, cuda_graphs=False, analytic_gradients=analytic
-        ))  # fmt: skip
-        results[analytic] = ppo_golden.run_case(case)
-        assert (ppo_golden.LAST_TRAINER.flat is not None) is analytic
-    for key, autograd in results[False].items():
-        np.testing.assert_allclose(results[True][key], autograd, rtol=1e-4, atol=1e-5, err_msg=key)
-
-
-@NEEDS_CUDA
 def test_cuda_checkpoints_load_on_the_cpu_and_back(tmp_path: Path) -> None:
     gpu = make_trainer("cuda")
     gpu.update(make_rollout(), 0.0)

@@ -17,6 +17,7 @@ from gymnasium import spaces
 
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 from zmq_rl.rl.advantages import gae, vtrace
+from zmq_rl.rl.closed_form import ClosedFormSteps
 from zmq_rl.rl.normalization import RewardScaler
 from zmq_rl.rl.policy import build_policy
 from zmq_rl.rl.ppo import PPOTrainer
@@ -236,7 +237,8 @@ def test_invalid_rows_have_no_influence_on_the_update(analytic, use_vtrace):
     assert max(float((p - q).abs().max()) for p, q in zip(params, included, strict=True)) > 1e-3
 
 
-def test_the_batch_holds_the_valid_rows_and_the_minibatches_cut_them(monkeypatch):
+@pytest.mark.parametrize("analytic", [True, False])
+def test_the_batch_holds_the_valid_rows_and_the_minibatches_cut_them(monkeypatch, analytic):
     """The flat batch is the valid rows in row-major order; PPO cuts its minibatches
     from that many rows (a remainder minibatch included), each epoch covering every
     valid row once."""
@@ -249,19 +251,31 @@ def test_the_batch_holds_the_valid_rows_and_the_minibatches_cut_them(monkeypatch
     np.testing.assert_array_equal(batch.actions.numpy(), rollout.actions[VALID])
     np.testing.assert_array_equal(batch.old_values.numpy(), rollout.values[VALID])
     sizes: list[int] = []
-    original = PPOTrainer._minibatch_step
+    if analytic:  # the numpy steps (rl/closed_form.py)
+        gradients = ClosedFormSteps.gradients
 
-    def record(self, rows, plan, tally, checked):
-        sizes.append(int(rows.tensors["actions"].shape[0]))
-        return original(self, rows, plan, tally, checked)
+        def record(self, rows, clip_range):
+            sizes.append(int(rows.actions.shape[0]))
+            return gradients(self, rows, clip_range)
 
-    monkeypatch.setattr(PPOTrainer, "_minibatch_step", record)
-    trainer = PPOTrainer(policy, PPOConfig(num_epochs=2, minibatch_size=6), seed=0)
+        monkeypatch.setattr(ClosedFormSteps, "gradients", record)
+    else:
+        original = PPOTrainer._minibatch_step
+
+        def record(self, rows, plan, tally, checked):
+            sizes.append(int(rows.tensors["actions"].shape[0]))
+            return original(self, rows, plan, tally, checked)
+
+        monkeypatch.setattr(PPOTrainer, "_minibatch_step", record)
+    ppo = PPOConfig(num_epochs=2, minibatch_size=6, analytic_gradients=analytic)
+    trainer = PPOTrainer(policy, ppo, seed=0)
+    assert (trainer.flat is not None) is analytic
     metrics = trainer.update(batch)
     assert sizes == [6, 6, 4] * 2
     assert metrics["losses/epochs_run"] == pytest.approx(2.0)
     sizes.clear()
-    PPOTrainer(policy, PPOConfig(num_epochs=1, num_minibatches=4), seed=0).update(batch)
+    ppo = PPOConfig(num_epochs=1, num_minibatches=4, analytic_gradients=analytic)
+    PPOTrainer(policy, ppo, seed=0).update(batch)
     assert sizes == [4, 4, 4, 4]  # 16 valid rows in 4 (24 rows would give 6 each)
 
 

@@ -729,7 +729,9 @@ class LearnerConfig:
         "largest message the learner accepts (ZMQ_MAXMSGSIZE); 0 = derived from the env: "
         "twice the largest legitimate fragment plus 64 KB",
     )
-    torch_threads: int = _f(1, "torch intra-op threads for the update (small nets: 1 is fastest)")
+    torch_threads: int = _f(
+        1, "torch intra-op and numpy BLAS threads for the update (small nets: 1 is fastest)"
+    )
     ingest_thread: bool = _f(
         False,
         "receive, validate and queue fragments and serve control and heartbeats on a "

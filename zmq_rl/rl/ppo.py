@@ -19,20 +19,19 @@
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import torch
 from torch import nn
-from torch.optim import optimizer as optimizer_module
-from torch.optim.adam import adam as functional_adam
 
 from zmq_rl.config import PPOConfig
-from zmq_rl.rl.analytic import AnalyticBatch, analytic_support, ppo_gradients
+from zmq_rl.rl.analytic import AnalyticBatch, analytic_support, loss_of_sums
+from zmq_rl.rl.closed_form import ClosedFormSteps
 from zmq_rl.rl.loss_terms import MEAN_KEYS as _MEAN_KEYS
 from zmq_rl.rl.loss_terms import PPOLoss
 from zmq_rl.rl.policy import Policy
@@ -51,8 +50,6 @@ __all__ = [
     "objective_loss",
     "ppo_loss",
 ]
-
-
 
 
 def ppo_loss(
@@ -507,93 +504,6 @@ class _Plan:
         return bounds
 
 
-class _FlatSteps:
-    """The unchecked step of closed-form gradients at the cost of its math: every
-    gradient lives in one flat buffer (the norm clip is one norm and one scale instead
-    of ``clip_grad_norm_``'s per-tensor passes), and Adam runs through torch's
-    functional ``adam`` on the optimiser's own state tensors, listed once (no
-    per-step grouping or profiler records; ``optimizer.step()`` when step hooks are
-    registered). The same arithmetic as ``clip_grad_norm_(foreach=True)`` followed
-    by ``optimizer.step()``."""
-
-    def __init__(self, trainer: PPOTrainer) -> None:
-        self.trainer = trainer
-        params = trainer.params
-        sizes = [p.numel() for p in params]
-        self.flat = torch.zeros(sum(sizes), dtype=params[0].dtype, device=params[0].device)
-        self.views = {
-            p: view.view_as(p) for p, view in zip(params, self.flat.split(sizes), strict=True)
-        }
-        self._adam_lists: tuple[list[torch.Tensor], ...] | None = None
-
-    def set_grads(self) -> None:
-        """Point every parameter's ``grad`` at its part of the flat buffer."""
-        for param, view in self.views.items():
-            param.grad = view
-
-    def clip_and_step(self, max_grad_norm: float, finite: torch.Tensor) -> None:
-        """Clip the global gradient norm to ``max_grad_norm``, fold its finiteness into
-        ``finite`` (no read of the device) and take Adam's step."""
-        norm = torch.linalg.vector_norm(self.flat)
-        self.flat.mul_(torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0))
-        torch.logical_and(finite, torch.isfinite(norm), out=finite)
-        optimizer = self.trainer.optimizer
-        lists = self._lists(optimizer)
-        if lists is None or _has_step_hooks(optimizer):
-            optimizer.step()  # the first step creates Adam's state; hooks must run
-            return
-        group = optimizer.param_groups[0]
-        beta1, beta2 = group["betas"]
-        options = {k: group[k] for k in _ADAM_OPTIONS if k in group}
-        functional_adam(*lists, beta1=beta1, beta2=beta2, lr=group["lr"], **options)
-
-    def _lists(self, optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], ...] | None:
-        """Adam's (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps), or
-        None before its state exists; listed again whenever the state was replaced
-        (a restore or a checkpoint load)."""
-        params = self.trainer.params
-        first = optimizer.state.get(params[0], {}).get("exp_avg")
-        if first is None:
-            self._adam_lists = None
-            return None
-        if self._adam_lists is None or self._adam_lists[2][0] is not first:
-            states = [optimizer.state[p] for p in params]
-            self._adam_lists = (
-                list(params),
-                [self.views[p] for p in params],
-                [s["exp_avg"] for s in states],
-                [s["exp_avg_sq"] for s in states],
-                [s["max_exp_avg_sq"] for s in states if "max_exp_avg_sq" in s],
-                [s["step"] for s in states],
-            )
-        return self._adam_lists
-
-
-_ADAM_OPTIONS = tuple(
-    name
-    for name in (
-        "amsgrad", "weight_decay", "eps", "maximize", "foreach", "capturable",
-        "differentiable", "fused", "decoupled_weight_decay",
-    )
-    if name in inspect.signature(functional_adam).parameters
-)  # fmt: skip
-"""The param-group options torch's functional ``adam`` takes (they vary by version)."""
-
-
-def _has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether a step hook is registered on ``optimizer`` or globally (then only
-    ``optimizer.step()`` runs it); True where torch keeps them elsewhere."""
-    try:
-        return bool(
-            optimizer._optimizer_step_pre_hooks
-            or optimizer._optimizer_step_post_hooks
-            or optimizer_module._global_optimizer_pre_hooks
-            or optimizer_module._global_optimizer_post_hooks
-        )
-    except AttributeError:
-        return True
-
-
 class _CudaGraphs:
     """The unchecked minibatch step (loss, backward, clip, Adam, the metrics' sums)
     captured as one CUDA graph per minibatch size, so that a step costs one launch
@@ -722,15 +632,13 @@ class PPOTrainer:
             self.params, lr=cfg.learning_rate, eps=cfg.adam_eps, **_adam_implementation(self.params)
         )
         on_cuda = bool(self.params) and self.params[0].device.type == "cuda"
-        self.graphs: _CudaGraphs | None = (
-            _CudaGraphs(self) if cfg.cuda_graphs and on_cuda else None
-        )
+        self.graphs: _CudaGraphs | None = _CudaGraphs(self) if cfg.cuda_graphs and on_cuda else None
         """CUDA graphs of the minibatch step (``cuda_graphs`` on a CUDA device)."""
-        self.flat: _FlatSteps | None = None
-        """Closed-form gradients (:mod:`zmq_rl.rl.analytic`) in one flat buffer, for
-        the steps no graph takes (``analytic_gradients`` and a policy it supports)."""
+        self.flat: ClosedFormSteps | None = None
+        """Closed-form gradients and numpy steps (:mod:`zmq_rl.rl.closed_form`), with
+        ``analytic_gradients`` and a policy they support (the CPU MLP under ``ppo``)."""
         if cfg.analytic_gradients and analytic_support(policy, cfg) is None:
-            self.flat = _FlatSteps(self)
+            self.flat = ClosedFormSteps(policy, self.optimizer, cfg)  # type: ignore[arg-type]
         self._set_lr(cfg.learning_rate)
         self.generator = torch.Generator()
         self.generator.manual_seed(int(seed))
@@ -815,7 +723,7 @@ class PPOTrainer:
         centre = self._centre_log_probs(batch) if batch is not None else None
         rows = _Rows.of(batch, centre) if batch is not None else None
         self.policy.train()
-        if self.sync is None and self.cfg.target_kl == 0.0:
+        if self.sync is None and self.cfg.target_kl == 0.0 and self.flat is None:
             start = self._snapshot()
             tally = self._epochs(rows, plan, checked=False)
             if not bool(tally.finite):  # the update's one read of the device
@@ -903,8 +811,16 @@ class PPOTrainer:
         stopping early for ``target_kl``."""
         tally = _Tally.on(self.params[0].device)
         bounds = plan.bounds(synced=self.sync is not None)
+        numpy_rows = None
+        if self.flat is not None and self.sync is None and rows is not None:
+            numpy_rows = self.flat.batch(rows.obs, rows.tensors)
         for _epoch in range(self.cfg.num_epochs):
             host_perm = torch.randperm(plan.n, generator=self.generator)
+            if numpy_rows is not None:
+                self._closed_form_epoch(numpy_rows, host_perm.numpy(), bounds, plan, tally)
+                if tally.stop:
+                    return tally
+                continue
             shuffled = None
             if rows is not None:
                 shuffled = rows.permuted(host_perm.to(self.params[0].device), host_perm)
@@ -916,6 +832,36 @@ class PPOTrainer:
                 if tally.stop:
                     return tally
         return tally
+
+    def _closed_form_epoch(
+        self,
+        rows: AnalyticBatch,
+        perm: np.ndarray,
+        bounds: list[tuple[int, int]],
+        plan: _Plan,
+        tally: _Tally,
+    ) -> None:
+        """One epoch of numpy steps (:mod:`zmq_rl.rl.closed_form`) over ``rows`` in the
+        order ``perm``: each step checked as :meth:`_minibatch_step` checks one (a
+        non-finite gradient norm is skipped and counted; ``target_kl`` stops after
+        the step that exceeded it), since reading the CPU costs nothing."""
+        flat = self.flat
+        assert flat is not None
+        shuffled = flat.permuted(rows, perm)
+        sums = tally.sums.numpy()
+        with np.errstate(all="ignore"):  # an overflow shows as a non-finite norm
+            for start, end in bounds:
+                terms = flat.gradients(flat.part(shuffled, start, end), plan.clip_range)
+                tally.steps += 1
+                if not flat.step(self.cfg.max_grad_norm):
+                    tally.skipped += 1
+                    continue
+                terms /= end - start
+                sums += terms
+                tally.minibatches += 1
+                if 0.0 < self.cfg.target_kl < terms[3]:  # approx_kl
+                    tally.stop = True
+                    return
 
     def _minibatch_step(self, rows: _Rows, plan: _Plan, tally: _Tally, checked: bool) -> None:
         """Loss, backward, (ranks: gradient average), clip and step on one minibatch
@@ -944,8 +890,6 @@ class PPOTrainer:
                 # must not turn the weights into NaN: skip it and count it.
                 tally.skipped += 1
                 return
-        elif flat is not None:
-            flat.clip_and_step(cfg.max_grad_norm, tally.finite)
         else:
             norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm, foreach=True)
             torch.logical_and(tally.finite, torch.isfinite(norm), out=tally.finite)
@@ -968,19 +912,16 @@ class PPOTrainer:
             tally.stop = True
 
     def _analytic_gradients(
-        self, flat: _FlatSteps, rows: _Rows, clip_range: float
+        self, flat: ClosedFormSteps, rows: _Rows, clip_range: float
     ) -> tuple[PPOLoss, int]:
         """The loss terms of one minibatch and its weight, with every parameter's
-        ``grad`` set in closed form (:func:`~zmq_rl.rl.analytic.ppo_gradients`) in
-        ``flat``'s buffer."""
-        t = rows.tensors
-        batch = AnalyticBatch(
-            rows.obs, t["actions"], t["old_log_probs"], t["old_values"], t["returns"],
-            self._normalised(t["advantages"]),
-        )  # fmt: skip
-        loss, _ = ppo_gradients(self.policy, batch, self.cfg, clip_range, out=flat.views)  # type: ignore[arg-type]
+        ``grad`` set in closed form (:meth:`ClosedFormSteps.gradients`) in ``flat``'s
+        buffer (learner ranks then average the gradients)."""
+        n = int(rows.tensors["actions"].shape[0])
+        with np.errstate(all="ignore"):
+            sums = flat.gradients(flat.batch(rows.obs, rows.tensors), clip_range)
         flat.set_grads()
-        return loss, int(t["actions"].shape[0])
+        return loss_of_sums(sums, n, self.cfg, self.params[0].dtype), n
 
     def _normalised(self, advantages: torch.Tensor) -> torch.Tensor:
         """A minibatch's advantages, normalised when the config says so (and the

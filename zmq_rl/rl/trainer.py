@@ -34,7 +34,20 @@ from .ppo import PPOTrainer
 from .rollout import Rollout, SlotKey
 from .targets import TargetSettings, rollout_to_batch
 
-__all__ = ["Trainer", "UpdateResult"]
+__all__ = ["Trainer", "UpdateResult", "set_compute_threads"]
+
+
+def set_compute_threads(threads: int) -> None:
+    """Run this process's math on ``threads`` cores: torch's intra-op threads and the
+    BLAS that numpy's matmuls call (the closed-form PPO steps, rl/closed_form.py; a
+    1,024-row minibatch would otherwise spread over every core, beside the actors).
+    Without ``threadpoolctl`` installed, BLAS keeps its own default."""
+    torch.set_num_threads(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=threads, user_api="blas")
 
 
 @dataclass
@@ -63,7 +76,7 @@ class Trainer:
         action_space: gym.Space,
     ) -> None:
         torch.manual_seed(cfg.seed)
-        torch.set_num_threads(cfg.torch_threads)
+        set_compute_threads(cfg.torch_threads)
         self.cfg = cfg
         self.device: torch.device = resolve_device(cfg.device)
         # Built on the CPU from the seeded RNG, then moved: the same initial weights
