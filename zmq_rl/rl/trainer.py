@@ -214,22 +214,24 @@ class Trainer:
             self.carry_states.pop(key, None)
 
     def _account(self, rollout: Rollout) -> list[float]:
-        """Episode returns completed in ``rollout``, from unscaled rewards, slot by slot
-        in row order; unfinished episodes carry over to the next rollout. Rows that
-        are not valid belong to no episode and are skipped."""
+        """Episode returns completed in ``rollout``, from unscaled rewards, in the order
+        they ended (by row, then slot: the progress line's recent mean is then over
+        the episodes that ended last, not over the last slots' episodes); unfinished
+        episodes carry over to the next rollout. Rows that are not valid belong to no
+        episode and are skipped."""
         done = rollout.terminated | rollout.truncated
         valid = rollout.valid
         every_row = range(rollout.num_steps)
-        finished: list[float] = []
+        finished: list[tuple[int, int, float]] = []
         for b, key in enumerate(rollout.slots):
             running = self.running_return.get(key, 0.0)
             for t in every_row if valid is None else np.flatnonzero(valid[:, b]).tolist():
                 running += float(rollout.rewards[t, b])
                 if done[t, b]:
-                    finished.append(running)
+                    finished.append((t, b, running))
                     running = 0.0
             self.running_return[key] = running
-        return finished
+        return [ret for _, _, ret in sorted(finished)]
 
     def state_dict(self) -> dict[str, Any]:
         """Tensors, numbers and JSON strings only (loads with ``weights_only=True``);
