@@ -63,7 +63,14 @@ from _util import _finite, free_port_block, machine_info  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from zmq_rl.baselines import COLS, one_ply_move, random_move  # noqa: E402
+from zmq_rl.baselines import (  # noqa: E402
+    COLS,
+    MOVER,
+    OPPONENT,
+    one_ply_move,
+    random_move,
+    winning_moves,
+)
 
 RESULTS = ROOT / "bench" / "results"
 RUNS = ROOT / "runs" / "connect_four"
@@ -107,6 +114,7 @@ def play_games(
     env = connect_four_v3.env()
     wins = draws = losses = illegal_policy = illegal_opponent = 0
     lengths = []
+    tactics = Tactics()
     for game in range(games):
         env.reset(seed=seed + game)
         policy_agent = env.possible_agents[0 if policy_first else 1]
@@ -125,6 +133,8 @@ def play_games(
                 continue
             is_policy = agent == policy_agent
             action = int((policy_move if is_policy else opponent_move)(obs, rng))
+            if is_policy:
+                tactics.see(obs, action)
             if not (0 <= action < COLS and obs["action_mask"][action]):
                 outcome = "loss" if is_policy else "win"
                 illegal_policy += is_policy
@@ -153,7 +163,38 @@ def play_games(
         "illegal_policy": illegal_policy,
         "illegal_opponent": illegal_opponent,
         "mean_moves": statistics.fmean(lengths) if lengths else math.nan,
+        **tactics.counts(),
     }
+
+
+class Tactics:
+    """How often the policy takes an immediate win when one exists, and, when none
+    does, blocks the opponent's immediate win: the one-ply player's two rules, which a
+    policy must follow to beat it (a diagnostic of play, not of the score)."""
+
+    def __init__(self) -> None:
+        self.wins_available = self.wins_taken = self.blocks_needed = self.blocks_made = 0
+
+    def see(self, obs: dict[str, np.ndarray], action: int) -> None:
+        """Count the policy's ``action`` in the position ``obs``."""
+        legal = set(np.flatnonzero(obs["action_mask"]).tolist())
+        wins = [c for c in winning_moves(obs["observation"], MOVER) if c in legal]
+        if wins:
+            self.wins_available += 1
+            self.wins_taken += action in wins
+            return
+        blocks = [c for c in winning_moves(obs["observation"], OPPONENT) if c in legal]
+        if blocks:
+            self.blocks_needed += 1
+            self.blocks_made += action in blocks
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "wins_available": self.wins_available,
+            "wins_taken": self.wins_taken,
+            "blocks_needed": self.blocks_needed,
+            "blocks_made": self.blocks_made,
+        }
 
 
 class PolicyPlayer:
@@ -362,6 +403,13 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(f"| **mean** | {cells(mean)} | {met} |")
     lines.append("")
     lines.append("Cells: win / draw / loss % of the policy's games.")
+    for row in rows:
+        seen = {k: sum(m.get(k, 0) for m in row["matchups"].values()) for k in Tactics().counts()}
+        lines.append(
+            f"{row['run_dir']}: took {seen['wins_taken']} of {seen['wins_available']} "
+            f"immediate wins, blocked {seen['blocks_made']} of {seen['blocks_needed']} "
+            "immediate threats (every matchup)"
+        )
     return "\n".join(lines)
 
 

@@ -272,9 +272,14 @@ def test_turn_based_rows_match_every_move_and_result_and_chain(opponent_share):
     assert (against > 10) == bool(opponent_share)
 
 
-def test_a_real_run_of_connect_four_by_self_play(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "network", [[], ["--factory", "zmq_rl.cnn:board_cnn"]], ids=["mlp", "board"]
+)
+def test_a_real_run_of_connect_four_by_self_play(tmp_path, capsys, network):
     """``zmq-rl run`` on a turn-based PettingZoo game: one shared policy plays both
-    seats in every game over tcp; evaluations play it against random legal moves."""
+    seats in every game over tcp; evaluations play it against random legal moves.
+    The board convolutions (``zmq_rl.cnn:board_cnn``) run the same way, with the
+    opponent pool's snapshots built by the actors from the same factory."""
     from tests.conftest import free_port_block
     from zmq_rl.cli import main as main_cli
 
@@ -282,6 +287,8 @@ def test_a_real_run_of_connect_four_by_self_play(tmp_path, capsys):
     argv = ["run", "--env", "pettingzoo.classic.connect_four_v3", "--actors", "1"]
     argv += ["--num-envs", "4", "--total-env-steps", "6000", "--eval-episodes", "20"]
     argv += ["--port", str(free_port_block()), "--run-dir", str(run_dir), "--no-plot"]
+    if network:
+        argv += [*network, "--opponent-pool", "2", "--opponent-every", "2"]
     assert main_cli.main(argv) == 0, capsys.readouterr().err
     report = json.loads((run_dir / "report.json").read_text())
     assert report["stop_reason"] == "budget spent"

@@ -253,6 +253,44 @@ class _ImagePart(nn.Module):
         pass
 
 
+class _BoardPart(nn.Module):
+    """A board game's grid (``[H, W, C]`` planes, channels last, as PettingZoo's
+    classic games give them) through one layer of ``filters`` convolutions over every
+    window of ``min(4, H, W)`` cells square (no padding), ReLU, flattened: every line
+    of four cells on the board lies in one window, so a filter can see a threat
+    (three of one colour and a free cell) wherever it is. :func:`zmq_rl.rl.cnn.board_cnn`
+    uses it."""
+
+    def __init__(self, space: gymnasium.spaces.Box, ortho: bool, filters: int = 64) -> None:
+        super().__init__()
+        height, width, channels = (int(d) for d in space.shape)
+        kernel = min(4, height, width)
+        self.conv = nn.Conv2d(channels, filters, kernel)
+        self._out = filters * (height - kernel + 1) * (width - kernel + 1)
+        if ortho:
+            nn.init.orthogonal_(self.conv.weight, gain=math.sqrt(2.0))
+            nn.init.zeros_(self.conv.bias)
+
+    @property
+    def out_features(self) -> int:
+        return self._out
+
+    def forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        x = x.to(dtype).permute(0, 3, 1, 2)
+        return F.relu(self.conv(x)).flatten(1)
+
+    def update_stats(self, batch: np.ndarray) -> None:
+        pass
+
+
+def is_board_space(space: Any) -> bool:
+    """A board: a Box of rank 3, ``[H, W, C]`` with fewer channels than either side."""
+    if not isinstance(space, gymnasium.spaces.Box) or len(space.shape) != 3:
+        return False
+    height, width, channels = space.shape
+    return channels < min(height, width)
+
+
 def is_image_space(space: Any) -> bool:
     """An image box: uint8, rank 2 or 3, both spatial sides >= 36 pixels."""
     if not isinstance(space, gymnasium.spaces.Box) or space.dtype != np.uint8:
@@ -271,19 +309,22 @@ class ObsEncoder(nn.Module):
 
     The parts live in ``self.parts`` in spec order (``parts.0``, ``parts.1``, ... in
     the ``state_dict``), so two processes that build from equal spaces exchange
-    weights and normalisation statistics."""
+    weights and normalisation statistics. With ``boards``, board parts
+    (:func:`is_board_space`) go through convolutions (:func:`zmq_rl.rl.cnn.board_cnn`)
+    instead of being flattened."""
 
-    def __init__(self, space: gymnasium.Space, cfg: PolicyConfig) -> None:
+    def __init__(self, space: gymnasium.Space, cfg: PolicyConfig, boards: bool = False) -> None:
         super().__init__()
         self.paths: list[tuple] = []
         parts: list[nn.Module] = []
         for path, leaf in leaf_paths(space):
             if isinstance(leaf, gymnasium.spaces.Box):
-                part: nn.Module = (
-                    _ImagePart(leaf, cfg.ortho_init)
-                    if is_image_space(leaf)
-                    else _BoxPart(leaf, cfg.normalize_obs)
-                )
+                if is_image_space(leaf):
+                    part: nn.Module = _ImagePart(leaf, cfg.ortho_init)
+                elif boards and is_board_space(leaf):
+                    part = _BoardPart(leaf, cfg.ortho_init)
+                else:
+                    part = _BoxPart(leaf, cfg.normalize_obs)
             elif isinstance(leaf, gymnasium.spaces.Discrete):
                 part = _OneHotPart(np.array([leaf.n]), np.array([leaf.start]))
             elif isinstance(leaf, gymnasium.spaces.MultiDiscrete):
@@ -488,10 +529,11 @@ class StructuredActorCritic(nn.Module):
         observation_space: gymnasium.Space,
         action_space: gymnasium.Space,
         cfg: PolicyConfig,
+        boards: bool = False,
     ) -> None:
         super().__init__()
         cfg.validate()
-        self.encoder = ObsEncoder(observation_space, cfg)
+        self.encoder = ObsEncoder(observation_space, cfg, boards)
         self.heads = ActionHeads(action_space, cfg)
         self.mask_key = mask_key(observation_space, action_space)
         self.shared_trunk = bool(cfg.shared_trunk)
