@@ -1,4 +1,4 @@
-"""``--factory zmq_rl.cnn:board_cnn``: board planes through window convolutions, the
+"""``--factory zmq_rl.rl.boards:board_cnn``: board planes through window convolutions, the
 rest of the built-in structured actor-critic unchanged (masks, heads, weights)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from zmq_rl.config import PolicyConfig
-from zmq_rl.rl.cnn import board_cnn
+from zmq_rl.rl.boards import board_cnn
 from zmq_rl.rl.networks import is_board_space
 from zmq_rl.rl.policy import export_weights, import_weights
 

@@ -273,12 +273,12 @@ def test_turn_based_rows_match_every_move_and_result_and_chain(opponent_share):
 
 
 @pytest.mark.parametrize(
-    "network", [[], ["--factory", "zmq_rl.cnn:board_cnn"]], ids=["mlp", "board"]
+    "network", [[], ["--factory", "zmq_rl.rl.boards:board_cnn"]], ids=["mlp", "board"]
 )
 def test_a_real_run_of_connect_four_by_self_play(tmp_path, capsys, network):
     """``zmq-rl run`` on a turn-based PettingZoo game: one shared policy plays both
     seats in every game over tcp; evaluations play it against random legal moves.
-    The board convolutions (``zmq_rl.cnn:board_cnn``) run the same way, with the
+    The board convolutions (``zmq_rl.rl.boards:board_cnn``) run the same way, with the
     opponent pool's snapshots built by the actors from the same factory."""
     from tests.conftest import free_port_block
     from zmq_rl.cli import main as main_cli

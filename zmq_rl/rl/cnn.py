@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 from zmq_rl.config import PolicyConfig
 
-__all__ = ["NatureCNN", "board_cnn", "minatar_cnn", "minatar_conv", "nature_cnn"]
+__all__ = ["NatureCNN", "minatar_cnn", "minatar_conv", "nature_cnn"]
 
 
 def _init(layer: nn.Module, gain: float) -> nn.Module:
@@ -243,23 +243,3 @@ def minatar_cnn(
         conv=minatar_conv(shape[0]),
     )
 
-
-def board_cnn(
-    observation_space: gymnasium.Space, action_space: gymnasium.Space, cfg: PolicyConfig
-) -> nn.Module:
-    """The ``--factory zmq_rl.cnn:board_cnn`` entry point, for board games: the built-in
-    structured actor-critic (:class:`zmq_rl.rl.networks.StructuredActorCritic`, so
-    ``action_mask`` entries, Dict observations and every action space work as with
-    the MLP) whose board parts -- ``[H, W, C]`` Box planes with fewer channels than
-    either side, e.g. connect four's ``(6, 7, 2)`` -- go through one layer of 64
-    convolutions over every 4 x 4 window (no padding: every line of four cells lies in
-    one window) instead of being flattened; the MLP trunks of ``cfg.hidden_sizes``
-    follow. A space without a board part is refused by name."""
-    from .networks import StructuredActorCritic, is_board_space, leaf_paths
-
-    if not any(is_board_space(leaf) for _, leaf in leaf_paths(observation_space)):
-        raise ValueError(
-            "zmq_rl.cnn:board_cnn needs a board in the observation: a Box of shape "
-            f"(H, W, C) with fewer channels than either side, got {observation_space!r}"
-        )
-    return StructuredActorCritic(observation_space, action_space, cfg, boards=True)

@@ -258,7 +258,7 @@ class _BoardPart(nn.Module):
     classic games give them) through one layer of ``filters`` convolutions over every
     window of ``min(4, H, W)`` cells square (no padding), ReLU, flattened: every line
     of four cells on the board lies in one window, so a filter can see a threat
-    (three of one colour and a free cell) wherever it is. :func:`zmq_rl.rl.cnn.board_cnn`
+    (three of one colour and a free cell) wherever it is. :func:`zmq_rl.rl.boards.board_cnn`
     uses it."""
 
     def __init__(self, space: gymnasium.spaces.Box, ortho: bool, filters: int = 64) -> None:
@@ -310,7 +310,7 @@ class ObsEncoder(nn.Module):
     The parts live in ``self.parts`` in spec order (``parts.0``, ``parts.1``, ... in
     the ``state_dict``), so two processes that build from equal spaces exchange
     weights and normalisation statistics. With ``boards``, board parts
-    (:func:`is_board_space`) go through convolutions (:func:`zmq_rl.rl.cnn.board_cnn`)
+    (:func:`is_board_space`) go through convolutions (:func:`zmq_rl.rl.boards.board_cnn`)
     instead of being flattened."""
 
     def __init__(self, space: gymnasium.Space, cfg: PolicyConfig, boards: bool = False) -> None:
