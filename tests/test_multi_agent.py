@@ -564,3 +564,56 @@ def test_agents_by_name_train_with_a_real_learner(start_learner, learner_port, c
     assert report.stop_reason == "budget spent"
     assert 0 < report.env_steps_consumed <= taken
     assert report.env_steps_consumed < report.updates_completed * 16 * 8  # rows > agent steps
+
+
+def test_random_openings_start_games_at_varied_even_depths_and_keep_rows_true():
+    """``opening_moves``: games start after 0, 2, 4 or 6 random legal moves (whole
+    rounds: the first seat moves first), those moves are nobody's rows, and the rows
+    stay true: every row that wins is a winning move of its observation, every game
+    gives one win and one loss row, each mover sees its own pieces in plane 0."""
+    from zmq_rl.baselines import MOVER, OPPONENT, landing_row, winning_moves
+    from zmq_rl.multi_agent import TurnSlots
+
+    envs = [build_env("pettingzoo.classic.connect_four_v3") for _ in range(4)]
+    slots = TurnSlots(envs, envs[0].possible_agents, rng=np.random.default_rng(3), opening_moves=6)
+    slots.reset([0, 1, 2, 3])
+    rng = np.random.default_rng(0)
+    first_depths, wins, losses = set(), 0, 0
+    new_game = np.ones(slots.num_slots, bool)
+    for _ in range(300):
+        for _ in range(slots.agents_per_env):
+            idx, movers, obs = slots.to_move()
+            if obs is None:
+                continue
+            decided = _random_decisions(obs, rng)
+            slots.play(idx, movers, decided.env_actions, decided)
+        rows = slots.emit(np.int64(0))
+        for slot in np.flatnonzero(rows.valid):
+            board = rows.obs["observation"][slot]
+            own, theirs = int(board[..., MOVER].sum()), int(board[..., OPPONENT].sum())
+            assert own == theirs - (slot % 2)  # the mover's pieces are plane 0
+            if new_game[slot] and slot % 2 == 0:
+                first_depths.add(own + theirs)
+            new_game[slot] = bool(rows.terminated[slot] or rows.truncated[slot])
+            action = int(rows.actions[slot])
+            if rows.rewards[slot] > 0:
+                wins += 1
+                assert action in winning_moves(board, MOVER)
+            elif rows.rewards[slot] < 0:
+                losses += 1
+                after = board.copy()
+                after[landing_row(after, action), action, MOVER] = 1
+                assert winning_moves(after, OPPONENT)  # the move the opponent punished
+    assert first_depths <= {0, 2, 4, 6} and len(first_depths) >= 3
+    assert wins > 20 and abs(wins - losses) <= len(envs)  # a last game may be in flight
+
+
+def test_random_openings_are_refused_where_they_cannot_apply():
+    from zmq_rl.config import ConfigError, LearnerConfig
+    from zmq_rl.learner.loop import Learner
+
+    with pytest.raises(ConfigError, match="opening_moves"):
+        LearnerConfig(opening_moves=-1).validate()
+    cartpole = LearnerConfig(env_id="CartPole-v1", opening_moves=4, run_dir="")
+    with pytest.raises(ConfigError, match="opening_moves.*not a turn-based game"):
+        Learner(cartpole)  # refused before any socket is bound

@@ -343,3 +343,16 @@ def test_the_opponent_choice_travels_only_when_it_is_not_uniform():
     body = {**latest.to_map(), "opponent_choice": "strongest"}
     with pytest.raises(ProtocolError, match="welcome.config.opponent_choice: 'strongest'"):
         RunSettings.from_map(body)
+
+
+def test_opening_moves_travel_only_when_asked_for():
+    """``welcome.config.opening_moves``: absent means 0 (earlier welcomes keep their
+    bytes), a count round-trips, and a negative or non-integer one is refused by name."""
+    assert "opening_moves" not in settings().to_map()
+    assert RunSettings.from_map(settings().to_map()).opening_moves == 0
+    opened = settings(opening_moves=6)
+    assert opened.to_map()["opening_moves"] == 6
+    assert RunSettings.from_map(opened.to_map()).opening_moves == 6
+    for bad in (-1, 2.5, "6"):
+        with pytest.raises(ProtocolError, match="welcome.config.opening_moves"):
+            RunSettings.from_map({**opened.to_map(), "opening_moves": bad})

@@ -691,6 +691,12 @@ class LearnerConfig:
     opponent_share: float = _f(
         0.5, "share of games in which one seat is played by a snapshot from the pool"
     )
+    opening_moves: int = _f(
+        0,
+        "turn-based games: each game starts with 0..N uniformly random legal moves (whole "
+        "rounds, not recorded), so self-play meets positions its own games never reach "
+        "(0 = games start from the empty board)",
+    )
     policy_map: str = _f(
         "",
         "multi-agent envs: train several policies, AGENT=POLICY,... (an agent name or an "
@@ -825,7 +831,7 @@ class LearnerConfig:
             f"must be 0 or >= broadcast_every * num_steps ({cycle}), "
             "or the learner's fill loop deadlocks",
         )
-        _non_negative_int(self, "eval_every", "opponent_pool")
+        _non_negative_int(self, "eval_every", "opponent_pool", "opening_moves")
         _positive_int(self, "opponent_every")
         _require(
             self.opponent_choice in ("uniform", "latest", "win_rate"),

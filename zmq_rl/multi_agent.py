@@ -313,6 +313,13 @@ class TurnSlots(_AgentSlots):
     names the opponent of each such game when it starts (:attr:`opponent_of`, per
     env), and ``on_result(opponent, outcome)`` hears how it ended for the policy's
     seat (``"win"``, ``"draw"``, ``"loss"``).
+
+    ``opening_moves``: every game starts with a number of uniformly random legal moves
+    drawn from ``0..opening_moves`` (with ``rng``) and rounded down to whole rounds, so
+    the first seat still moves first; they are nobody's rows. Self-play settles into a
+    few lines of play, and a policy trained only on them meets positions it never saw
+    against any other player (docs/benchmarks.md section 24); random openings spread
+    the positions. An opening that ends the game starts it over without one.
     """
 
     def __init__(
@@ -323,8 +330,10 @@ class TurnSlots(_AgentSlots):
         rng: np.random.Generator | None = None,
         pick: Callable[[], int] = lambda: 0,
         on_result: Callable[[int, str], None] = lambda opponent, outcome: None,
+        opening_moves: int = 0,
     ) -> None:
         super().__init__(envs, possible_agents)
+        self.opening_moves = int(opening_moves)
         self.held: list[_Row | None] = [None] * self.num_slots  # moved, outcome unknown
         self.final: list[deque[_Row]] = [deque() for _ in range(self.num_slots)]
         self.ended = np.ones(self.num_slots, bool)  # the last emitted row ended a game
@@ -343,8 +352,26 @@ class TurnSlots(_AgentSlots):
         """Start every env's first game (``seeds[e]`` for env ``e``)."""
         for e, (env, seed) in enumerate(zip(self.envs, seeds, strict=True)):
             env.reset(seed=seed)
+            self._open(e)
             self._seat_opponent(e)
         self._over[:] = False
+
+    def _open(self, e: int) -> None:
+        """Play env ``e``'s random opening (see the class docstring)."""
+        if not self.opening_moves:
+            return
+        env = self.envs[e]
+        moves = int(self.rng.integers(0, self.opening_moves + 1))
+        for _ in range(moves - moves % self.agents_per_env):
+            obs = env.last()[0]
+            mask = obs.get("action_mask") if isinstance(obs, dict) else None
+            if mask is None:
+                env.step(env.action_space(env.agent_selection).sample())
+            else:
+                env.step(int(self.rng.choice(np.flatnonzero(mask))))
+            if any(env.terminations.values()) or any(env.truncations.values()):
+                env.reset()
+                return
 
     def _seat_opponent(self, e: int) -> None:
         """Draw whether env ``e``'s new game has an opponent seat, and which."""
@@ -441,6 +468,7 @@ class TurnSlots(_AgentSlots):
         self.turns[:] = 0
         for e in np.flatnonzero(self._over):  # games that ended start at a round's start
             self.envs[e].reset()
+            self._open(e)
             self._seat_opponent(e)
             self.episode_steps[e * self.agents_per_env : (e + 1) * self.agents_per_env] = 0
         self._over[:] = False

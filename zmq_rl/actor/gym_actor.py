@@ -302,6 +302,7 @@ class GymActor:
             share,
             np.random.default_rng(agent.seed),
             **({} if pool is None else {"pick": pool.choose, "on_result": pool.record}),
+            opening_moves=settings.opening_moves,
         )
         slots.reset(env_seeds(agent.seed, len(slots.envs)))
         log.info(

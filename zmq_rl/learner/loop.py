@@ -102,6 +102,13 @@ class Learner:
                 f"{cfg.env_id} is not a turn-based game: snapshot opponents play turn-based "
                 "games only (0 turns the pool off)",
             )
+        if cfg.opening_moves and not shape.turn_based:
+            raise ConfigError(
+                "opening_moves",
+                cfg.opening_moves,
+                f"{cfg.env_id} is not a turn-based game: random openings are for turn-based "
+                "games only (0 turns them off)",
+            )
         if cfg.eval_opponent != "random":
             if not shape.turn_based:
                 raise ConfigError(

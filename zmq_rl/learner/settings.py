@@ -141,6 +141,7 @@ def run_settings(
         opponent_every=cfg.opponent_every,
         opponent_share=float(cfg.opponent_share),
         opponent_choice=cfg.opponent_choice,
+        opening_moves=cfg.opening_moves,
         policy_map=list(plan.agent_policies) if several else [],
         policies={pid: config_dict(c) for pid, c in plan.configs.items()} if several else {},
     )

@@ -152,6 +152,8 @@ MAX_FEATURE_CHARS = 64
 OPPONENT_CHOICES = ("uniform", "latest", "win_rate")
 """How an actor draws the snapshot a game is played against (``opponent_choice``,
 docs/protocol.md section 4.4)."""
+MAX_OPENING_MOVES = 1 << 16
+"""The most random opening moves a welcome may ask for (``opening_moves``)."""
 
 
 def _choice(value: Any, where: str, choices: Sequence[str]) -> str:
@@ -747,6 +749,9 @@ class RunSettings:
     opponent_every: int = 1
     opponent_share: float = 0.0
     opponent_choice: str = "uniform"  # which snapshot a game draws (OPPONENT_CHOICES)
+    # Turn-based games: random legal moves (0..N, whole rounds) that start every game
+    # (absent = 0: games start from the env's reset).
+    opening_moves: int = 0
     # Several policies (absent = one, ``policy``; docs/protocol.md section 4.9): the
     # policy id of each agent index (agents_per_env entries), and each id's network
     # config (a map like ``policy``). Both or neither; ``policy`` is agent 0's.
@@ -761,6 +766,7 @@ class RunSettings:
         "opponent_every",
         "opponent_share",
         "opponent_choice",
+        "opening_moves",
         "policy_map",
         "policies",
     )
@@ -791,6 +797,8 @@ class RunSettings:
                 del body[name]
         elif self.opponent_choice == "uniform":  # absent means uniform: earlier bytes kept
             del body["opponent_choice"]
+        if not self.opening_moves:  # absent means none: earlier bytes kept
+            del body["opening_moves"]
         for name in ("policy_map", "policies"):  # absent means one policy
             if not body[name]:
                 del body[name]
@@ -856,6 +864,9 @@ class RunSettings:
                 body.get("opponent_choice", "uniform"),
                 f"{where}.opponent_choice",
                 OPPONENT_CHOICES,
+            ),
+            opening_moves=_int(
+                body.get("opening_moves", 0), f"{where}.opening_moves", 0, MAX_OPENING_MOVES
             ),
             policy_map=policy_map,
             policies=policies,
