@@ -430,3 +430,30 @@ def test_keep_checkpoints_copies_new_ones_only(tmp_path):
         "ckpt-00000075.pt",
     ]
     assert cf.kept_checkpoints_dir(run_dir) == kept
+
+
+def test_tactics_count_the_one_ply_rules_in_the_policys_moves():
+    """``eval``'s diagnostic: the one-ply player, as the policy, takes every immediate
+    win it has and blocks every immediate threat; random moves miss most of them."""
+    one_ply = cf.play_games(cf.one_ply_move, cf.random_move, 40, True, 0)
+    assert one_ply["wins_available"] > 10 and one_ply["wins_taken"] == one_ply["wins_available"]
+    assert one_ply["blocks_needed"] > 0 and one_ply["blocks_made"] == one_ply["blocks_needed"]
+    rand = cf.play_games(cf.random_move, cf.one_ply_move, 40, True, 0)
+    assert rand["wins_taken"] < rand["wins_available"]
+    assert rand["blocks_made"] < rand["blocks_needed"] / 2
+
+
+def test_tictactoe_lines_and_one_ply():
+    import importlib
+
+    ttt = importlib.import_module("tictactoe_tactics")
+    planes = np.zeros((3, 3, 2), np.int8)
+    planes[0, 0, 0] = planes[0, 1, 0] = 1  # mine: top row, two of three
+    planes[1, 1, 1] = planes[2, 2, 1] = 1  # theirs: the diagonal, two of three
+    assert ttt.completing(planes, 0) == [2]
+    assert ttt.completing(planes, 1) == []  # (0, 0) is taken: their diagonal is dead
+    planes[0, 0, 0] = 0
+    assert ttt.completing(planes, 1) == [0]
+    mask = (planes.sum(-1) == 0).reshape(-1).astype(np.int8)
+    rng = np.random.default_rng(0)
+    assert ttt.one_ply({"observation": planes, "action_mask": mask}, rng) == 0  # the block

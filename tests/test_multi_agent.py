@@ -213,6 +213,15 @@ def _random_decisions(obs, rng):
     return Decision(actions, actions, zeros, zeros, 0)
 
 
+def _random_turn(slots, rng) -> list[int]:
+    """One turn of ``slots`` (a TurnSlots) by random legal moves; the envs that moved."""
+    idx, movers, obs = slots.to_move()
+    if obs is not None:
+        decided = _random_decisions(obs, rng)
+        slots.play(idx, movers, decided.env_actions, decided)
+    return idx
+
+
 @pytest.mark.parametrize("opponent_share", [0.0, 0.5])
 def test_turn_based_rows_match_every_move_and_result_and_chain(opponent_share):
     """Connect four, random legal moves: every move is one valid row of its agent's
@@ -233,11 +242,7 @@ def test_turn_based_rows_match_every_move_and_result_and_chain(opponent_share):
         for e, env in enumerate(envs):
             env.skip = {a for i, a in enumerate(env.possible_agents) if slots.opponent[e * k + i]}
         for _ in range(slots.agents_per_env):
-            idx, movers, obs = slots.to_move()
-            if obs is None:
-                continue
-            decided = _random_decisions(obs, rng)
-            slots.play(idx, movers, decided.env_actions, decided)
+            idx = _random_turn(slots, rng)
             against += sum(
                 bool(slots.opponent[e * k : e * k + k].any()) for e in idx if slots._over[e]
             )
@@ -582,11 +587,7 @@ def test_random_openings_start_games_at_varied_even_depths_and_keep_rows_true():
     new_game = np.ones(slots.num_slots, bool)
     for _ in range(300):
         for _ in range(slots.agents_per_env):
-            idx, movers, obs = slots.to_move()
-            if obs is None:
-                continue
-            decided = _random_decisions(obs, rng)
-            slots.play(idx, movers, decided.env_actions, decided)
+            _random_turn(slots, rng)
         rows = slots.emit(np.int64(0))
         for slot in np.flatnonzero(rows.valid):
             board = rows.obs["observation"][slot]
