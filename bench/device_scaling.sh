@@ -2,8 +2,7 @@
 # Issue 28's device checks in one prepared run (about 8 minutes) on a lent machine with
 # one CUDA GPU and 16 cores; every figure lands in OUT_DIR (default bench/results):
 #   A. per-minibatch cost of the PPO update on cuda with and without CUDA graphs, and on
-#      one CPU thread (bench/gpu_check.py --only-update), and eager steps with closed-form
-#      gradients against autograd on cuda (bench/update_cost.py --device cuda)    ~70 s
+#      one CPU thread (bench/gpu_check.py --only-update)                          ~70 s
 #   B. the CUDA tests (tests/test_device.py -k cuda)                            ~60 s
 #   C. 2 cores: LunarLander-v3 time to score, 2 actors, each run pinned to 2 cores of its
 #      own, 8 runs at once: the base revision and this tree, each with its preset and a
@@ -33,11 +32,9 @@ part() { echo; echo "=== $1 ($(date +%T))"; }
 if [ "$gpu" = 1 ]; then
     part "A. per-minibatch cost"
     timeout 70 $py bench/gpu_check.py --only-update --updates 3 --out "$out/gpu_update.json"
-    timeout 40 $py bench/update_cost.py --device cuda --rounds 3 --minibatches 64 1024 \
-        --out "$out/update_cost_cuda.json"
     part "B. CUDA tests"
     timeout 90 $py -m pytest -q -p no:cacheprovider tests/test_device.py \
-        -k "cuda_graph or equals_the_cpu_update or cuda_checkpoints or closed_form" 2>&1 | tail -15
+        -k "cuda_graph or equals_the_cpu_update or cuda_checkpoints" 2>&1 | tail -15
 fi
 
 part "C. 2 cores: time to score"
