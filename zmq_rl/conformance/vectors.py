@@ -456,6 +456,25 @@ def _policies_welcome() -> Welcome:
     return _welcome(_policies_settings(), each)
 
 
+def _turn_based_welcome() -> Welcome:
+    """The welcome of a turn-based self-play run (§4.4): one env copy of two seats, a
+    pool of 10 snapshots drawn by win rate in half the games, random openings of up to
+    6 moves."""
+    import dataclasses
+
+    settings = dataclasses.replace(
+        _settings(),
+        env_id="my_sim.boards:two_seats",
+        agents_per_env=2,
+        opponent_pool=10,
+        opponent_every=10,
+        opponent_share=0.5,
+        opponent_choice="win_rate",
+        opening_moves=6,
+    )
+    return _welcome(settings, [_tiny_weights(0)])
+
+
 def _messages() -> list[tuple[str, str, Any]]:
     """(name, description, message) of every valid message vector."""
     from gymnasium import spaces
@@ -667,6 +686,13 @@ def _policies_messages() -> list[tuple[str, str, Any]]:
             "network in policies, each policy's weights in policy_weights (weights is "
             "the first's)",
             _policies_welcome(),
+        ),
+        (
+            "welcome-turn-based",
+            "the welcome of a turn-based self-play run (section 4.4): agents_per_env 2, "
+            "opponent_pool 10, opponent_every 10, opponent_share 0.5, opponent_choice "
+            "'win_rate', opening_moves 6",
+            _turn_based_welcome(),
         ),
         (
             "weights-policy",
@@ -1169,6 +1195,18 @@ def invalid_vectors() -> list[dict[str, Any]]:
             )
         )
     out.extend(_policies_invalid())
+    turn_based = _envelope(_turn_based_welcome())
+    turn_based["config"]["opening_moves"] = -1
+    out.append(
+        _invalid(
+            "welcome-opening_moves-negative",
+            "the turn-based welcome with opening_moves -1",
+            pack(turn_based),
+            "actor-control",
+            "decode",
+            "bad_field",
+        )
+    )
     out.extend(_control_invalid())
     return out
 
