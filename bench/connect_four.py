@@ -170,20 +170,23 @@ def play_games(
 class Tactics:
     """How often the policy takes an immediate win when one exists, and, when none
     does, blocks the opponent's immediate win: the one-ply player's two rules, which a
-    policy must follow to beat it (a diagnostic of play, not of the score)."""
+    policy must follow to beat it (a diagnostic of play, not of the score).
+    ``winning(planes, plane)`` lists the moves that complete a line of ``plane``
+    (connect four's by default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, winning: Callable[[np.ndarray, int], list[int]] = winning_moves) -> None:
+        self.winning = winning
         self.wins_available = self.wins_taken = self.blocks_needed = self.blocks_made = 0
 
     def see(self, obs: dict[str, np.ndarray], action: int) -> None:
         """Count the policy's ``action`` in the position ``obs``."""
         legal = set(np.flatnonzero(obs["action_mask"]).tolist())
-        wins = [c for c in winning_moves(obs["observation"], MOVER) if c in legal]
+        wins = [c for c in self.winning(obs["observation"], MOVER) if c in legal]
         if wins:
             self.wins_available += 1
             self.wins_taken += action in wins
             return
-        blocks = [c for c in winning_moves(obs["observation"], OPPONENT) if c in legal]
+        blocks = [c for c in self.winning(obs["observation"], OPPONENT) if c in legal]
         if blocks:
             self.blocks_needed += 1
             self.blocks_made += action in blocks

@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from connect_four import PolicyPlayer  # noqa: E402
+from connect_four import PolicyPlayer, Tactics  # noqa: E402
 
 import zmq_rl  # noqa: E402
 
@@ -64,7 +64,7 @@ def measure(run_dir: str, games: int, seed: int = 0) -> dict[str, float]:
     player = PolicyPlayer(zmq_rl.load_policy(run_dir))
     rng = np.random.default_rng(seed)
     env = tictactoe_v3.env()
-    counts = {"wins_available": 0, "wins_taken": 0, "blocks_needed": 0, "blocks_made": 0}
+    tactics = Tactics(completing)
     returns = []
     for game in range(games):
         env.reset(seed=seed + game)
@@ -80,16 +80,10 @@ def measure(run_dir: str, games: int, seed: int = 0) -> dict[str, float]:
                 env.step(one_ply(obs, rng))
                 continue
             action = player(obs, rng)
-            wins, blocks = completing(obs["observation"], 0), completing(obs["observation"], 1)
-            if wins:
-                counts["wins_available"] += 1
-                counts["wins_taken"] += action in wins
-            elif blocks:
-                counts["blocks_needed"] += 1
-                counts["blocks_made"] += action in blocks
+            tactics.see(obs, action)
             env.step(action)
     env.close()
-    return {**counts, "games": games, "mean_return": float(np.mean(returns))}
+    return {**tactics.counts(), "games": games, "mean_return": float(np.mean(returns))}
 
 
 def main(argv: list[str] | None = None) -> int:

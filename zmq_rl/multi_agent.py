@@ -350,28 +350,29 @@ class TurnSlots(_AgentSlots):
 
     def reset(self, seeds: Sequence[int | None]) -> None:
         """Start every env's first game (``seeds[e]`` for env ``e``)."""
-        for e, (env, seed) in enumerate(zip(self.envs, seeds, strict=True)):
-            env.reset(seed=seed)
-            self._open(e)
-            self._seat_opponent(e)
+        for e, (_, seed) in enumerate(zip(self.envs, seeds, strict=True)):
+            self._start_game(e, seed)
         self._over[:] = False
 
-    def _open(self, e: int) -> None:
-        """Play env ``e``'s random opening (see the class docstring)."""
-        if not self.opening_moves:
-            return
+    def _start_game(self, e: int, seed: int | None = None) -> None:
+        """Reset env ``e``, play its random opening (see the class docstring) and draw
+        its opponent seat."""
         env = self.envs[e]
-        moves = int(self.rng.integers(0, self.opening_moves + 1))
+        env.reset(seed=seed)
+        moves = int(self.rng.integers(0, self.opening_moves + 1)) if self.opening_moves else 0
         for _ in range(moves - moves % self.agents_per_env):
             obs = env.last()[0]
             mask = obs.get("action_mask") if isinstance(obs, dict) else None
             if mask is None:
-                env.step(env.action_space(env.agent_selection).sample())
+                space = env.action_space(env.agent_selection)
+                space.seed(int(self.rng.integers(2**31)))  # the actor's seed decides
+                env.step(space.sample())
             else:
                 env.step(int(self.rng.choice(np.flatnonzero(mask))))
             if any(env.terminations.values()) or any(env.truncations.values()):
-                env.reset()
-                return
+                env.reset()  # the opening ended the game: start it over without one
+                break
+        self._seat_opponent(e)
 
     def _seat_opponent(self, e: int) -> None:
         """Draw whether env ``e``'s new game has an opponent seat, and which."""
@@ -467,9 +468,7 @@ class TurnSlots(_AgentSlots):
         n = self.num_slots
         self.turns[:] = 0
         for e in np.flatnonzero(self._over):  # games that ended start at a round's start
-            self.envs[e].reset()
-            self._open(e)
-            self._seat_opponent(e)
+            self._start_game(e)
             self.episode_steps[e * self.agents_per_env : (e + 1) * self.agents_per_env] = 0
         self._over[:] = False
         rows: list[_Row | None] = []

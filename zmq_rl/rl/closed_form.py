@@ -29,7 +29,7 @@ import torch
 from torch.optim import optimizer as optimizer_module
 
 from zmq_rl.config import PPOConfig
-from zmq_rl.rl.analytic import AnalyticBatch, mlp_arrays, mlp_gradients, normalised_obs
+from zmq_rl.rl.analytic import AnalyticBatch, batch_arrays, mlp_arrays, mlp_gradients
 from zmq_rl.rl.policy import ActorCritic
 
 __all__ = ["ClosedFormSteps"]
@@ -41,15 +41,7 @@ def _alias(tensor: torch.Tensor, flat: torch.Tensor, offset: int) -> None:
     size = tensor.numel()
     with torch.no_grad():
         flat[offset : offset + size].copy_(tensor.reshape(-1))
-        tensor.set_(flat.untyped_storage(), offset, tensor.shape, _contiguous_strides(tensor.shape))
-
-
-def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
+        tensor.set_(flat.untyped_storage(), offset, tensor.shape)  # contiguous strides
 
 
 class ClosedFormSteps:
@@ -104,21 +96,14 @@ class ClosedFormSteps:
 
     def batch(self, obs: Any, tensors: dict[str, torch.Tensor]) -> AnalyticBatch:
         """Rows (CPU tensors: the observations and the trainer's per-row tensors) as
-        numpy arrays in the parameters' dtype, observations flat and normalised
-        (:func:`~zmq_rl.rl.analytic.normalised_obs`); a categorical head's actions
-        stay integers. Called once per update (the whole batch) or per minibatch."""
+        :func:`~zmq_rl.rl.analytic.batch_arrays` gives them to the closed form. Called
+        once per update (the whole batch) or per minibatch (learner ranks)."""
         self._check_params()
-        dtype = self.params[0].dtype
-
-        def array(name: str) -> np.ndarray:
-            return tensors[name].detach().to(dtype).numpy()
-
-        actions = tensors["actions"].detach()
-        return AnalyticBatch(
-            normalised_obs(self.policy, obs),
-            actions.numpy() if self.policy.discrete else actions.to(dtype).numpy(),
-            array("old_log_probs"), array("old_values"), array("returns"), array("advantages"),
+        rows = AnalyticBatch(
+            obs, tensors["actions"], tensors["old_log_probs"], tensors["old_values"],
+            tensors["returns"], tensors["advantages"],
         )  # fmt: skip
+        return batch_arrays(self.policy, rows)
 
     @staticmethod
     def permuted(batch: AnalyticBatch, perm: np.ndarray) -> AnalyticBatch:

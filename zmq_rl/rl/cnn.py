@@ -242,4 +242,3 @@ def minatar_cnn(
         hidden=128,
         conv=minatar_conv(shape[0]),
     )
-
