@@ -102,20 +102,28 @@ def test_gradients_and_loss_terms_equal_autograd(case, clip_value_loss, ent_coef
 
 
 def test_value_clip_kinks_equal_autograd():
-    """Values exactly on the clip band's edges and squared errors exactly tied."""
+    """Values exactly on the clip band's edges and squared errors exactly tied. The
+    values are made exact (a zero value-head weight and a dyadic bias), so numpy and
+    torch see the same bits whatever rounding this CPU's matmuls use: a tie one side
+    rounds away from would compare different sub-gradients, not the code."""
     policy = _policy("discrete")
+    with torch.no_grad():
+        policy.value_head.weight.zero_()
+        policy.value_head.bias.fill_(0.5)
     cfg = PPOConfig(clip_value_loss=True, vf_coef=1.0)
     batch = _batch(policy, n=8)
     with torch.no_grad():
         value = policy.value(batch.obs)
+    assert torch.equal(value, torch.full_like(value, 0.5))
     old_value = value.clone()
-    old_value[:2] = value[:2] - 0.2  # delta == +clip: on the band's edge
-    old_value[2:4] = value[2:4] + 0.2  # delta == -clip
+    old_value[:2] = value[:2] - 0.25  # delta == +clip exactly: on the band's edge
+    old_value[2:4] = value[2:4] + 0.25  # delta == -clip
     returns = value + 1.0
     returns[4:6] = value[4:6]  # zero error: the plain and the clipped squares tie
     batch = batch._replace(old_value=old_value, returns=returns)
-    _, want = _autograd(policy, batch, cfg, 0.2)
-    _, grads = ppo_gradients(policy, batch, cfg, 0.2)
+    _, want = _autograd(policy, batch, cfg, 0.25)
+    _, grads = ppo_gradients(policy, batch, cfg, 0.25)
+    assert want["value_head.weight"].abs().sum() > 0  # the value loss is exercised
     for name, p in policy.named_parameters():
         torch.testing.assert_close(grads[p], want[name], rtol=1e-9, atol=1e-12, msg=name)
 

@@ -23,7 +23,13 @@ import torch
 from .config import check_device_name, resolve_device
 from .wire.spaces import map_value
 
-__all__ = ["check_device_name", "resolve_device", "to_cpu", "to_device"]
+__all__ = [
+    "check_device_name",
+    "resolve_device",
+    "set_compute_threads",
+    "to_cpu",
+    "to_device",
+]
 # check_device_name and resolve_device live with the device setting they check
 # (zmq_rl.config) and are re-exported here, where they were first defined.
 
@@ -60,3 +66,17 @@ def to_cpu(state: Any) -> Any:
     if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
         return type(state)(to_cpu(v) for v in state)
     return state
+
+
+def set_compute_threads(threads: int) -> None:
+    """Run this process's math on ``threads`` cores: torch's intra-op threads and the
+    BLAS that numpy's matmuls call (the learner's closed-form PPO steps,
+    rl/closed_form.py, and the actors' sampling, rl/numpy_act.py: a 1,024-row
+    minibatch would otherwise spread over every core).
+    Without ``threadpoolctl`` installed, BLAS keeps its own default."""
+    torch.set_num_threads(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=threads, user_api="blas")

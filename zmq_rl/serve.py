@@ -38,6 +38,7 @@ from .actor.client import (
     LearnerUnreachable,
 )
 from .config import ServeConfig
+from .device import set_compute_threads
 from .rl.masking import ActionMaskError, check_observation_mask
 from .rl.policy import check_weights
 from .sparse_log import log_sparsely
@@ -569,9 +570,7 @@ class InferenceServer:
 def serve(cfg: ServeConfig) -> int:
     """``zmq-rl serve``: run an :class:`InferenceServer` until the run is over (or
     Ctrl-C / SIGTERM, which the CLI turns into KeyboardInterrupt); print its counters."""
-    import torch
-
-    torch.set_num_threads(cfg.torch_threads)
+    set_compute_threads(cfg.torch_threads)
     server = InferenceServer(cfg)
     print(f"serving inference on {server.endpoint} for the learner at {cfg.learner}", flush=True)
     stats = server.run()

@@ -16,9 +16,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from ..config import ActorConfig
+from ..device import set_compute_threads
 from ..envs import build_env, env_shape, make_env
 from ..multi_agent import ParallelSlots, TurnSlots, agent_spaces, is_turn_based, stacked
 from ..rl.masking import ActionMaskError
@@ -147,7 +147,7 @@ class GymActor:
     def run(self) -> dict[str, float]:
         """Run until the learner asks for shutdown; return the actor's stats."""
         cfg = self.cfg
-        torch.set_num_threads(cfg.torch_threads)
+        set_compute_threads(cfg.torch_threads)
         spaces: tuple[Any, Any] = (None, None)
         slots = cfg.num_envs
         if cfg.env_id:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
-from ..device import resolve_device, to_cpu
+from ..device import resolve_device, set_compute_threads, to_cpu
 from ..wire.spaces import map_value
 from .distributed import Collective, DataParallel
 from .normalization import RewardScaler
@@ -34,20 +34,7 @@ from .ppo import PPOTrainer
 from .rollout import Rollout, SlotKey
 from .targets import TargetSettings, rollout_to_batch
 
-__all__ = ["Trainer", "UpdateResult", "set_compute_threads"]
-
-
-def set_compute_threads(threads: int) -> None:
-    """Run this process's math on ``threads`` cores: torch's intra-op threads and the
-    BLAS that numpy's matmuls call (the closed-form PPO steps, rl/closed_form.py; a
-    1,024-row minibatch would otherwise spread over every core, beside the actors).
-    Without ``threadpoolctl`` installed, BLAS keeps its own default."""
-    torch.set_num_threads(threads)
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return
-    threadpool_limits(limits=threads, user_api="blas")
+__all__ = ["Trainer", "UpdateResult", "set_compute_threads"]  # the last from device.py
 
 
 @dataclass
