@@ -10,7 +10,9 @@ acting on stale weights for the rest of the run, silently. Against a real learne
 * a subscription that receives nothing while the learner's heartbeats announce newer
   versions (here: unsubscribed behind the client's back) is re-created after
   ``STALE_WEIGHTS_INTERVALS`` heartbeat intervals;
-* an undecodable weights frame is logged with its size.
+* an undecodable weights frame is logged with its size;
+* weights every publication of which the SUB missed, while the learner publishes
+  nothing new (its rollout waits on that actor), are published again by the learner.
 """
 
 from __future__ import annotations
@@ -31,8 +33,12 @@ from tests.helpers import (
 )
 from zmq_rl.actor import client as client_module
 from zmq_rl.actor.client import ActorClient
-from zmq_rl.config import PPOConfig
+from zmq_rl.config import PolicyConfig, PPOConfig
+from zmq_rl.learner import links as links_module
+from zmq_rl.learner.links import Links
 from zmq_rl.learner.loop import Learner
+from zmq_rl.learner.settings import run_settings
+from zmq_rl.wire.protocol import Heartbeat
 
 LIMIT = 1 << 20  # the client's message limit in these tests
 
@@ -122,3 +128,46 @@ def test_undecodable_weights_frame_is_logged_with_its_size(pair, caplog):
     assert client.rejects["weights:not_msgpack"] == 1
     assert any("1,234 bytes" in r.getMessage() for r in caplog.records)
     broadcast_until_loaded(learner, client)
+
+
+def test_weights_every_publication_missed_are_published_again(pair, monkeypatch):
+    """The one publication of a version is lost (the SUB is unsubscribed here; in the
+    wild, a slow joiner on a loaded host) and the learner publishes nothing more (in a
+    run, its rollout would wait on this actor's rows, which the valve holds until the
+    actor has the weights). The client subscribes again; the learner, hearing it
+    report the older version, publishes the current weights again, once."""
+    learner, client = pair
+    monkeypatch.setattr(client_module, "STALE_WEIGHTS_INTERVALS", 1.0)
+    monkeypatch.setattr(links_module, "REPUBLISH_AFTER_INTERVALS", 2.0)
+    client.subscriber.socket.setsockopt(zmq.UNSUBSCRIBE, b"")
+    learner.trainer.next_version()
+    learner.publish_weights()  # the only publication of this version: lost
+    start = time.monotonic()
+    while client.version < learner.version:
+        assert time.monotonic() - start < TIMEOUT, (client.version, dict(learner.counters))
+        learner.pump(5)
+        client.poll()
+    took = time.monotonic() - start
+    print(f"\nloaded the missed version {took:.2f}s after its publication")
+    assert learner.counters["weights/republished"] == 1
+    assert took >= 2.0 * client.heartbeat_interval - 0.05
+    assert client.rejects["weights:behind"] == 1
+
+
+def test_republishing_waits_for_an_older_version_and_for_its_interval():
+    settings = run_settings(stub_learner_config(1), OBS_SPACE, ACT_SPACE, PolicyConfig())
+    links = Links(settings, lambda: True)
+    interval = links.settings.heartbeat_interval
+    gap = links_module.REPUBLISH_AFTER_INTERVALS * interval
+
+    def beat(version: int) -> Heartbeat:
+        return Heartbeat(actor_id=0, run_id="r", version=version)
+
+    assert not links.weights_overdue(beat(0), 3, 1e6)  # nothing published yet
+    links.cycle_ended()
+    now = links.published_at
+    assert not links.weights_overdue(beat(2), 3, now + gap - 0.01)  # too soon
+    assert not links.weights_overdue(beat(3), 3, now + 10 * gap)  # up to date
+    assert links.weights_overdue(beat(2), 3, now + gap)
+    assert not links.weights_overdue(beat(2), 3, now + 1.5 * gap)  # once per gap
+    assert links.weights_overdue(beat(2), 3, now + 2 * gap)

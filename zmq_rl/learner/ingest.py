@@ -286,8 +286,7 @@ class Ingest:
         self.current_policy_weights = several
         if send:
             self.links.cycle_ended()
-            for frames in [policy_weights_frames(w) for w in several] or [[encode(first)]]:
-                self.sockets.weights.send_multipart(frames, copy=False)
+            send_weights(self.sockets.weights, first, several)
             self.report.broadcasts_sent += 1
             self.report.last_policy_version = first.version
 
@@ -615,6 +614,9 @@ class Ingest:
         if beat.sent_at is not None:
             rec.peer_sent_at, rec.peer_heard_at = beat.sent_at, now
         self.links.on_heartbeat(rec, beat, now)
+        if self.links.weights_overdue(beat, self.version(), now):
+            send_weights(self.sockets.weights, self.current_weights, self.current_policy_weights)
+            self.counters["weights/republished"] += 1
 
     def _evict_silent_actors(self) -> None:
         """Declare dead every actor silent for ``actor_timeout``: its slots leave the
@@ -681,3 +683,10 @@ class Ingest:
             self.counters[f"discarded/steps/{reason}"] += rows
             self.counters[f"discarded/fragments/{reason}"] += fragments
         self.report.departed_actors.append({**rec.summary(), "left_because": reason})
+
+
+def send_weights(socket: zmq.Socket, weights: Weights, several: list[Weights]) -> None:
+    """PUBlish ``weights`` (or, in a run of several policies, each of ``several`` on
+    its own topic, docs/protocol.md 4.9)."""
+    for frames in [policy_weights_frames(w) for w in several] or [[encode(weights)]]:
+        socket.send_multipart(frames, copy=False)
