@@ -8,7 +8,9 @@ No sockets and no learner: per step of ``E`` lockstep CartPole-v1 envs it times
   transitions: ``gym.make(..., disable_env_checker=True)`` and stepping
   ``env.unwrapped`` with the actor counting steps for the 500-step truncation
   itself (what a ``TimeLimit`` does);
-* ``policy_act``: ``ActorCritic.act`` on the ``[E, 4]`` batch (torch, 1 thread);
+* ``policy_act``: ``ActorCritic.act`` on the ``[E, 4]`` batch (torch, 1 thread), and
+  ``numpy_act``: the same through :class:`~zmq_rl.rl.numpy_act.NumpySampler`, which
+  is what the actor runs for this MLP (the loop figures use it);
 * ``client_step``: ``ActorClient.step``'s work before the socket (``StepArrays.coerce``,
   ``LockstepBuffer.add`` and the counters) and, every ``T`` steps, ``encode`` of one
   fragment per slot;
@@ -109,6 +111,7 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
 
     from zmq_rl.actor.sender import ExperienceSender
     from zmq_rl.config import PolicyConfig
+    from zmq_rl.rl.numpy_act import NumpySampler
     from zmq_rl.rl.policy import build_policy
     from zmq_rl.wire.protocol import RunSettings, StepArrays
 
@@ -131,6 +134,8 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         out["policy_act_us"] = 1e6 * _time(lambda: policy.act(obs, generator), seconds)
+    sampler, obs_np = NumpySampler(policy, seed=0), obs.numpy()
+    out["numpy_act_us"] = 1e6 * _time(lambda: sampler.act(obs_np), seconds)
 
     # ActorClient.step's work up to the socket: coerce the arrays (StepArrays.coerce),
     # buffer them, and every fragment_length steps build and encode one fragment per
@@ -184,7 +189,7 @@ def measure(num_envs: int, seconds: float, T: int) -> dict[str, Any]:
     probe.close()
     current = out["env_step_us"]["gym.make (GymActor today)"]
     best = min(out["env_step_us"].values())
-    loop = current + out["policy_act_us"] + out["client_step_us"]
+    loop = current + out["numpy_act_us"] + out["client_step_us"]
     out["loop_us"] = loop
     out["loop_us_with_cheapest_env"] = loop - current + best
     out["env_steps_per_s_per_core"] = num_envs / loop * 1e6
@@ -212,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 e,
                 *(f"{env[n] / e:.1f}" for n in names),
                 f"{r['policy_act_us'] / e:.1f}",
+                f"{r['numpy_act_us'] / e:.1f}",
                 f"{r['client_step_us'] / e:.1f}",
                 _util.fmt_rate(r["env_steps_per_s_per_core"]),
                 _util.fmt_rate(r["env_steps_per_s_per_core_cheapest_env"]),
@@ -223,14 +229,15 @@ def main(argv: list[str] | None = None) -> int:
             "env: gym.make",
             "env: no checker",
             "env: unwrapped",
-            "policy.act",
+            "policy.act (torch)",
+            "numpy act (used)",
             "client.step",
             "steps/s/core",
             "with cheapest env",
         ],
         rows,
     )
-    print("(microseconds per env step; steps/s/core = envs / (env + act + client) per loop)")
+    print("(microseconds per env step; steps/s/core = envs / (env + numpy act + client) per loop)")
     _util.write_result(
         "actor_loop",
         args,

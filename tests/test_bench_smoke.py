@@ -266,6 +266,7 @@ def test_actor_loop_smoke(smoke: SmokeRuns) -> None:
     assert result["envs"] == 8
     assert len(result["env_step_us"]) == 3 and all(v > 0 for v in result["env_step_us"].values())
     assert result["policy_act_us"] > 0 and result["client_step_us"] > 0
+    assert result["numpy_act_us"] > 0
 
 
 def test_launch_smoke(smoke: SmokeRuns) -> None:
