@@ -9,12 +9,12 @@ import pytest
 import torch
 from gymnasium import spaces
 
+from tests.test_analytic import OBS, SPACES
+from tests.test_analytic import _policy as analytic_policy
 from zmq_rl.config import PolicyConfig
 from zmq_rl.rl.numpy_act import NumpySampler, numpy_act_support
 from zmq_rl.rl.policy import build_policy, export_weights, import_weights
 
-OBS = spaces.Box(-np.inf, np.inf, (5,), np.float32)
-SPACES = {"discrete": spaces.Discrete(4), "box": spaces.Box(-1.0, 1.0, (3,), np.float32)}
 CASES = {
     "discrete": dict(action="discrete"),
     "discrete-relu-shared": dict(action="discrete", activation="relu", shared_trunk=True),
@@ -24,19 +24,10 @@ CASES = {
 }
 
 
-def _policy(action: str, dtype: torch.dtype = torch.float32, seed: int = 3, **policy_kw):
-    torch.manual_seed(seed)
-    policy = build_policy(OBS, SPACES[action], PolicyConfig(hidden_sizes=(16, 8), **policy_kw))
-    policy = policy.to(dtype)
-    with torch.no_grad():  # heads away from their near-zero init, so every term matters
-        policy.policy_head.weight.normal_(0.0, 0.8)
-        policy.value_head.bias.fill_(0.3)
-        if hasattr(policy, "log_std"):
-            policy.log_std.copy_(torch.tensor([-0.3, 0.1, 0.4]))
-        if policy.normalize_obs:
-            policy.obs_mean.copy_(torch.linspace(-1, 1, 5))
-            policy.obs_var.copy_(torch.linspace(0.5, 3, 5))
-    return policy
+def _policy(action: str, dtype: torch.dtype = torch.float32, **policy_kw):
+    """test_analytic's policy (heads away from their near-zero init), float32 unless
+    asked: the actors' dtype."""
+    return analytic_policy(action, dtype, **policy_kw)
 
 
 def _obs(n: int = 64, seed: int = 0) -> np.ndarray:
@@ -107,11 +98,13 @@ def test_weights_loaded_in_place_are_the_ones_sampled_from():
     """The sampler reads the parameters through views: weights loaded the way actors
     load broadcasts (import_weights) change its values with no refresh."""
     policy = _policy("discrete", normalize_obs=True)
-    other = _policy("discrete", normalize_obs=True, seed=9)
+    other = copy.deepcopy(policy)
     sampler = NumpySampler(policy, seed=0)
     obs = _obs()
     before = sampler.act(obs)[2]
     with torch.no_grad():
+        for param in other.parameters():
+            param.add_(0.1)
         other.obs_mean.fill_(0.5)  # the buffers travel with the weights too
     import_weights(policy, export_weights(other))
     after = sampler.act(obs)[2]
