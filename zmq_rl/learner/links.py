@@ -41,12 +41,11 @@ ADVICE_WARNINGS = 5
 actors on one slow learner would otherwise print 256 near-identical warnings)."""
 CYCLE_WINDOW = 16
 """Broadcast cycles over which the learner's busy time per cycle is the median."""
-REPUBLISH_AFTER_INTERVALS = 6.0
+REPUBLISH_AFTER_INTERVALS = 2.0
 """Heartbeat intervals after a publication during which an actor may report an older
-version before the learner publishes the current weights again (and at most once per
-as many intervals): one more than an actor waits before it subscribes again
-(``zmq_rl.actor.client.STALE_WEIGHTS_INTERVALS``), so a new subscription has a
-publication to receive."""
+version before the learner publishes the current weights again; each further time
+waits twice as long as the one before (2, 4, 8, ... intervals; a broadcast starts over),
+so weights still in flight on a slow link are sent again only a few times."""
 
 
 class Links:
@@ -65,6 +64,7 @@ class Links:
         self.informed: set[int] = set()  # ... told at INFO that the learner holds them
         self.advice_warnings = 0  # advice given at WARNING (ADVICE_WARNINGS at most)
         self.published_at = 0.0  # when weights last went out (broadcast or again)
+        self.republished = 0  # times they went out again since the last broadcast
 
     def pump_started(self, now: float) -> None:
         """A receive loop starts: the time since the previous one was busy time."""
@@ -86,21 +86,22 @@ class Links:
         """A broadcast: the busy time of the cycle it ends joins the window."""
         self.cycle_busy.append(self.busy)
         self.busy = 0.0
-        self.published_at = time.monotonic()
+        self.published_at, self.republished = time.monotonic(), 0
 
     def weights_overdue(self, beat: Heartbeat, version: int, now: float) -> bool:
         """Whether to publish the current weights (``version``) again: ``beat`` reports
         an older version :data:`REPUBLISH_AFTER_INTERVALS` heartbeat intervals after
-        they last went out. Its SUB missed them (subscribed after they were published,
-        as a slow joiner under load, or its connection was dropped), and while the
-        valve holds it no new publication comes: the rollout waits on its rows, which
-        it sends only once it has the weights, so without this it would be declared
-        dead at ``actor_timeout`` and register again."""
+        they went out (twice that after each time again). Its SUB missed them (it
+        subscribed after they were published, a slow joiner under load, or its
+        connection was dropped and made again), and while the valve holds it no new
+        publication comes: the rollout waits on its rows, which it sends only once it
+        has the weights, so it would be declared dead at ``actor_timeout``."""
         if beat.version >= version or self.published_at == 0.0:
             return False
-        if now - self.published_at < REPUBLISH_AFTER_INTERVALS * self.settings.heartbeat_interval:
+        wait = REPUBLISH_AFTER_INTERVALS * self.settings.heartbeat_interval
+        if now - self.published_at < wait * 2**self.republished:
             return False
-        self.published_at = now
+        self.published_at, self.republished = now, self.republished + 1
         return True
 
     def on_heartbeat(self, rec: ActorRecord, beat: Heartbeat, now: float) -> None:
