@@ -42,10 +42,13 @@ actors on one slow learner would otherwise print 256 near-identical warnings).""
 CYCLE_WINDOW = 16
 """Broadcast cycles over which the learner's busy time per cycle is the median."""
 REPUBLISH_AFTER_INTERVALS = 2.0
-"""Heartbeat intervals after a publication during which an actor may report an older
-version before the learner publishes the current weights again; each further time
-waits twice as long as the one before (2, 4, 8, ... intervals; a broadcast starts over),
-so weights still in flight on a slow link are sent again only a few times."""
+"""Heartbeat intervals after a broadcast during which an actor may report an older
+version before the learner publishes the current weights again; it does so again at
+twice as many intervals after the broadcast each time (2, 4, 8, 16, ...) while the actor
+stays behind, so weights still in flight on a slow link are sent again only a few
+times, and an actor that made its subscription again (after 5 intervals,
+``zmq_rl.actor.client.STALE_WEIGHTS_INTERVALS``) gets them at 8, before the default
+``actor_timeout``."""
 
 
 class Links:
@@ -63,8 +66,8 @@ class Links:
         self.advised: set[int] = set()  # actor ids told which max_lead_steps fits
         self.informed: set[int] = set()  # ... told at INFO that the learner holds them
         self.advice_warnings = 0  # advice given at WARNING (ADVICE_WARNINGS at most)
-        self.published_at = 0.0  # when weights last went out (broadcast or again)
-        self.republished = 0  # times they went out again since the last broadcast
+        self.published_at = 0.0  # when the last broadcast went out
+        self.republished = 0  # times it went out again since
 
     def pump_started(self, now: float) -> None:
         """A receive loop starts: the time since the previous one was busy time."""
@@ -91,17 +94,17 @@ class Links:
     def weights_overdue(self, beat: Heartbeat, version: int, now: float) -> bool:
         """Whether to publish the current weights (``version``) again: ``beat`` reports
         an older version :data:`REPUBLISH_AFTER_INTERVALS` heartbeat intervals after
-        they went out (twice that after each time again). Its SUB missed them (it
-        subscribed after they were published, a slow joiner under load, or its
-        connection was dropped and made again), and while the valve holds it no new
-        publication comes: the rollout waits on its rows, which it sends only once it
-        has the weights, so it would be declared dead at ``actor_timeout``."""
+        the broadcast (then 2x, 4x, ... as many). Its SUB missed them (it subscribed
+        after they were published, a slow joiner under load, or its connection was
+        dropped and made again), and while the valve holds it no new publication
+        comes: the rollout waits on its rows, which it sends only once it has the
+        weights, so it would be declared dead at ``actor_timeout``."""
         if beat.version >= version or self.published_at == 0.0:
             return False
         wait = REPUBLISH_AFTER_INTERVALS * self.settings.heartbeat_interval
         if now - self.published_at < wait * 2**self.republished:
             return False
-        self.published_at, self.republished = now, self.republished + 1
+        self.republished += 1
         return True
 
     def on_heartbeat(self, rec: ActorRecord, beat: Heartbeat, now: float) -> None:
