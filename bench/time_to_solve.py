@@ -53,6 +53,13 @@ import _util  # noqa: E402
 EVAL = re.compile(r"\beval (-?[\d.]+|nan)")
 
 
+SOLVED_GRACE_S = 60.0
+"""Seconds a run stopped after its solve may take to stop gracefully (shut its actors
+down, evaluate once more, write ``report.json``, whose evaluations give the steps at
+the solve), even past the wall cap: on a loaded machine that can take tens of seconds,
+and a solve just before the cap must not lose its report."""
+
+
 def _timed_lines(
     cmd: list[str],
     timeout: float,
@@ -93,12 +100,14 @@ def _timed_lines(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     deadline = t0 + timeout
+    grace = 1.0
     if stop_after_solve:
         done.wait(timeout)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
+            grace = SOLVED_GRACE_S  # let it write its report, however late the solve
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(max(1.0, deadline - time.monotonic()))
+        proc.wait(max(grace, deadline - time.monotonic()))
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:
             break
