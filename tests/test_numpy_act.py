@@ -58,29 +58,30 @@ def test_log_probs_and_values_are_torchs(case):
         assert actions.shape == (len(obs), 3)
 
 
+def _draws(action: str, seed: int):
+    """40,000 samples for one observation: the policy, the actions and its head's
+    output (logits or mean) for that observation."""
+    policy = _policy(action)
+    obs = np.repeat(_obs(1, seed=seed + 4), 40_000, axis=0)
+    actions, _, _ = NumpySampler(policy, seed=seed).act(obs)
+    with torch.no_grad():
+        params, _ = policy(torch.from_numpy(obs[:1]))
+    return policy, actions, params[0]
+
+
 def test_categorical_samples_follow_the_softmax():
     """A Gumbel-max bug (a sign, log of the wrong thing, argmin) skews the frequencies
     far beyond the sampling error of 40,000 draws (~0.0025)."""
-    policy = _policy("discrete")
-    sampler = NumpySampler(policy, seed=1)
-    obs = np.repeat(_obs(1, seed=5), 40_000, axis=0)
-    actions, _, _ = sampler.act(obs)
-    with torch.no_grad():
-        logits, _ = policy(torch.from_numpy(obs[:1]))
-    want = torch.softmax(logits[0], -1).numpy()
+    _, actions, logits = _draws("discrete", seed=1)
+    want = torch.softmax(logits, -1).numpy()
     assert want.max() - want.min() > 0.2  # a skewed distribution, so a uniform bug shows
     got = np.bincount(actions, minlength=4) / len(actions)
     np.testing.assert_allclose(got, want, atol=0.012)
 
 
 def test_gaussian_samples_have_the_policys_mean_and_spread():
-    policy = _policy("box")
-    sampler = NumpySampler(policy, seed=2)
-    obs = np.repeat(_obs(1, seed=6), 40_000, axis=0)
-    actions, _, _ = sampler.act(obs)
-    with torch.no_grad():
-        mean, _ = policy(torch.from_numpy(obs[:1]))
-    np.testing.assert_allclose(actions.mean(axis=0), mean[0].numpy(), atol=0.03)
+    policy, actions, mean = _draws("box", seed=2)
+    np.testing.assert_allclose(actions.mean(axis=0), mean.numpy(), atol=0.03)
     np.testing.assert_allclose(
         actions.std(axis=0), policy.log_std.detach().exp().numpy(), rtol=0.03
     )

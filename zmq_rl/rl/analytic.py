@@ -50,6 +50,7 @@ __all__ = [
     "batch_arrays",
     "loss_of_sums",
     "mlp_arrays",
+    "mlp_support",
     "mlp_gradients",
     "normalised_obs",
     "ppo_gradients",
@@ -89,24 +90,31 @@ class MLPArrays(NamedTuple):
     log_std: np.ndarray | None
 
 
-def analytic_support(policy: nn.Module, cfg: PPOConfig) -> str | None:
-    """``None`` when :func:`mlp_gradients` computes this policy's PPO gradients, else
-    the reason it does not (the trainer then uses autograd): only the plain
-    :class:`ActorCritic` MLP (not a subclass, whose forward may differ), with every
-    parameter trainable, of one floating dtype and on the CPU, under the ``ppo``
-    objective qualifies."""
+def mlp_support(policy: nn.Module) -> str | None:
+    """``None`` when ``policy`` is the plain :class:`ActorCritic` MLP (not a subclass,
+    whose forward may differ) with its parameters on the CPU in one float32 or float64
+    dtype, the network numpy computes directly; else the reason it is not."""
     if type(policy) is not ActorCritic:
         return f"{type(policy).__name__} is not the MLP ActorCritic"
-    if cfg.objective != "ppo":
-        return f"objective {cfg.objective!r} is not 'ppo'"
     kinds = {(p.dtype, p.device.type) for p in policy.parameters()}
     if len(kinds) != 1:
         return f"its parameters have {len(kinds)} dtypes/devices, not one"
     dtype, device = kinds.pop()
     if device != "cpu":
-        return f"its parameters are on {device}, not the CPU (numpy computes the closed form)"
+        return f"its parameters are on {device}, not the CPU (numpy computes it)"
     if dtype not in (torch.float32, torch.float64):
         return f"its parameters are {dtype}, not float32 or float64"
+    return None
+
+
+def analytic_support(policy: nn.Module, cfg: PPOConfig) -> str | None:
+    """``None`` when :func:`mlp_gradients` computes this policy's PPO gradients, else
+    the reason it does not (the trainer then uses autograd): the plain MLP of
+    :func:`mlp_support`, with every parameter trainable, under the ``ppo`` objective."""
+    if (reason := mlp_support(policy)) is not None:
+        return reason
+    if cfg.objective != "ppo":
+        return f"objective {cfg.objective!r} is not 'ppo'"
     if not all(p.requires_grad for p in policy.parameters()):
         return "some of its parameters are frozen (requires_grad False)"
     return None

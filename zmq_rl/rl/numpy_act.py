@@ -26,10 +26,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 from torch import nn
 
-from zmq_rl.rl.analytic import MLPArrays, mlp_arrays
+from zmq_rl.rl.analytic import MLPArrays, mlp_arrays, mlp_support
 from zmq_rl.rl.policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic
 
 __all__ = ["NumpySampler", "numpy_act_support"]
@@ -39,17 +38,8 @@ _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 def numpy_act_support(policy: nn.Module) -> str | None:
     """``None`` when :class:`NumpySampler` samples this policy's actions, else why not:
-    only the plain :class:`ActorCritic` MLP (not a subclass, whose forward may
-    differ) with every tensor on the CPU in one float32 or float64 dtype."""
-    if type(policy) is not ActorCritic:
-        return f"{type(policy).__name__} is not the MLP ActorCritic"
-    devices = {t.device.type for t in policy.state_dict().values()}
-    if devices != {"cpu"}:
-        return f"its tensors are on {sorted(devices)}, not the CPU"
-    dtypes = {p.dtype for p in policy.parameters()}
-    if len(dtypes) != 1 or dtypes.pop() not in (torch.float32, torch.float64):
-        return "its parameters are not all float32 or all float64"
-    return None
+    the plain CPU MLP of :func:`~zmq_rl.rl.analytic.mlp_support`."""
+    return mlp_support(policy)
 
 
 def _trunk(layers: tuple[tuple[np.ndarray, np.ndarray], ...], x: np.ndarray, relu: bool):
