@@ -188,6 +188,7 @@ class Ingest:
         self.started = False  # training started: later joiners wait for a broadcast
         self.shutting_down = False
         self.current_weights: Weights | None = None
+        self.sent_weights: tuple[Weights, list[Weights]] | None = None  # last on PUB
         self.current_policy_weights: list[Weights] = []  # several policies: each one's
         self._last_heartbeat = 0.0
         # Processes a supervisor saw exit (any thread appends; pump reads). Bounded by
@@ -287,6 +288,7 @@ class Ingest:
         if send:
             self.links.cycle_ended()
             send_weights(self.sockets.weights, first, several)
+            self.sent_weights = (first, several)
             self.report.broadcasts_sent += 1
             self.report.last_policy_version = first.version
 
@@ -614,8 +616,9 @@ class Ingest:
         if beat.sent_at is not None:
             rec.peer_sent_at, rec.peer_heard_at = beat.sent_at, now
         self.links.on_heartbeat(rec, beat, now)
-        if self.links.weights_overdue(beat, self.version(), now):
-            send_weights(self.sockets.weights, self.current_weights, self.current_policy_weights)
+        sent = self.sent_weights  # never weights made current without a send
+        if sent is not None and self.links.weights_overdue(beat, sent[0].version, now):
+            send_weights(self.sockets.weights, *sent)
             self.counters["weights/republished"] += 1
 
     def _evict_silent_actors(self) -> None:
