@@ -65,13 +65,17 @@ def test_the_stop_line_of_a_signal_is_left_out_when_quiet(quiet: bool, capsys) -
     assert ("stopping after the current update" in err) is not quiet
 
 
-def _lines(rows: list[dict], steps_at_start: int = 0) -> list[str]:
+def _lines(
+    rows: list[dict], steps_at_start: int = 0, total: int = 10, budget: int = 0
+) -> list[str]:
     from rich.console import Console
 
     from zmq_rl.run.progress import TrainingProgress
 
     out = io.StringIO()
-    progress = TrainingProgress(10, Console(file=out, width=200), live=False)
+    progress = TrainingProgress(
+        total, Console(file=out, width=200), live=False, total_env_steps=budget
+    )
     progress.steps_at_start = steps_at_start
     with progress:
         for row in rows:
@@ -97,6 +101,22 @@ def test_no_return_is_shown_before_an_episode_ended() -> None:
     first, second = _lines([_row(1, 1024, 1.0, 0, 0.0), _row(2, 2048, 2.0, 3, -20.3)])
     assert "return -  " in first and "return 0.0" not in first
     assert "return -20.3  " in second
+
+
+def test_the_update_total_follows_the_steps_updates_really_consume() -> None:
+    """A connect-four run printed ``update 444/366``: its total assumed a row per slot
+    and step, while only the player to move makes one. The total is estimated again
+    from the steps each update consumed (the learner starts no update that would
+    overrun the budget: 30,000 at 6,000 a step is 5 updates, 29,000 is 4)."""
+    rows = [_row(u, 6_000 * u, float(u), 1, 0.0) for u in (1, 2, 3)]
+    lines = _lines(rows, total=3, budget=30_000)
+    assert [line.split()[1] for line in lines] == ["1/5", "2/5", "3/5"]
+    assert _lines(rows[:1], total=3, budget=29_000)[0].split()[1] == "1/4"
+    # a resumed run: only this session's updates and steps count
+    (line,) = _lines([_row(11, 66_000, 1.0, 1, 0.0)], steps_at_start=60_000, budget=90_000)
+    assert line.split()[1] == "11/15"
+    # without a budget the first estimate stays
+    assert _lines(rows[:1], total=3)[0].split()[1] == "1/3"
 
 
 def test_a_resumed_runs_speed_counts_only_this_sessions_steps() -> None:

@@ -74,13 +74,24 @@ class TrainingProgress:
 
     Use as a context manager and pass :meth:`update` as (part of) the learner's
     ``on_update`` hook. ``live`` forces the rich bar on or off (default: on when
-    the console is a terminal).
+    the console is a terminal). ``total_updates`` is the first estimate; with
+    ``total_env_steps`` (the run's step budget) the total is estimated again at every
+    update from the env steps the updates of this session consumed, since a turn-based
+    game's moves, agents that come and go or a fleet other than the nominal one make
+    the first estimate wrong (a connect-four run showed ``update 444/366``).
     """
 
     def __init__(
-        self, total_updates: int, console: Console, waiting: str = "", live: bool | None = None
+        self,
+        total_updates: int,
+        console: Console,
+        waiting: str = "",
+        live: bool | None = None,
+        total_env_steps: int = 0,
     ) -> None:
         self.total = total_updates
+        self.total_env_steps = total_env_steps
+        self._update_at_start: int | None = None
         self.console = console
         self.live = console.is_terminal if live is None else live
         self.last_row: Mapping[str, Any] = {}
@@ -118,6 +129,7 @@ class TrainingProgress:
         """Take one metrics row (as the learner's ``on_update`` passes it)."""
         self.last_row = row
         update = int(row.get("update", 0))
+        self._estimate_total(update, int(_get(row, "env_steps")))
         evaluated = "eval/mean_return" in row or self._evaluated
         self._evaluated = False
         if "eval/mean_return" in row:
@@ -128,7 +140,9 @@ class TrainingProgress:
         if self.device:
             stats += f"  device {self.device}"
         if self._progress is not None:
-            self._progress.update(self._task, completed=min(update, self.total), stats=stats)
+            self._progress.update(
+                self._task, total=self.total, completed=min(update, self.total), stats=stats
+            )
             return
         now = time.monotonic()
         if (
@@ -142,6 +156,19 @@ class TrainingProgress:
                 f"update {update}/{self.total}  steps {int(_get(row, 'env_steps'))}  {stats}",
                 highlight=False,
             )
+
+    def _estimate_total(self, update: int, env_steps: int) -> None:
+        """Set :attr:`total` to ``update`` plus the updates the rest of the step budget
+        buys at this session's mean steps per update (the learner starts no update
+        that would overrun the budget, hence the floor)."""
+        if self._update_at_start is None:
+            self._update_at_start = update - 1
+        updates = update - self._update_at_start
+        consumed = env_steps - self.steps_at_start
+        if not self.total_env_steps or updates <= 0 or consumed <= 0:
+            return
+        remaining = max(0, self.total_env_steps - env_steps)
+        self.total = update + int(remaining * updates // consumed)
 
     def evaluation(self, row: Mapping[str, Any]) -> None:
         """Take one evaluation's row (the learner's ``on_evaluation``): its mean return

@@ -246,7 +246,11 @@ def train(
             f"(experience :{cfg.experience_port()}, weights :{cfg.weights_port()})"
         )
         progress = TrainingProgress(
-            cfg.num_updates(outcome.agents_per_env), console, waiting=waiting, live=live
+            cfg.num_updates(outcome.agents_per_env),
+            console,
+            waiting=waiting,
+            live=live,
+            total_env_steps=cfg.total_env_steps,
         )
         user_hook = on_update
 
@@ -343,15 +347,15 @@ def print_summary(
     if report is None:
         row = outcome.last_row
         lines.append(("stopped", "interrupted"))
-        budget = cfg.num_updates(outcome.agents_per_env)
-        lines.append(("updates", f"{outcome.updates_seen} of {budget}"))
+        lines.append(("updates", f"{outcome.updates_seen}"))
         if row:
             lines.append(("env steps", f"{int(row.get('env_steps', 0)):,}"))
             lines.append(("wall time", format_duration(float(row.get("wall_seconds", 0.0)))))
     else:
         lines.append(("stopped", report.stop_reason or "done"))
-        budget = cfg.num_updates(outcome.agents_per_env)
-        lines.append(("updates", f"{report.updates_completed} (budget {budget})"))
+        # The budget is env steps (next line): an update count from it is an estimate,
+        # wrong for turn-based games and fleets other than the nominal one.
+        lines.append(("updates", f"{report.updates_completed}"))
         lines.append(("env steps", f"{report.env_steps_consumed:,} of {cfg.total_env_steps:,}"))
         # Speed from this session's steps and time (a resumed run's total is not).
         session_steps = report.env_steps_consumed - outcome.steps_at_start
