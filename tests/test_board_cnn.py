@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from zmq_rl.baselines import landing_row
 from zmq_rl.config import PolicyConfig
-from zmq_rl.rl.boards import board_cnn
-from zmq_rl.rl.networks import is_board_space
+from zmq_rl.rl.boards import board_cnn, gravity_board_cnn
+from zmq_rl.rl.networks import is_board_space, landing_cells
 from zmq_rl.rl.policy import export_weights, import_weights
 
 BOARD = gym.spaces.Box(0, 1, (6, 7, 2), np.int8)
@@ -69,3 +70,53 @@ def test_a_space_without_a_board_is_refused_by_name() -> None:
     assert not is_board_space(gym.spaces.Box(-1, 1, (8,)))
     with pytest.raises(ValueError, match="board_cnn needs a board"):
         board_cnn(gym.spaces.Box(-1, 1, (8,)), COLUMNS, PolicyConfig())
+    with pytest.raises(ValueError, match="gravity_board_cnn needs a board"):
+        gravity_board_cnn(gym.spaces.Box(-1, 1, (8,)), COLUMNS, PolicyConfig())
+
+
+def test_landing_cells_are_where_a_dropped_piece_lands() -> None:
+    """The gravity plane marks, per column, the row ``zmq_rl.baselines.landing_row``
+    finds (the scripted players' rule), and nothing in a full column."""
+    rng = np.random.default_rng(3)
+    boards = np.zeros((64, 6, 7, 2), np.int8)
+    for board in boards:  # columns filled from the bottom, to random heights
+        for col in range(7):
+            for row in range(5, 5 - int(rng.integers(0, 7)), -1):
+                board[row, col, int(rng.integers(2))] = 1
+    planes = torch.from_numpy(boards).permute(0, 3, 1, 2).float()
+    cells = landing_cells(planes)[:, 0].numpy()
+    for board, marked in zip(boards, cells, strict=True):
+        expected = np.zeros((6, 7))
+        for col in range(7):
+            row = landing_row(board, col)
+            if row is not None:
+                expected[row, col] = 1
+        np.testing.assert_array_equal(marked, expected)
+
+
+def test_the_gravity_network_sees_whether_a_threat_is_playable() -> None:
+    """Three of the mover's on a diagonal whose free cell is its lowest is a threat only
+    when a piece lies under that cell. No 4 x 4 window of ``board_cnn`` holds both
+    the line and that cell; ``gravity_board_cnn``'s landing plane tells the two apart
+    in the line's window. It still masks and loads weights."""
+    torch.manual_seed(0)
+    policy = gravity_board_cnn(SPACE, COLUMNS, PolicyConfig(hidden_sizes=(32, 32)))
+    conv = next(m for m in policy.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.in_channels == 3 and conv.kernel_size == (4, 4)
+    obs = _obs(128)
+    actions = policy.act(obs, torch.Generator().manual_seed(1))[0]
+    assert obs["action_mask"].numpy().astype(bool)[np.arange(128), actions.numpy()].all()
+    board = torch.zeros(2, 6, 7, 2)
+    for row, col in ((3, 1), (2, 2), (1, 3)):  # the mover's three, held up by the other's
+        board[:, row, col, 0] = 1
+        board[:, row + 1 :, col, 1] = 1
+    board[1, 5, 0, 1] = 1  # only in board 1 is the free cell (4, 0) playable
+    planes = board.permute(0, 3, 1, 2)
+    assert torch.equal(planes[0, :, 1:5, 0:4], planes[1, :, 1:5, 0:4])  # the line's window
+    cells = landing_cells(planes)
+    assert cells[:, 0, 4, 0].tolist() == [0.0, 1.0]
+    assert not torch.equal(cells[0, :, 1:5, 0:4], cells[1, :, 1:5, 0:4])
+    other = gravity_board_cnn(SPACE, COLUMNS, PolicyConfig(hidden_sizes=(32, 32)))
+    import_weights(other, export_weights(policy))
+    with torch.no_grad():
+        assert torch.equal(other(obs)[0], policy(obs)[0])

@@ -261,11 +261,14 @@ class _BoardPart(nn.Module):
     (three of one colour and a free cell) wherever it is. :func:`zmq_rl.rl.boards.board_cnn`
     uses it."""
 
-    def __init__(self, space: gymnasium.spaces.Box, ortho: bool, filters: int = 64) -> None:
+    def __init__(
+        self, space: gymnasium.spaces.Box, ortho: bool, filters: int = 64, gravity: bool = False
+    ) -> None:
         super().__init__()
         height, width, channels = (int(d) for d in space.shape)
         kernel = min(4, height, width)
-        self.conv = nn.Conv2d(channels, filters, kernel)
+        self.gravity = gravity
+        self.conv = nn.Conv2d(channels + gravity, filters, kernel)
         self._out = filters * (height - kernel + 1) * (width - kernel + 1)
         if ortho:
             nn.init.orthogonal_(self.conv.weight, gain=math.sqrt(2.0))
@@ -277,10 +280,24 @@ class _BoardPart(nn.Module):
 
     def forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         x = x.to(dtype).permute(0, 3, 1, 2)
+        if self.gravity:
+            x = torch.cat([x, landing_cells(x)], dim=1)
         return F.relu(self.conv(x)).flatten(1)
 
     def update_stats(self, batch: np.ndarray) -> None:
         pass
+
+
+def landing_cells(planes: torch.Tensor) -> torch.Tensor:
+    """``[N, 1, H, W]``: 1 at the cells a piece dropped in its column lands on (free,
+    with the bottom row or a piece below), for ``planes`` ``[N, C, H, W]`` of a drop
+    game (connect four; row 0 the top, as PettingZoo's). A line of four is a threat
+    only where its free cell is one of these, and no 4 x 4 window holds a diagonal
+    and the cell under its lowest cell (:func:`zmq_rl.rl.boards.gravity_board_cnn`)."""
+    occupied = planes.sum(dim=1, keepdim=True) > 0
+    below = torch.ones_like(occupied)
+    below[:, :, :-1, :] = occupied[:, :, 1:, :]
+    return (~occupied & below).to(planes.dtype)
 
 
 def is_board_space(space: Any) -> bool:
@@ -313,7 +330,9 @@ class ObsEncoder(nn.Module):
     (:func:`is_board_space`) go through convolutions (:func:`zmq_rl.rl.boards.board_cnn`)
     instead of being flattened."""
 
-    def __init__(self, space: gymnasium.Space, cfg: PolicyConfig, boards: bool = False) -> None:
+    def __init__(
+        self, space: gymnasium.Space, cfg: PolicyConfig, boards: bool | str = False
+    ) -> None:
         super().__init__()
         self.paths: list[tuple] = []
         parts: list[nn.Module] = []
@@ -322,7 +341,7 @@ class ObsEncoder(nn.Module):
                 if is_image_space(leaf):
                     part: nn.Module = _ImagePart(leaf, cfg.ortho_init)
                 elif boards and is_board_space(leaf):
-                    part = _BoardPart(leaf, cfg.ortho_init)
+                    part = _BoardPart(leaf, cfg.ortho_init, gravity=boards == "gravity")
                 else:
                     part = _BoxPart(leaf, cfg.normalize_obs)
             elif isinstance(leaf, gymnasium.spaces.Discrete):
@@ -529,7 +548,7 @@ class StructuredActorCritic(nn.Module):
         observation_space: gymnasium.Space,
         action_space: gymnasium.Space,
         cfg: PolicyConfig,
-        boards: bool = False,
+        boards: bool | str = False,
     ) -> None:
         super().__init__()
         cfg.validate()
