@@ -259,7 +259,8 @@ class _BoardPart(nn.Module):
     window of ``min(4, H, W)`` cells square (no padding), ReLU, flattened: every line
     of four cells on the board lies in one window, so a filter can see a threat
     (three of one colour and a free cell) wherever it is. :func:`zmq_rl.rl.boards.board_cnn`
-    uses it."""
+    uses it; with ``gravity`` (:func:`zmq_rl.rl.boards.gravity_board_cnn`) the
+    convolutions also see :func:`landing_cells` as one more plane."""
 
     def __init__(
         self, space: gymnasium.spaces.Box, ortho: bool, filters: int = 64, gravity: bool = False
@@ -328,7 +329,8 @@ class ObsEncoder(nn.Module):
     the ``state_dict``), so two processes that build from equal spaces exchange
     weights and normalisation statistics. With ``boards``, board parts
     (:func:`is_board_space`) go through convolutions (:func:`zmq_rl.rl.boards.board_cnn`)
-    instead of being flattened."""
+    instead of being flattened; ``boards="gravity"`` adds the landing plane of a drop
+    game (:func:`zmq_rl.rl.boards.gravity_board_cnn`)."""
 
     def __init__(
         self, space: gymnasium.Space, cfg: PolicyConfig, boards: bool | str = False
