@@ -10,7 +10,7 @@ import torch
 
 from zmq_rl.baselines import landing_row
 from zmq_rl.config import PolicyConfig
-from zmq_rl.rl.boards import board_cnn, gravity_board_cnn
+from zmq_rl.rl.boards import board_cnn, drop_game_cnn, gravity_board_cnn
 from zmq_rl.rl.networks import is_board_space, landing_cells
 from zmq_rl.rl.policy import export_weights, import_weights
 
@@ -74,15 +74,22 @@ def test_a_space_without_a_board_is_refused_by_name() -> None:
         gravity_board_cnn(gym.spaces.Box(-1, 1, (8,)), COLUMNS, PolicyConfig())
 
 
-def test_landing_cells_are_where_a_dropped_piece_lands() -> None:
-    """The gravity plane marks, per column, the row ``zmq_rl.baselines.landing_row``
-    finds (the scripted players' rule), and nothing in a full column."""
-    rng = np.random.default_rng(3)
-    boards = np.zeros((64, 6, 7, 2), np.int8)
-    for board in boards:  # columns filled from the bottom, to random heights
+def _stacked_boards(n: int, seed: int) -> np.ndarray:
+    """``n`` boards ``[6, 7, 2]`` whose columns are filled from the bottom to random
+    heights (some full), as gravity leaves them."""
+    rng = np.random.default_rng(seed)
+    boards = np.zeros((n, 6, 7, 2), np.int8)
+    for board in boards:
         for col in range(7):
             for row in range(5, 5 - int(rng.integers(0, 7)), -1):
                 board[row, col, int(rng.integers(2))] = 1
+    return boards
+
+
+def test_landing_cells_are_where_a_dropped_piece_lands() -> None:
+    """The gravity plane marks, per column, the row ``zmq_rl.baselines.landing_row``
+    finds (the scripted players' rule), and nothing in a full column."""
+    boards = _stacked_boards(64, 3)
     planes = torch.from_numpy(boards).permute(0, 3, 1, 2).float()
     cells = landing_cells(planes)[:, 0].numpy()
     for board, marked in zip(boards, cells, strict=True):
@@ -120,3 +127,60 @@ def test_the_gravity_network_sees_whether_a_threat_is_playable() -> None:
     import_weights(other, export_weights(policy))
     with torch.no_grad():
         assert torch.equal(other(obs)[0], policy(obs)[0])
+
+
+def test_the_drop_game_network_judges_each_column_by_its_landing_cell() -> None:
+    """``drop_game_cnn``: column c's logit is the actor MLP on the 7 x 7 cells around
+    the cell ``zmq_rl.baselines.landing_row`` finds for c (pieces, landing plane, ones;
+    zeros off the board), the same weights for every column; full columns are never
+    chosen; act and evaluate_actions agree; the learner's weights load into an actor's
+    build."""
+    torch.manual_seed(0)
+    cfg = PolicyConfig(hidden_sizes=(32, 32))
+    policy = drop_game_cnn(SPACE, COLUMNS, cfg)
+    boards = _stacked_boards(96, 4)
+    boards[0] = 0  # an empty board
+    mask = np.array([[landing_row(b, c) is not None for c in range(7)] for b in boards])
+    obs = {
+        "action_mask": torch.from_numpy(mask.astype(np.int8)),
+        "observation": torch.from_numpy(boards),
+    }
+    with torch.no_grad():
+        logits = policy(obs)[0].numpy()
+    for board, row_logits in zip(boards, logits, strict=True):
+        landing = np.zeros((6, 7), np.float32)
+        for col in range(7):
+            if (row := landing_row(board, col)) is not None:
+                landing[row, col] = 1
+        planes = np.concatenate(
+            [board.transpose(2, 0, 1), landing[None], np.ones((1, 6, 7), np.float32)]
+        ).astype(np.float32)
+        padded = np.pad(planes, ((0, 0), (3, 3), (3, 3)))
+        for col in range(7):
+            if (row := landing_row(board, col)) is None:
+                continue
+            patch = torch.from_numpy(padded[:, row : row + 7, col : col + 7].reshape(1, -1))
+            with torch.no_grad():
+                expected = policy.policy_head(policy.actor_trunk(patch)).item()
+            assert row_logits[col] == pytest.approx(expected, abs=1e-5)
+    actions, log_prob, value = policy.act(obs, torch.Generator().manual_seed(1))
+    assert mask[np.arange(96), actions.numpy()].all()  # never a full column
+    new_log_prob, entropy, new_value = policy.evaluate_actions(obs, actions)
+    torch.testing.assert_close(new_log_prob, log_prob)
+    torch.testing.assert_close(new_value.detach(), value)
+    assert entropy.requires_grad and policy.value(obs).shape == (96,)
+    torch.manual_seed(7)
+    other = drop_game_cnn(SPACE, COLUMNS, cfg)
+    import_weights(other, export_weights(policy))
+    with torch.no_grad():
+        assert torch.equal(other(obs)[0], policy(obs)[0])
+
+
+def test_the_drop_game_network_refuses_what_is_not_a_drop_game() -> None:
+    with pytest.raises(ValueError, match="drop_game_cnn needs an observation of one board"):
+        drop_game_cnn(gym.spaces.Box(-1, 1, (8,)), COLUMNS, PolicyConfig())
+    extra = gym.spaces.Dict({"observation": BOARD, "score": gym.spaces.Box(-1, 1, (1,))})
+    with pytest.raises(ValueError, match="drop_game_cnn needs an observation of one board"):
+        drop_game_cnn(extra, COLUMNS, PolicyConfig())
+    with pytest.raises(ValueError, match=r"Discrete\(7\) for a board 7 wide, got Discrete\(9\)"):
+        drop_game_cnn(BOARD, gym.spaces.Discrete(9), PolicyConfig())

@@ -8,12 +8,28 @@ board; one layer of convolutions over every 4 x 4 window sees it wherever it is.
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium
+import torch
+from torch import nn
+from torch.nn import functional as F
 
 from zmq_rl.config import PolicyConfig
-from zmq_rl.rl.networks import StructuredActorCritic, is_board_space, leaf_paths
+from zmq_rl.rl.layers import layer, trunk
+from zmq_rl.rl.masking import mask_key
+from zmq_rl.rl.networks import (
+    ActionHeads,
+    StructuredActorCritic,
+    _at,
+    _BoardPart,
+    action_mask_of,
+    is_board_space,
+    landing_cells,
+    leaf_paths,
+)
 
-__all__ = ["board_cnn", "gravity_board_cnn"]
+__all__ = ["DropGameCNN", "board_cnn", "drop_game_cnn", "gravity_board_cnn"]
 
 
 def board_cnn(
@@ -45,9 +61,141 @@ def gravity_board_cnn(
     return StructuredActorCritic(observation_space, action_space, cfg, boards="gravity")
 
 
+def drop_game_cnn(
+    observation_space: gymnasium.Space, action_space: gymnasium.Space, cfg: PolicyConfig
+) -> DropGameCNN:
+    """``--factory zmq_rl.rl.boards:drop_game_cnn``: :class:`DropGameCNN` with 32
+    filters in 3 layers, for drop games such as connect four (one board, an optional
+    ``action_mask``, one discrete action per column; anything else is refused by name)."""
+    return DropGameCNN(observation_space, action_space, cfg)
+
+
 def _require_board(observation_space: gymnasium.Space, name: str) -> None:
     if not any(is_board_space(leaf) for _, leaf in leaf_paths(observation_space)):
         raise ValueError(
             f"zmq_rl.rl.boards:{name} needs a board in the observation: a Box of shape "
             f"(H, W, C) with fewer channels than either side, got {observation_space!r}"
         )
+
+
+class DropGameCNN(nn.Module):
+    """An actor-critic for drop games (connect four) whose policy judges each column
+    by the cell a piece dropped there lands on.
+
+    Column ``c``'s logit is an MLP of ``cfg.hidden_sizes`` (the same weights for every
+    column) over the 7 x 7 cells around its landing cell: the board's planes,
+    :func:`~zmq_rl.rl.networks.landing_cells` and a plane of ones (so the zero padding
+    marks the edge). The value is :func:`board_cnn`'s with the landing plane
+    (:func:`gravity_board_cnn`): 4 x 4 window convolutions, flattened, and an MLP.
+
+    Why: a move in a drop game is the choice of a landing cell, and whether it wins,
+    blocks or hands the opponent the cell above is decided by the lines through that
+    cell, which all lie within three cells of it. Judging every landing cell with one
+    set of weights (a convolution evaluated where the moves are) learns a pattern once
+    for the whole board, where :func:`board_cnn`'s flattened windows learn each
+    (pattern, place, column) triple separately.
+    """
+
+    state_size = 0
+    reach = 3
+    """Cells on each side of the landing cell that its column's logit sees."""
+
+    def __init__(
+        self,
+        observation_space: gymnasium.Space,
+        action_space: gymnasium.Space,
+        cfg: PolicyConfig,
+    ) -> None:
+        super().__init__()
+        cfg.validate()
+        self.mask_key = mask_key(observation_space, action_space)
+        boards = [p for p, leaf in leaf_paths(observation_space) if is_board_space(leaf)]
+        others = [
+            p
+            for p, leaf in leaf_paths(observation_space)
+            if not is_board_space(leaf) and p != (self.mask_key,)
+        ]
+        if len(boards) != 1 or others:
+            raise ValueError(
+                "zmq_rl.rl.boards:drop_game_cnn needs an observation of one board (a Box "
+                "of shape (H, W, C) with fewer channels than either side) and at most an "
+                f"action_mask beside it, got {observation_space!r}"
+            )
+        self.board_path = boards[0]
+        board = _at_space(observation_space, self.board_path)
+        width, channels = int(board.shape[1]), int(board.shape[2])
+        if not isinstance(action_space, gymnasium.spaces.Discrete) or int(action_space.n) != width:
+            raise ValueError(
+                "zmq_rl.rl.boards:drop_game_cnn needs one discrete action per column: "
+                f"Discrete({width}) for a board {width} wide, got {action_space!r}"
+            )
+        self.heads = ActionHeads(action_space, cfg)
+        side = 2 * self.reach + 1
+        height = int(board.shape[0])
+        # patch_index[cell] = the cells of the padded board around ``cell``, flat.
+        rows = torch.arange(height).repeat_interleave(width)
+        cols = torch.arange(width).repeat(height)
+        d = torch.arange(side)
+        grid = (rows[:, None, None] + d[None, :, None]) * (width + 2 * self.reach) + (
+            cols[:, None, None] + d[None, None, :]
+        )
+        self.register_buffer("patch_index", grid.reshape(height * width, -1), persistent=False)
+        self.register_buffer("columns", torch.arange(width), persistent=False)
+        self.actor_trunk = trunk((channels + 2) * side * side, cfg)
+        self.policy_head = layer(cfg.hidden_sizes[-1], 1, 0.01, cfg.ortho_init)
+        self.critic_board = _BoardPart(board, cfg.ortho_init, gravity=True)
+        self.critic_trunk = trunk(self.critic_board.out_features, cfg)
+        self.value_head = layer(cfg.hidden_sizes[-1], 1, 1.0, cfg.ortho_init)
+
+    def forward(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(column logits ``[N, W]``, value ``[N]``)."""
+        dtype = self.value_head.weight.dtype
+        board = _at(obs, self.board_path)
+        planes = board.to(dtype).permute(0, 3, 1, 2)  # [N, C, H, W]
+        landing = landing_cells(planes)
+        x = torch.cat([planes, landing, torch.ones_like(landing)], dim=1)
+        # The landing row of each column: its free cells fill it from the top.
+        free = (planes.sum(dim=1) == 0).sum(dim=1)  # [N, W]
+        row = (free - 1).clamp(min=0)  # a full column's logit is masked anyway
+        cell = row * planes.shape[3] + self.columns  # [N, W], in H * W
+        padded = F.pad(x, (self.reach,) * 4).flatten(2)  # [N, C + 2, (H + 2r) * (W + 2r)]
+        n, channels, _ = padded.shape
+        index = self.patch_index[cell].reshape(n, 1, -1).expand(-1, channels, -1)
+        patches = padded.gather(2, index).reshape(n, channels, cell.shape[1], -1)
+        features = patches.transpose(1, 2).flatten(2)  # [N, W, (C + 2) * side^2]
+        logits = self.policy_head(self.actor_trunk(features)).squeeze(-1)
+        value = self.value_head(self.critic_trunk(self.critic_board(board, dtype)))
+        return logits, value.squeeze(-1)
+
+    def value(self, obs: Any) -> torch.Tensor:
+        """State values ``V(obs)``, ``[N]``."""
+        return self(obs)[1]
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: Any,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(column, log_prob, value), ``[N]`` each; masked columns are never chosen."""
+        logits, value = self(obs)
+        action, log_prob = self.heads.sample(
+            logits, generator, deterministic, action_mask_of(obs, self.mask_key)
+        )
+        return action, log_prob, value
+
+    def evaluate_actions(
+        self, obs: Any, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log_prob, entropy, value) of given columns, ``[N]`` each, with grad, of the
+        distribution masked as :meth:`act` sampled."""
+        logits, value = self(obs)
+        log_prob, entropy = self.heads.evaluate(logits, actions, action_mask_of(obs, self.mask_key))
+        return log_prob, entropy, value
+
+
+def _at_space(space: gymnasium.Space, path: tuple) -> gymnasium.Space:
+    for key in path:
+        space = space[key]
+    return space
