@@ -3,7 +3,10 @@
 PettingZoo's classic games (connect four, tic-tac-toe, go, chess) observe a board as
 ``[H, W, C]`` planes beside an ``action_mask``. Flattened into an MLP, a threat (three
 of one colour and a free cell in a line) must be learned anew at every place on the
-board; one layer of convolutions over every 4 x 4 window sees it wherever it is.
+board; one layer of convolutions over every 4 x 4 window sees it wherever it is
+(:func:`board_cnn`, :func:`gravity_board_cnn`). In a drop game (connect four) a move
+is the choice of a landing cell: :func:`drop_game_cnn` judges every column by the
+cells around its landing cell with one set of weights.
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ from zmq_rl.rl.layers import layer, trunk
 from zmq_rl.rl.masking import mask_key
 from zmq_rl.rl.networks import (
     ActionHeads,
+    BoardPart,
     StructuredActorCritic,
-    _at,
-    _BoardPart,
     action_mask_of,
     is_board_space,
     landing_cells,
     leaf_paths,
+    value_at,
 )
 
 __all__ = ["DropGameCNN", "board_cnn", "drop_game_cnn", "gravity_board_cnn"]
@@ -122,7 +125,7 @@ class DropGameCNN(nn.Module):
                 f"action_mask beside it, got {observation_space!r}"
             )
         self.board_path = boards[0]
-        board = _at_space(observation_space, self.board_path)
+        board = value_at(observation_space, self.board_path)
         width, channels = int(board.shape[1]), int(board.shape[2])
         if not isinstance(action_space, gymnasium.spaces.Discrete) or int(action_space.n) != width:
             raise ValueError(
@@ -143,14 +146,14 @@ class DropGameCNN(nn.Module):
         self.register_buffer("columns", torch.arange(width), persistent=False)
         self.actor_trunk = trunk((channels + 2) * side * side, cfg)
         self.policy_head = layer(cfg.hidden_sizes[-1], 1, 0.01, cfg.ortho_init)
-        self.critic_board = _BoardPart(board, cfg.ortho_init, gravity=True)
+        self.critic_board = BoardPart(board, cfg.ortho_init, gravity=True)
         self.critic_trunk = trunk(self.critic_board.out_features, cfg)
         self.value_head = layer(cfg.hidden_sizes[-1], 1, 1.0, cfg.ortho_init)
 
     def forward(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(column logits ``[N, W]``, value ``[N]``)."""
         dtype = self.value_head.weight.dtype
-        board = _at(obs, self.board_path)
+        board = value_at(obs, self.board_path)
         planes = board.to(dtype).permute(0, 3, 1, 2)  # [N, C, H, W]
         landing = landing_cells(planes)
         x = torch.cat([planes, landing, torch.ones_like(landing)], dim=1)
@@ -193,9 +196,3 @@ class DropGameCNN(nn.Module):
         logits, value = self(obs)
         log_prob, entropy = self.heads.evaluate(logits, actions, action_mask_of(obs, self.mask_key))
         return log_prob, entropy, value
-
-
-def _at_space(space: gymnasium.Space, path: tuple) -> gymnasium.Space:
-    for key in path:
-        space = space[key]
-    return space

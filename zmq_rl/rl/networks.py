@@ -54,6 +54,7 @@ from .normalization import merge_moments
 
 __all__ = [
     "ActionHeads",
+    "BoardPart",
     "ObsEncoder",
     "RecurrentActorCritic",
     "StructuredActorCritic",
@@ -61,6 +62,7 @@ __all__ = [
     "batch_obs",
     "leaf_paths",
     "obs_tensor",
+    "value_at",
 ]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -83,7 +85,9 @@ def leaf_paths(space: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
     return [(path, space)]
 
 
-def _at(value: Any, path: tuple) -> Any:
+def value_at(value: Any, path: tuple) -> Any:
+    """The part of an observation value (or a space) that ``path`` (:func:`leaf_paths`)
+    leads to."""
     for key in path:
         value = value[key]
     return value
@@ -253,7 +257,7 @@ class _ImagePart(nn.Module):
         pass
 
 
-class _BoardPart(nn.Module):
+class BoardPart(nn.Module):
     """A board game's grid (``[H, W, C]`` planes, channels last, as PettingZoo's
     classic games give them) through one layer of ``filters`` convolutions over every
     window of ``min(4, H, W)`` cells square (no padding), ReLU, flattened: every line
@@ -343,7 +347,7 @@ class ObsEncoder(nn.Module):
                 if is_image_space(leaf):
                     part: nn.Module = _ImagePart(leaf, cfg.ortho_init)
                 elif boards and is_board_space(leaf):
-                    part = _BoardPart(leaf, cfg.ortho_init, gravity=boards == "gravity")
+                    part = BoardPart(leaf, cfg.ortho_init, gravity=boards == "gravity")
                 else:
                     part = _BoxPart(leaf, cfg.normalize_obs)
             elif isinstance(leaf, gymnasium.spaces.Discrete):
@@ -362,7 +366,8 @@ class ObsEncoder(nn.Module):
     def forward(self, obs: Any, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``obs``: a value of tensors with leading dim ``[N]`` -> ``[N, out_features]``."""
         features = [
-            part(_at(obs, path), dtype) for path, part in zip(self.paths, self.parts, strict=True)
+            part(value_at(obs, path), dtype)
+            for path, part in zip(self.paths, self.parts, strict=True)
         ]
         return features[0] if len(features) == 1 else torch.cat(features, dim=-1)
 
@@ -370,7 +375,7 @@ class ObsEncoder(nn.Module):
         """Fold a batch of numpy observations (any leading dims) into the running
         statistics of the normalised (float box) parts."""
         for path, part in zip(self.paths, self.parts, strict=True):
-            part.update_stats(_at(obs, path))
+            part.update_stats(value_at(obs, path))
 
 
 # --------------------------------------------------------------------------- heads
