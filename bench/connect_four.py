@@ -5,6 +5,15 @@ Issue 30's proof for turn-based self-play. Train three seeds, then evaluate them
     python bench/connect_four.py train --seeds 0 1 2 --total-env-steps 2000000 \
         --extra-args "--actors 2" --plot
 
+The settings that meet the target on 2 cores (docs/benchmarks.md §24, 22 min a seed)::
+
+    python bench/connect_four.py train --seeds 0 1 2 --total-env-steps 3000000 \
+        --extra-args "--actors 2 --num-envs 32 --num-steps 64 --num-epochs 4 \
+        --minibatch-size 256 --hidden-sizes 128,128 --factory zmq_rl.rl.boards:drop_game_cnn \
+        --learning-rate 3e-4 --ent-coef 0.01 --gamma 0.99 --gae-lambda 0.95 --eval-every 25 \
+        --eval-episodes 40 --eval-opponent zmq_rl.baselines:one_ply_move --opponent-pool 10 \
+        --opponent-every 10 --opponent-share 0.5 --opening-moves 6"
+
 or evaluate runs that already exist::
 
     python bench/connect_four.py eval runs/connect_four/seed0 runs/connect_four/seed1 \
