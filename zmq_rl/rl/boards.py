@@ -67,9 +67,10 @@ def gravity_board_cnn(
 def drop_game_cnn(
     observation_space: gymnasium.Space, action_space: gymnasium.Space, cfg: PolicyConfig
 ) -> DropGameCNN:
-    """``--factory zmq_rl.rl.boards:drop_game_cnn``: :class:`DropGameCNN` with 32
-    filters in 3 layers, for drop games such as connect four (one board, an optional
-    ``action_mask``, one discrete action per column; anything else is refused by name)."""
+    """``--factory zmq_rl.rl.boards:drop_game_cnn``: :class:`DropGameCNN`, each column
+    judged by one MLP over the 7 x 7 cells around its landing cell, for drop games such
+    as connect four (one board, an optional ``action_mask``, one discrete action per
+    column; anything else is refused by name)."""
     return DropGameCNN(observation_space, action_space, cfg)
 
 
