@@ -278,13 +278,18 @@ def test_turn_based_rows_match_every_move_and_result_and_chain(opponent_share):
 
 
 @pytest.mark.parametrize(
-    "network", [[], ["--factory", "zmq_rl.rl.boards:board_cnn"]], ids=["mlp", "board"]
+    "network",
+    [[], ["--factory", "zmq_rl.rl.boards:drop_game_cnn"]],
+    ids=["mlp", "drop_game"],
 )
 def test_a_real_run_of_connect_four_by_self_play(tmp_path, capsys, network):
     """``zmq-rl run`` on a turn-based PettingZoo game: one shared policy plays both
     seats in every game over tcp; evaluations play it against random legal moves.
-    The board convolutions (``zmq_rl.rl.boards:board_cnn``) run the same way, with the
-    opponent pool's snapshots built by the actors from the same factory."""
+    A factory's network (``zmq_rl.rl.boards:drop_game_cnn``, the benchmark's, a module
+    of its own rather than the built-in structured one) runs the same way, with the
+    opponent pool's snapshots built by the actors from the same factory, and the saved
+    policy loads and keeps to the action mask. (``board_cnn`` is the built-in network
+    with another encoder part: tests/test_board_cnn.py.)"""
     from tests.conftest import free_port_block
     from zmq_rl.cli import main as main_cli
 
@@ -300,6 +305,18 @@ def test_a_real_run_of_connect_four_by_self_play(tmp_path, capsys, network):
     assert 6000 - 8 * 128 < report["env_steps_consumed"] <= 6000
     assert report["evaluations"] and -1.0 <= report["evaluations"][-1]["mean_return"] <= 1.0
     assert report["episodes_completed"] > 100
+    if network:
+        from zmq_rl import load_policy
+
+        policy = load_policy(run_dir)  # the factory rebuilds it outside the run
+        board = np.zeros((2, 6, 7, 2), np.int8)
+        board[:, 5, 0:6, 0] = 1  # bottom row full but for the last column ...
+        board[1, 5, 6, 1] = 1  # ... which only board 1 has filled
+        mask = np.ones((2, 7), np.int8)
+        mask[1] = 0
+        mask[1, 2] = 1  # board 1: one legal column
+        actions, _ = policy.predict({"action_mask": mask, "observation": board})
+        assert actions.shape == (2,) and actions[1] == 2  # within the mask
 
 
 def test_the_opponent_pool_keeps_spaced_snapshots_and_plays_legal_moves():
