@@ -31,8 +31,6 @@ ROWS, COLS = 6, 7  # row 0 is the top of the board; pieces fall to the highest f
 MOVER, OPPONENT = 0, 1  # the observation's planes: the player to move's pieces, the other's
 
 
-
-
 def landing_row(planes: np.ndarray, col: int) -> int | None:
     """The row a piece dropped in ``col`` lands on (the lowest free cell: the highest
     row index, row 0 being the top), or None when the column is full. ``planes`` is

@@ -4,7 +4,6 @@ Agent, the gym actor loop and batched inference.
 Imports the wire and rl wings, never the learner wing.
 """
 
-
 from __future__ import annotations
 
 import importlib

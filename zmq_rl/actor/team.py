@@ -139,9 +139,7 @@ class AgentTeam:
         for c, live in enumerate(going_on):
             for name in live:
                 next_live[self._slot(c, name)] = True
-        self.agent.observe(
-            reward, term, trunc, self._stacked(next_live), final_obs, valid=acting
-        )
+        self.agent.observe(reward, term, trunc, self._stacked(next_live), final_obs, valid=acting)
         return going_on if self.copies > 1 or isinstance(observations, Sequence) else going_on[0]
 
     # ------------------------------------------------------------------ helpers

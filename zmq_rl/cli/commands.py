@@ -72,9 +72,7 @@ class Subcommand:
 SUBCOMMANDS: dict[str, Subcommand] = {}
 """Every registered subcommand by name."""
 
-ORDER = (
-    "run", "eval", "export", "ladder", "plot", "keys", "serve", "conformance", "slurm", "ray"
-)
+ORDER = ("run", "eval", "export", "ladder", "plot", "keys", "serve", "conformance", "slurm", "ray")
 """The order of ``zmq-rl --help``'s list (a subcommand not named here comes last)."""
 
 

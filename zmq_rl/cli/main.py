@@ -41,6 +41,7 @@ __all__ = ["arg", "build_parser", "main", "subcommand"]
 
 # -- run ------------------------------------------------------------------------------
 
+
 def _run_flags(parser: argparse.ArgumentParser) -> None:
     add_learner_flags(parser, defaults=RUN_DEFAULTS)
     parser.add_argument(

@@ -4,7 +4,6 @@ the run log, checkpoints and evaluation.
 Imports the wire and rl wings, never the actor wing.
 """
 
-
 from __future__ import annotations
 
 import importlib

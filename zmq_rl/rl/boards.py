@@ -15,7 +15,6 @@ from typing import Any
 
 import gymnasium
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from zmq_rl.config import PolicyConfig
@@ -24,8 +23,8 @@ from zmq_rl.rl.masking import mask_key
 from zmq_rl.rl.networks import (
     ActionHeads,
     BoardPart,
+    FeedForwardActorCritic,
     StructuredActorCritic,
-    action_mask_of,
     is_board_space,
     landing_cells,
     leaf_paths,
@@ -82,7 +81,7 @@ def _require_board(observation_space: gymnasium.Space, name: str) -> None:
         )
 
 
-class DropGameCNN(nn.Module):
+class DropGameCNN(FeedForwardActorCritic):
     """An actor-critic for drop games (connect four) whose policy judges each column
     by the cell a piece dropped there lands on.
 
@@ -100,7 +99,6 @@ class DropGameCNN(nn.Module):
     (pattern, place, column) triple separately.
     """
 
-    state_size = 0
     reach = 3
     """Cells on each side of the landing cell that its column's logit sees."""
 
@@ -168,32 +166,12 @@ class DropGameCNN(nn.Module):
         patches = padded.gather(2, index).reshape(n, channels, cell.shape[1], -1)
         features = patches.transpose(1, 2).flatten(2)  # [N, W, (C + 2) * side^2]
         logits = self.policy_head(self.actor_trunk(features)).squeeze(-1)
-        value = self.value_head(self.critic_trunk(self.critic_board(board, dtype)))
-        return logits, value.squeeze(-1)
+        return logits, self._value(board, dtype)
 
     def value(self, obs: Any) -> torch.Tensor:
-        """State values ``V(obs)``, ``[N]``."""
-        return self(obs)[1]
+        """State values ``V(obs)``, ``[N]``, without the columns' logits."""
+        board = value_at(obs, self.board_path)
+        return self._value(board, self.value_head.weight.dtype)
 
-    @torch.no_grad()
-    def act(
-        self,
-        obs: Any,
-        generator: torch.Generator | None = None,
-        deterministic: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(column, log_prob, value), ``[N]`` each; masked columns are never chosen."""
-        logits, value = self(obs)
-        action, log_prob = self.heads.sample(
-            logits, generator, deterministic, action_mask_of(obs, self.mask_key)
-        )
-        return action, log_prob, value
-
-    def evaluate_actions(
-        self, obs: Any, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(log_prob, entropy, value) of given columns, ``[N]`` each, with grad, of the
-        distribution masked as :meth:`act` sampled."""
-        logits, value = self(obs)
-        log_prob, entropy = self.heads.evaluate(logits, actions, action_mask_of(obs, self.mask_key))
-        return log_prob, entropy, value
+    def _value(self, board: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.value_head(self.critic_trunk(self.critic_board(board, dtype))).squeeze(-1)

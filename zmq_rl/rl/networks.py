@@ -55,6 +55,7 @@ from .normalization import merge_moments
 __all__ = [
     "ActionHeads",
     "BoardPart",
+    "FeedForwardActorCritic",
     "ObsEncoder",
     "RecurrentActorCritic",
     "StructuredActorCritic",
@@ -539,7 +540,43 @@ def action_mask_of(obs: Any, key: str | None) -> torch.Tensor | None:
     return None if key is None else obs[key]
 
 
-class StructuredActorCritic(nn.Module):
+class FeedForwardActorCritic(nn.Module):
+    """What every feed-forward network of this package shares: :meth:`act` and
+    :meth:`evaluate_actions` from ``forward(obs)`` -> (distribution parameters
+    ``[N, num_params]``, value ``[N]``) through ``self.heads`` (:class:`ActionHeads`),
+    masked by the observation's ``self.mask_key`` entry (if any)."""
+
+    state_size = 0
+    heads: ActionHeads
+    mask_key: str | None
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: Any,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample (or take the mode of) actions: (action, log_prob ``[N]``, value ``[N]``);
+        masked actions (the observation's ``action_mask``, if any) are never chosen."""
+        params, value = self(obs)
+        mask = action_mask_of(obs, self.mask_key)
+        action, log_prob = self.heads.sample(params, generator, deterministic, mask)
+        return action, log_prob, value
+
+    def evaluate_actions(
+        self, obs: Any, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log_prob, entropy, value) of given actions, ``[N]`` each, with grad;
+        log-prob and entropy summed over the action components, of the distribution
+        masked by the observation's ``action_mask`` (if any), as :meth:`act` sampled."""
+        params, value = self(obs)
+        mask = action_mask_of(obs, self.mask_key)
+        log_prob, entropy = self.heads.evaluate(params, actions, mask)
+        return log_prob, entropy, value
+
+
+class StructuredActorCritic(FeedForwardActorCritic):
     """A feed-forward actor-critic for any supported observation and action space.
 
     ``obs`` arguments are observation values of tensors with leading dim ``[N]``
@@ -547,8 +584,6 @@ class StructuredActorCritic(nn.Module):
     Actions: int64 ``[N]`` (Discrete), int64 ``[N, *nvec.shape]`` (MultiDiscrete),
     int8 ``[N, *shape]`` (MultiBinary, 0/1) or float32 ``[N, *shape]`` (Box, unclipped).
     """
-
-    state_size = 0
 
     def __init__(
         self,
@@ -594,31 +629,6 @@ class StructuredActorCritic(nn.Module):
         return self.value_head((self.trunk if self.shared_trunk else self.critic_trunk)(x)).squeeze(
             -1
         )
-
-    @torch.no_grad()
-    def act(
-        self,
-        obs: Any,
-        generator: torch.Generator | None = None,
-        deterministic: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample (or take the mode of) actions: (action, log_prob ``[N]``, value ``[N]``);
-        masked actions (the observation's ``action_mask``, if any) are never chosen."""
-        params, value = self(obs)
-        mask = action_mask_of(obs, self.mask_key)
-        action, log_prob = self.heads.sample(params, generator, deterministic, mask)
-        return action, log_prob, value
-
-    def evaluate_actions(
-        self, obs: Any, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(log_prob, entropy, value) of given actions, ``[N]`` each, with grad;
-        log-prob and entropy summed over the action components, of the distribution
-        masked by the observation's ``action_mask`` (if any), as :meth:`act` sampled."""
-        params, value = self(obs)
-        mask = action_mask_of(obs, self.mask_key)
-        log_prob, entropy = self.heads.evaluate(params, actions, mask)
-        return log_prob, entropy, value
 
 
 class RecurrentActorCritic(nn.Module):

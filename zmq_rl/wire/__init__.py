@@ -3,7 +3,6 @@
 The bottom wing: it imports nothing else of zmq_rl (see docs/design.md, the layout).
 """
 
-
 from __future__ import annotations
 
 import importlib
