@@ -69,6 +69,7 @@ class NumpySampler:
         policy = self.policy
         self.arrays: MLPArrays = mlp_arrays(policy)
         self.dtype = self.arrays.head[0].dtype
+        self.tiny = np.finfo(self.dtype).tiny
         self.relu = policy.activation_name == "relu"
         self.norm = (
             (policy.obs_mean.numpy(), policy.obs_var.numpy()) if policy.normalize_obs else None
@@ -104,7 +105,11 @@ class NumpySampler:
         value += a.value[1][0]
         if a.log_std is None:
             z = params - params.max(axis=1, keepdims=True)
+            # Gumbel-max: argmax(z - log E), E ~ Exp(1). A float32 draw of exactly 0
+            # (about one in 2^24) is raised to the smallest normal float, so its action
+            # still wins and numpy warns of no log(0) in the actor's log.
             gumbel = self.rng.standard_exponential(z.shape, dtype=self.dtype)
+            np.maximum(gumbel, self.tiny, out=gumbel)
             np.log(gumbel, out=gumbel)
             action = (z - gumbel).argmax(axis=1)
             rows = np.arange(len(action))
