@@ -625,9 +625,14 @@ class Scenario:
         self.record(
             "weights-nonblocking", True, f"stepped to {low} of budget {budget} on one version"
         )
-        # It must go quiet at exactly its budget, having sent every row it recorded.
+        # It must go quiet at exactly its budget, having sent every row it recorded; a
+        # row past the budget decides it at once (valve-holds fails: no need to wait
+        # phase_timeout for a pause that will not come).
         went_quiet = self.pump_until(
-            lambda: time.monotonic() - obs.quiet_since > opt.quiet, opt.phase_timeout, False
+            lambda: time.monotonic() - obs.quiet_since > opt.quiet
+            or int(reg.rows.max()) > budget,
+            opt.phase_timeout,
+            False,
         )
         low, high = int(reg.rows.min()), int(reg.rows.max())
         if high > budget:
