@@ -62,6 +62,10 @@ def test_background_evaluations_are_tagged_with_their_snapshot_and_can_stop_the_
         assert evaluation["env_steps"] == 8 * evaluation["updates"]
         assert evaluation["mean_return"] == 5.0
     assert report.evaluations[-1]["updates"] == report.updates_completed  # the final one
+    # Every update was due; each due snapshot was either reported or counted skipped
+    # (replaced while the evaluator was busy, or pending when the run stopped).
+    skipped = report.counters.get("evaluation/skipped", 0)
+    assert len(periodic) + skipped == report.updates_completed, (len(periodic), skipped)
     assert not evaluator_processes(), "the evaluator process outlived the learner"
 
 

@@ -22,6 +22,7 @@ LEARNER_SOURCES = [
     "zmq_rl/learner/ingest.py",
     "zmq_rl/learner/loop.py",
     "zmq_rl/learner/checkpoint.py",
+    "zmq_rl/learner/runlog.py",
 ]
 
 

@@ -153,6 +153,7 @@ class Learner:
         self.runlog = RunLog(cfg, self.report, on_update, self.policy_cfg, on_evaluation)
         self.runlog.updates_budget = cfg.num_updates(shape.agents_per_env)
         self.runlog.agent_policies = list(self.plan.agent_policies)
+        self.runlog.counters = self.counters
         # Data-parallel learner ranks (num_learners > 1): this is rank 0; the others
         # are started (or joined, under torchrun) when the run starts.
         self.spec: RankSpec | None = rank_spec(cfg.num_learners, cfg.host, cfg.rendezvous_port())
@@ -436,6 +437,7 @@ class Learner:
                 ]
         self.report.self_play = self_play_table(self.report.actor_stats)
         self.counters["consumed/steps"] = self.report.env_steps_consumed
+        self.runlog.abandon_unreported()  # a stopped run's pending evaluations
         self.ingest.discard_queued("run_ended")  # counted; the final checkpoint holds none
         self.report.counters = dict(self.counters)
         best = self.runlog.best

@@ -22,6 +22,7 @@ import copy
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -119,6 +120,8 @@ class RunLog:
         self.best: BestPolicy | None = None
         # Snapshots in the background evaluator, by tag: (version, weights).
         self._submitted: dict[tuple[int, int, float], tuple[int, Any]] = {}
+        self.counters: Counter[str] = Counter()
+        """Counts ``evaluation/skipped`` (the learner shares its counters here)."""
         if cfg.eval_every and cfg.eval_in_background:
             seed = cfg.seed + EVAL_SEED_OFFSET
             self.evaluator = BackgroundEvaluator(
@@ -185,6 +188,7 @@ class RunLog:
         version, weights = self._submitted.pop(tag, (None, None))
         for older in [t for t in self._submitted if t <= tag]:  # replaced while waiting
             del self._submitted[older]
+            self.counters["evaluation/skipped"] += 1
         if weights is not None and self._is_best(result):
             self.best = BestPolicy(result, version, weights)
         return result
@@ -271,7 +275,14 @@ class RunLog:
                 self._add_background_result(*done)
         self.evaluator.close()
         self.evaluator = None
-        self._submitted.clear()
+        self.abandon_unreported()
+
+    def abandon_unreported(self) -> None:
+        """Count the snapshots submitted and never reported as ``evaluation/skipped``
+        (the run ended while one waited or ran) and forget them."""
+        if self._submitted:
+            self.counters["evaluation/skipped"] += len(self._submitted)
+            self._submitted.clear()
 
     def evaluated_last_update(self) -> bool:
         """Whether the newest evaluation is of the newest update."""

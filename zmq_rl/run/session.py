@@ -374,6 +374,15 @@ def print_summary(
                 ),
             )
         )
+        skipped = report.counters.get("evaluation/skipped", 0)
+        if skipped:
+            lines.append(
+                (
+                    "evaluations",
+                    f"{len(report.evaluations)} run, {skipped} skipped (due while the "
+                    "background evaluator was busy: the newest snapshot goes next)",
+                )
+            )
         if report.evaluations:
             last = report.evaluations[-1]
             lines.append(
