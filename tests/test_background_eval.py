@@ -69,6 +69,36 @@ def test_background_evaluations_are_tagged_with_their_snapshot_and_can_stop_the_
     assert not evaluator_processes(), "the evaluator process outlived the learner"
 
 
+def test_the_evaluator_starts_with_the_run_and_an_idle_one_is_not_waited_for():
+    """The evaluator's process is up from the first update on (its imports are done by
+    the first evaluation: on two busy cores they delayed the first result by ~30
+    updates), and one that never got work is stopped at once, not joined for 5 s."""
+    import time
+
+    cfg = stub_learner_config(free_port_block(), eval_every=10**6, total_env_steps=8 * 3)
+    ctx = zmq.Context()
+    seen: list[int] = []
+    learner = Learner(
+        cfg,
+        SMALL_PPO,
+        STUB_POLICY,
+        context=ctx,
+        on_update=lambda row: seen.append(len(evaluator_processes())),
+    )
+    actor = gym_actor(ctx, cfg.port)
+    job = Background(learner.run)
+    job.join(120)
+    actor.join()
+    started = time.monotonic()
+    learner.close()
+    closed_in = time.monotonic() - started
+    ctx.destroy(linger=0)
+    assert job.error is None, repr(job.error)
+    assert seen == [1, 1, 1], seen  # no evaluation was due, yet the process was up
+    assert closed_in < 3.0, closed_in
+    assert not evaluator_processes(), "the evaluator process outlived the learner"
+
+
 def test_evaluation_in_the_loop_when_background_is_off():
     cfg = stub_learner_config(
         free_port_block(), eval_every=2, eval_in_background=False, total_env_steps=8 * 6

@@ -250,6 +250,7 @@ class Learner:
         try:
             if self.ranks is not None:
                 self.ranks.start()
+            runlog.start_evaluator()
             self.wait_for_actors(runlog.start)
             while self.ranks is not None or not self._budget_spent():
                 metrics = self._one_update() if self.ranks is None else self.ranks.update()

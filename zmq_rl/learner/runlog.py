@@ -135,6 +135,12 @@ class RunLog:
                 cfg.eval_opponent,
             )
 
+    def start_evaluator(self) -> None:
+        """Start the background evaluator's process (when there is one) ahead of the
+        first evaluation (:meth:`BackgroundEvaluator.start`)."""
+        if self.evaluator is not None:
+            self.evaluator.start()
+
     def elapsed(self) -> float:
         """Seconds since the run started (see :meth:`restart_clock`)."""
         return time.monotonic() - self.start
