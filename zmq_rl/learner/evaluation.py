@@ -320,11 +320,12 @@ class BackgroundEvaluator:
     replaces the waiting one (the newest snapshot wins: an evaluation of old weights
     is worth less than a later one). :meth:`results` returns what finished, each with
     the ``tag`` it was submitted with. The child process is started by :meth:`start`
-    (the learner calls it when the run starts) or the first :meth:`submit`, runs at
-    ``nice`` +19 (it takes the CPU time nothing else wants) with one torch thread,
-    rebuilds the policy from the env's spaces and ``policy_cfg`` exactly as an actor
-    does, and exits when :meth:`close` is called or the learner's end of the pipe
-    closes.
+    (the learner calls it when its run starts) or the first :meth:`submit`, runs at
+    ``nice`` +19 with one torch thread (it yields to the learner; where Linux groups
+    processes by session, "autogroup", the actors of ``zmq-rl run``, in sessions of
+    their own, share the CPU with the learner's group as a whole), rebuilds the
+    policy from the env's spaces and ``policy_cfg`` exactly as an actor does, and
+    exits when :meth:`close` is called or the learner's end of the pipe closes.
     """
 
     def __init__(
@@ -350,9 +351,13 @@ class BackgroundEvaluator:
 
     def start(self) -> None:
         """Start the child process now, if it is not running (:meth:`submit` starts it
-        otherwise). The learner starts it with the run, so its imports (seconds of
-        CPU, at ``nice`` +19) are done by the first evaluation instead of delaying
-        it: on two busy cores the first result came ~30 updates after its snapshot."""
+        otherwise). The learner starts it when its run starts, so its imports
+        (seconds of CPU) are done by the first evaluation instead of delaying it: on
+        two busy cores the first result came ~30 updates after its snapshot. They
+        share the CPU with the actors' start-up (``nice`` ranks processes only within
+        a scheduler autogroup, and ``zmq-rl run``'s actors run in sessions of their
+        own): on two cores the first update comes ~1 s later, the first results ~5 s
+        sooner (docs/benchmarks.md §23)."""
         if self._process is None:
             self._start()
 

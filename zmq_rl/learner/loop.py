@@ -250,6 +250,8 @@ class Learner:
         try:
             if self.ranks is not None:
                 self.ranks.start()
+            # Now, not at the first evaluation: its imports are then done by the first
+            # evaluation instead of delaying it (docs/benchmarks.md §23, stop 40).
             runlog.start_evaluator()
             self.wait_for_actors(runlog.start)
             while self.ranks is not None or not self._budget_spent():
