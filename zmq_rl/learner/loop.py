@@ -251,7 +251,7 @@ class Learner:
             if self.ranks is not None:
                 self.ranks.start()
             # Now, not at the first evaluation: its imports are then done by the first
-            # evaluation instead of delaying it (docs/benchmarks.md §23, stop 40).
+            # evaluation instead of delaying it (docs/benchmarks.md §23).
             runlog.start_evaluator()
             self.wait_for_actors(runlog.start)
             while self.ranks is not None or not self._budget_spent():
@@ -440,7 +440,7 @@ class Learner:
                 ]
         self.report.self_play = self_play_table(self.report.actor_stats)
         self.counters["consumed/steps"] = self.report.env_steps_consumed
-        self.runlog.abandon_unreported()  # a stopped run's pending evaluations
+        self.runlog.abandon_unreported()  # evaluations still pending: never reported
         self.ingest.discard_queued("run_ended")  # counted; the final checkpoint holds none
         self.report.counters = dict(self.counters)
         best = self.runlog.best

@@ -281,11 +281,10 @@ class RunLog:
                 self._add_background_result(*done)
         self.evaluator.close()
         self.evaluator = None
-        self.abandon_unreported()
 
     def abandon_unreported(self) -> None:
-        """Count the snapshots submitted and never reported as ``evaluation/skipped``
-        (the run ended while one waited or ran) and forget them."""
+        """At the end of the run: count the snapshots submitted and never reported as
+        ``evaluation/skipped`` (the run ended while one waited or ran) and forget them."""
         if self._submitted:
             self.counters["evaluation/skipped"] += len(self._submitted)
             self._submitted.clear()
