@@ -54,6 +54,14 @@ def conformance_actor(tmp_path: Path, *command: str, timeout: float = 150) -> tu
     return done.returncode, json.loads(report.read_text())
 
 
+def not_passed(tmp_path: Path, report: dict) -> str:
+    """The clauses that did not pass and the actor log's tail (pytest cuts a bare report)."""
+    clauses = [c for c in report["clauses"] if c["status"] != "PASS"]
+    log = tmp_path / "actor.log"
+    tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no actor log)"
+    return f"{json.dumps(clauses, indent=1)}\nnotes: {report.get('notes')}\nactor log tail:\n{tail}"
+
+
 def statuses(report: dict) -> dict[str, str]:
     return {c["id"]: c["status"] for c in report["clauses"]}
 
@@ -72,7 +80,7 @@ def failed_musts(report: dict) -> set[str]:
 def test_zmq_actor_conforms(tmp_path):
     command = [str(BIN / "zmq-actor"), "--learner", "{learner}", "--num-envs", "2"]
     code, report = conformance_actor(tmp_path, *command, "--env", ENV, "--log-level", "warning")
-    assert code == 0 and report["passed"], report
+    assert code == 0 and report["passed"], not_passed(tmp_path, report)
     assert_key_clauses_pass(report)
 
 
@@ -80,7 +88,7 @@ def test_zmq_actor_conforms(tmp_path):
 def test_raw_protocol_actor_conforms(tmp_path):
     """The page's worked client (no zmq_rl), taking the address from ZMQ_RL_LEARNER."""
     code, report = conformance_actor(tmp_path, sys.executable, "-m", "examples.raw_protocol_actor")
-    assert code == 0 and report["passed"], report
+    assert code == 0 and report["passed"], not_passed(tmp_path, report)
     assert_key_clauses_pass(report)
 
 

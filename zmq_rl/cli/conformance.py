@@ -24,7 +24,8 @@ ACTOR_HELP = {
     "(0 = max_lead_steps + fragment_length)",
     "register_timeout": "seconds for the actor's first hello (its start-up included)",
     "phase_timeout": "seconds for each phase (a broadcast, the valve, the restart)",
-    "quiet": "seconds without a fragment that mean 'paused'",
+    "quiet": "seconds without a fragment that mean 'paused' (a pause short of the valve budget "
+    "fails only after 3 x this)",
     "shutdown_timeout": "seconds for the bye after shutdown",
     "exit_timeout": "seconds for the process to end after shutdown",
     "mismatch_timeout": "seconds the actor is watched after a protocol-1 reply",

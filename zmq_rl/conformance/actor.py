@@ -61,6 +61,10 @@ log = logging.getLogger(__name__)
 LEARNER_ENV = "ZMQ_RL_LEARNER"
 """The environment variable that hands the actor under test the learner's address."""
 PUMP_MS = 20
+CONFIRM_QUIET = 3
+"""A pause short of the valve budget fails an actor only once it lasted this many
+times ``quiet``: a pause that ends the check early costs ``quiet``, a failing one
+is confirmed."""
 
 CLAUSES = {
     c.id: c
@@ -599,6 +603,11 @@ class Scenario:
             train=True,
         )
 
+    def confirmed_quiet(self) -> bool:
+        """No frame for ``CONFIRM_QUIET`` x ``quiet`` seconds: the wait that turns a pause
+        into a failing verdict (a stall of a loaded machine rarely lasts that long)."""
+        return time.monotonic() - self.observer.quiet_since > CONFIRM_QUIET * self.options.quiet
+
     def valve(self) -> bool:
         """Hold the broadcasts: the actor must step to exactly its budget and stay."""
         obs, opt = self.observer, self.options
@@ -612,6 +621,11 @@ class Scenario:
             return int(reg.rows.min()) >= near or stalled or not self.actor.alive()
 
         self.pump_until(settled, opt.phase_timeout, train=False)
+        if int(reg.rows.min()) < near and self.actor.alive():
+            # A pause short of the budget fails the actor: first make sure it is one, not
+            # a loaded machine stalling the process for ``quiet`` seconds.
+            self.pump_until(lambda: reg.rows.min() >= near or self.confirmed_quiet(),
+                            opt.phase_timeout, train=False)  # fmt: skip
         low = int(reg.rows.min())
         if low < near:
             self.record(
@@ -634,6 +648,14 @@ class Scenario:
             opt.phase_timeout,
             False,
         )
+        if went_quiet and reg.rows.min() < budget and reg.rows.max() <= budget:
+            # Short of the budget: make sure the pause is one (as above).
+            self.pump_until(
+                lambda: reg.rows.min() >= budget or reg.rows.max() > budget
+                or self.confirmed_quiet(),
+                opt.phase_timeout,
+                False,
+            )
         low, high = int(reg.rows.min()), int(reg.rows.max())
         if high > budget:
             self.record("valve-flush", None, f"not applicable: {high} rows > budget {budget}")
