@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,6 +186,53 @@ def test_trainer_updates_equal_with_and_without_closed_form_gradients(action):
         assert got.keys() == want.keys()
         for key in want:
             assert got[key] == pytest.approx(want[key], rel=1e-3, abs=1e-5), key
+
+
+def test_adam_state_started_by_the_closed_form_is_torchs():
+    """The closed form starts Adam's state itself (not through ``optimizer.step()``):
+    after one update its state has torch's keys, dtypes, devices and step count."""
+    states = []
+    for analytic in (True, False):
+        policy = _policy("discrete", dtype=torch.float32)
+        cfg = PPOConfig(num_epochs=1, minibatch_size=16, analytic_gradients=analytic)
+        trainer = PPOTrainer(policy, cfg, seed=0)
+        trainer.update(_rollout_batch(policy, 32, 0))
+        states.append(trainer.optimizer.state_dict())
+    fast, slow = states
+    assert fast["param_groups"] == slow["param_groups"]
+    assert fast["state"].keys() == slow["state"].keys()
+    for index, want in slow["state"].items():
+        got = fast["state"][index]
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            assert (got[key].dtype, got[key].device, got[key].shape) == (
+                value.dtype, value.device, value.shape,
+            ), (index, key)  # fmt: skip
+        assert float(got["step"]) == float(want["step"]) == 2.0
+
+
+def test_a_cpu_learner_never_imports_dynamo():
+    """Building the trainer, updating, and saving and loading its state leave
+    ``torch._dynamo`` unimported (its import is ~1.1 s of a learner's start-up)."""
+    code = (
+        "import sys, copy, torch\n"
+        "from tests.test_analytic import _policy, _rollout_batch\n"
+        "from zmq_rl.config import PPOConfig\n"
+        "from zmq_rl.rl.ppo import PPOTrainer\n"
+        "policy = _policy('discrete', dtype=torch.float32)\n"
+        "trainer = PPOTrainer(policy, PPOConfig(num_epochs=1, minibatch_size=16), seed=0)\n"
+        "assert trainer.flat is not None\n"
+        "trainer.update(_rollout_batch(policy, 32, 0))\n"
+        "trainer.load_state_dict(copy.deepcopy(trainer.state_dict()))\n"
+        "trainer.update(_rollout_batch(policy, 32, 1))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_a_poisoned_minibatch_is_still_skipped():

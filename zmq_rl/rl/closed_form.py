@@ -146,10 +146,27 @@ class ClosedFormSteps:
         moments = self._adam_moments()
         if moments is None:
             self.set_grads()
-            self.optimizer.step()  # the first step creates Adam's state; hooks must run
+            self.optimizer.step()  # hooks must run, or options the numpy step lacks
             return True
         self._adam(*moments)
         return True
+
+    def _start_adam_state(self) -> None:
+        """Give the optimiser Adam's initial state (step 0, zero moments) through
+        ``load_state_dict``, as its first ``step()`` would have: that call's wrapper
+        imports ``torch._dynamo`` (~1.1 s of a learner's start-up on one core), which a
+        learner that never compiles does not need."""
+        optimizer = self.optimizer
+        state = optimizer.state_dict()
+        state["state"] = {
+            index: {
+                "step": torch.tensor(0.0),
+                "exp_avg": torch.zeros_like(param),
+                "exp_avg_sq": torch.zeros_like(param),
+            }
+            for index, param in enumerate(optimizer.param_groups[0]["params"])
+        }
+        optimizer.load_state_dict(state)
 
     def _adam(self, exp_avg: np.ndarray, exp_avg_sq: np.ndarray, steps: np.ndarray) -> None:
         """One Adam step of every parameter from the flat gradient, as torch's
@@ -177,14 +194,15 @@ class ClosedFormSteps:
     def _adam_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Adam's first and second moments and step counters as flat numpy arrays (the
         optimiser's state tensors made views of them), or None where ``torch.optim``
-        must take the step: before its state exists, with step hooks, or with options
-        the numpy step does not have. The state is aliased again whenever it was
-        replaced (a restore or a checkpoint load)."""
+        must take the step: with step hooks, or with options the numpy step does not
+        have. Adam's initial state is made here if it has none yet; the state is
+        aliased again whenever it was replaced (a restore or a checkpoint load)."""
         optimizer = self.optimizer
-        state = optimizer.state.get(self.params[0], {})
-        first = state.get("exp_avg")
-        if first is None or _has_step_hooks(optimizer) or not _plain_adam(optimizer):
+        if _has_step_hooks(optimizer) or not _plain_adam(optimizer):
             return None
+        if self.params[0] not in optimizer.state:
+            self._start_adam_state()
+        first = optimizer.state[self.params[0]]["exp_avg"]
         if self._moments is None or first is not self._state_of:
             self._moments = self._alias_state()
             self._state_of = first
