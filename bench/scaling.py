@@ -8,9 +8,11 @@ the end); the figure is the wall time from ``Popen`` to the first progress line
 whose evaluation is >= T (``bench/time_to_solve.py``'s timing). Beside it, per row:
 the env steps consumed at that evaluation, env steps/s, the learner's busy share
 (time in PPO updates over wall time, ``time/update_seconds`` in ``metrics.jsonl``),
-the actors' paused share (the staleness valve's, ``links/valve_paused_share_mean``)
-and the **env-only time**: the same number of env steps taken with random actions by
-one process per core of this machine (measured once per run, ``--env-seconds``), so
+the actors' paused share (the staleness valve's, ``links/valve_paused_share_mean``),
+launch -> the first update, the evaluations' lag (updates from a snapshot to the
+update its result came with; the table shows the median) and the **env-only
+time**: the same number of env steps taken with random actions by one process per
+core of this machine (measured once per run, ``--env-seconds``), so
 ``ratio = time to score / env-only time`` says how far the run is from the physical
 limit of the hardware (1.0: the learner, inference and transport cost nothing).
 
@@ -66,6 +68,16 @@ def default_actor_counts(cores: int) -> list[int]:
     return counts
 
 
+def evaluation_lags(rows: list[dict[str, Any]]) -> list[int]:
+    """Updates from each evaluated snapshot to the update its result came with
+    (``reported_at_update`` of ``metrics.jsonl``'s evaluation rows)."""
+    return [
+        int(r["reported_at_update"]) - int(r["update"])
+        for r in rows
+        if is_evaluation_row(r) and "reported_at_update" in r
+    ]
+
+
 def run_one(
     tree: Path,
     env: str,
@@ -103,11 +115,12 @@ def run_one(
         if (run_dir / "report.json").is_file()
         else {}
     )
-    metrics = []
+    metrics, rows = [], []
     if (run_dir / "metrics.jsonl").is_file():
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
         metrics = [m for m in rows if not is_evaluation_row(m)]  # update rows
     hit = next((e for e in report.get("evaluations", []) if e["mean_return"] >= target), None)
+    first_update = next((at for at, line in lines if line.startswith("update 1/")), math.nan)
     wall = metrics[-1]["wall_seconds"] if metrics else math.nan
     steps = metrics[-1]["env_steps"] if metrics else 0
     busy = sum(m.get("time/update_seconds", math.nan) for m in metrics)
@@ -123,6 +136,8 @@ def run_one(
         "env_steps_per_s": steps / wall if wall else math.nan,
         "learner_busy_share": busy / wall if wall else math.nan,
         "actors_paused_share": statistics.mean(paused) if paused else math.nan,
+        "first_update_s": first_update,
+        "eval_lag_updates": evaluation_lags(rows),
         "exit_code": code,
         "evaluations": [(e["env_steps"], e["mean_return"]) for e in report.get("evaluations", [])],
         "last_lines": [line for _, line in lines[-3:]],
@@ -234,12 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                 _util.fmt_rate(_util.median([r["env_steps_per_s"] for r in mine])),
                 f"{100 * _util.median([r['learner_busy_share'] for r in mine]):.0f}%",
                 f"{100 * _util.median([r['actors_paused_share'] for r in mine]):.0f}%",
+                f"{_util.median([r['first_update_s'] for r in mine]):.1f}",
+                f"{_util.median([x for r in mine for x in r['eval_lag_updates']]):.0f}",
             ])  # fmt: skip
     where = f"{cores} cores" + (f" per run, {len(slots)} runs at once" if args.pin else "")
     print(f"\n{args.env} -> {target:g}, {where}, flags {args.flags or '(preset)'}")
     _util.print_table(
         ["code", "actors", "solved", "time to score s (median)", "x env-only", "env steps/s",
-         "learner busy", "paused"],
+         "learner busy", "paused", "first update s", "eval lag (updates)"],
         table,
     )  # fmt: skip
     _util.write_result("scaling", args, {

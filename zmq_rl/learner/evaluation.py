@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing as mp
-import os
 import signal
 import sys
 import threading
@@ -320,12 +319,12 @@ class BackgroundEvaluator:
     replaces the waiting one (the newest snapshot wins: an evaluation of old weights
     is worth less than a later one). :meth:`results` returns what finished, each with
     the ``tag`` it was submitted with. The child process is started by :meth:`start`
-    (the learner calls it when its run starts) or the first :meth:`submit`, runs at
-    ``nice`` +19 with one torch thread (it yields to the learner; where Linux groups
-    processes by session, "autogroup", the actors of ``zmq-rl run``, in sessions of
-    their own, share the CPU with the learner's group as a whole), rebuilds the
-    policy from the env's spaces and ``policy_cfg`` exactly as an actor does, and
-    exits when :meth:`close` is called or the learner's end of the pipe closes.
+    (the learner calls it when its run starts) or the first :meth:`submit`, runs with
+    one torch thread at the learner's own priority (an evaluation that waits for
+    idle CPU reports long after its snapshot, and a run that stops at a target
+    return trains on meanwhile: docs/benchmarks.md §23), rebuilds the policy from
+    the env's spaces and ``policy_cfg`` exactly as an actor does, and exits when
+    :meth:`close` is called or the learner's end of the pipe closes.
     """
 
     def __init__(
@@ -354,10 +353,8 @@ class BackgroundEvaluator:
         otherwise). The learner starts it when its run starts, so its imports
         (seconds of CPU) are done by the first evaluation instead of delaying it: on
         two busy cores the first result came ~30 updates after its snapshot. They
-        share the CPU with the actors' start-up (``nice`` ranks processes only within
-        a scheduler autogroup, and ``zmq-rl run``'s actors run in sessions of their
-        own): on two cores the first update comes ~1 s later, the first results ~5 s
-        sooner (docs/benchmarks.md §23)."""
+        share the CPU with the actors' start-up: on two cores the first update comes
+        ~0.5 s later, the first results seconds sooner (docs/benchmarks.md §23)."""
         if self._process is None:
             self._start()
 
@@ -425,10 +422,6 @@ class BackgroundEvaluator:
         with _main_module_hidden(), _sigint_ignored():
             self._process.start()
         child.close()
-        # Niced now, before its imports (seconds of CPU): on a machine with few cores
-        # they would otherwise slow the actors and change the versions they act with.
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, self._process.pid, 19)
 
     def _send(self, tag: Any, weights: list[tuple[str, np.ndarray]]) -> None:
         self._conn.send((tag, weights))
@@ -499,8 +492,6 @@ def _evaluate_forever(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from ..rl.policy import import_weights
 
-    with contextlib.suppress(OSError):
-        os.nice(19)
     torch.set_num_threads(1)
     policy_cfg = PolicyConfig(**{**policy, "hidden_sizes": tuple(policy["hidden_sizes"])})
     env_id, env_kwargs, wrappers = env

@@ -3,8 +3,10 @@ restarted when they die and always stopped; and a learner resumed from its newes
 checkpoint when it crashes.
 
 Actors. Each actor is ``python -m zmq_rl.cli.actor --learner 127.0.0.1:PORT ...``
-in its own session (so a Ctrl-C at the terminal reaches only the parent, which then
-stops the actors in order), with ``--parent-pid`` so that an actor also exits by
+in a process group of its own (so a Ctrl-C at the terminal reaches only the parent,
+which then stops the actors in order) but in the parent's session, so that where Linux
+shares the CPU between sessions ("autogroup") the run's processes share it among
+themselves as equals, with ``--parent-pid`` so that an actor also exits by
 itself if the parent dies without cleaning up. Its output goes to
 ``RUN_DIR/logs/actor-<i>.log`` (appended to, one header line per start).
 
@@ -258,7 +260,10 @@ class LocalActors:
             stdout=log_file if log_file else subprocess.DEVNULL,
             stderr=subprocess.STDOUT if log_file else None,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
+            # Not a session of its own: an autogroup per actor would give each actor
+            # as much CPU as the learner and its evaluator together (docs/benchmarks.md
+            # §23: on two cores evaluations then reported 5-15 updates late, not 3-6).
+            process_group=0,
         )
         slot.starts += 1
         slot.started_at = time.monotonic()
