@@ -360,6 +360,11 @@ def test_kill_9_of_a_zmq_rl_run_actor_is_survived(procs, tmp_path, learner_port)
         return found if len(found) == actors else None
 
     children = wait_until(all_actors, 10, "three actor processes", procs)
+    # Each actor leads a process group of its own (a Ctrl-C at the terminal reaches only
+    # zmq-rl), inside the run's session (one scheduler autogroup for the whole run).
+    for child in children.values():
+        assert os.getpgid(child.pid) == child.pid
+        assert os.getsid(child.pid) == os.getsid(run.pid) != child.pid
     started = time.monotonic()
     victim = children[1]
     victim.kill()  # kill -9
