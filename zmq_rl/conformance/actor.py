@@ -616,16 +616,10 @@ class Scenario:
         budget = obs.budget(reg)
         near = budget - (opt.fragment_length - 1)
 
-        def settled() -> bool:
-            stalled = time.monotonic() - obs.quiet_since > opt.quiet
-            return int(reg.rows.min()) >= near or stalled or not self.actor.alive()
+        def settled() -> bool:  # (a pause short of the budget: a confirmed one)
+            return int(reg.rows.min()) >= near or self.confirmed_quiet() or not self.actor.alive()
 
         self.pump_until(settled, opt.phase_timeout, train=False)
-        if int(reg.rows.min()) < near and self.actor.alive():
-            # A pause short of the budget fails the actor: first make sure it is one, not
-            # a loaded machine stalling the process for ``quiet`` seconds.
-            self.pump_until(lambda: reg.rows.min() >= near or self.confirmed_quiet(),
-                            opt.phase_timeout, train=False)  # fmt: skip
         low = int(reg.rows.min())
         if low < near:
             self.record(
@@ -639,23 +633,18 @@ class Scenario:
         self.record(
             "weights-nonblocking", True, f"stepped to {low} of budget {budget} on one version"
         )
-        # It must go quiet at exactly its budget, having sent every row it recorded; a
-        # row past the budget decides it at once (valve-holds fails: no need to wait
-        # phase_timeout for a pause that will not come).
+        # It must go quiet at exactly its budget, having sent every row it recorded (a
+        # pause short of it: a confirmed one); a row past the budget decides it at once
+        # (valve-holds fails: no need to wait phase_timeout for a pause that will not come).
         went_quiet = self.pump_until(
-            lambda: time.monotonic() - obs.quiet_since > opt.quiet
-            or int(reg.rows.max()) > budget,
+            lambda: (
+                int(reg.rows.max()) > budget
+                or (time.monotonic() - obs.quiet_since > opt.quiet and reg.rows.min() >= budget)
+                or self.confirmed_quiet()
+            ),
             opt.phase_timeout,
             False,
         )
-        if went_quiet and reg.rows.min() < budget and reg.rows.max() <= budget:
-            # Short of the budget: make sure the pause is one (as above).
-            self.pump_until(
-                lambda: reg.rows.min() >= budget or reg.rows.max() > budget
-                or self.confirmed_quiet(),
-                opt.phase_timeout,
-                False,
-            )
         low, high = int(reg.rows.min()), int(reg.rows.max())
         if high > budget:
             self.record("valve-flush", None, f"not applicable: {high} rows > budget {budget}")
