@@ -16,15 +16,18 @@ first visible GPU, ``cuda:0``) or ``cuda:N``.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+import sys
+from typing import TYPE_CHECKING, Any
 
 from .config import check_device_name, resolve_device
 from .wire.spaces import map_value
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
     "check_device_name",
+    "import_torch",
     "resolve_device",
     "set_compute_threads",
     "to_cpu",
@@ -59,6 +62,8 @@ def to_cpu(state: Any) -> Any:
     """``state`` (nested dicts, lists and tuples of tensors and primitives, e.g. a
     ``state_dict`` or an optimiser's) with every tensor on the CPU: checkpoints and
     policy files load on any machine. CPU tensors are returned as they are."""
+    import torch
+
     if isinstance(state, torch.Tensor):
         return state.detach().cpu() if state.device.type != "cpu" else state
     if isinstance(state, dict):
@@ -68,15 +73,38 @@ def to_cpu(state: Any) -> Any:
     return state
 
 
+_torch_threads: int | None = None
+"""The thread count :func:`set_compute_threads` asked for, applied to torch when it is
+imported later (:func:`import_torch`)."""
+
+
 def set_compute_threads(threads: int) -> None:
     """Run this process's math on ``threads`` cores: torch's intra-op threads and the
     BLAS that numpy's matmuls call (the learner's closed-form PPO steps,
     rl/closed_form.py, and the actors' sampling, rl/numpy_act.py: a 1,024-row
     minibatch would otherwise spread over every core).
-    Without ``threadpoolctl`` installed, BLAS keeps its own default."""
-    torch.set_num_threads(threads)
+
+    A process that has not imported torch does not import it here (an actor of the
+    plain MLP runs without it, :mod:`zmq_rl.rl.numpy_mlp`): :func:`import_torch`
+    applies the count when something needs torch after all. Without
+    ``threadpoolctl`` installed, BLAS keeps its own default."""
+    global _torch_threads
+    _torch_threads = threads
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
         return
     threadpool_limits(limits=threads, user_api="blas")
+
+
+def import_torch() -> Any:
+    """The ``torch`` module, imported now if it was not, with the thread count of
+    :func:`set_compute_threads` (when it was called) applied: for the code paths of a
+    torch-free actor that need torch after all (a torch copy of its network)."""
+    import torch
+
+    if _torch_threads is not None and torch.get_num_threads() != _torch_threads:
+        torch.set_num_threads(_torch_threads)
+    return torch

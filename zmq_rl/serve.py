@@ -40,7 +40,6 @@ from .actor.client import (
 from .config import ServeConfig
 from .device import set_compute_threads
 from .rl.masking import ActionMaskError, check_observation_mask
-from .rl.policy import check_weights
 from .sparse_log import log_sparsely
 from .wire.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -371,7 +370,7 @@ class InferenceServer:
         must fit it exactly, else they are refused before the version moves."""
         runner = self.runner
         if runner is not None and weights.run_id == runner.run_id:
-            check_weights(runner.policy, weights.tensors)
+            runner.check(weights.tensors)
 
     def _on_detach(self, address: list[bytes], body: dict[str, Any]) -> None:
         session = self.sessions.get(address[0])

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +22,7 @@ from ..device import set_compute_threads
 from ..envs import build_env, env_shape, make_env
 from ..multi_agent import ParallelSlots, TurnSlots, agent_spaces, is_turn_based, stacked
 from ..rl.masking import ActionMaskError
-from ..rl.policy import Policy, WeightsMismatch, import_weights
+from ..rl.weights import WeightsMismatch
 from ..seeding import env_seeds
 from ..wire.protocol import Weights
 from ..wire.spaces import map_value
@@ -30,6 +30,9 @@ from ..wire.transport import CurveClientKeys, load_public_certificate, load_secr
 from .agent import PAUSE_WAIT_S, Agent, Decision
 from .client import ActorClient, BadExperience
 from .opponents import OpponentPool
+
+if TYPE_CHECKING:
+    from ..rl.policy import Policy
 
 log = logging.getLogger("zmq_rl.actor")
 
@@ -126,6 +129,8 @@ def load_weights(client: ActorClient, policy: Policy, weights: Weights) -> None:
         DeprecationWarning,
         stacklevel=2,
     )
+    from ..rl.policy import import_weights
+
     try:
         import_weights(policy, weights.tensors)
     except WeightsMismatch as exc:

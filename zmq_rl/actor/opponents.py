@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from ..rl.policy import export_weights, import_weights
 from ..wire.protocol import Welcome
 from ..wire.spaces import env_actions, map_value
 from .agent import PolicyRunner
@@ -71,7 +70,7 @@ class OpponentPool:
             if len(self.snapshots) >= self.size
             else PolicyRunner(self.welcome, self.seed + len(self.runners) + 1)
         )
-        import_weights(runner.policy, export_weights(acting.policy))
+        runner.load_tensors(acting.named_weights())
         self.snapshots.append(version)
         self.runners[version] = runner
 

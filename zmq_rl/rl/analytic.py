@@ -41,6 +41,7 @@ from torch import nn
 
 from zmq_rl.config import PPOConfig
 from zmq_rl.rl.loss_terms import PPOLoss
+from zmq_rl.rl.numpy_mlp import Layer, MLPArrays
 from zmq_rl.rl.policy import ActorCritic
 
 __all__ = [
@@ -58,9 +59,6 @@ __all__ = [
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
-Layer = tuple[np.ndarray, np.ndarray]
-"""A linear layer's ``(weight [out, in], bias [out])``."""
-
 
 class AnalyticBatch(NamedTuple):
     """One minibatch as :func:`ppo_gradients` takes it: observations ``[N, ...]``,
@@ -75,19 +73,6 @@ class AnalyticBatch(NamedTuple):
     old_value: torch.Tensor
     returns: torch.Tensor
     advantages: torch.Tensor
-
-
-class MLPArrays(NamedTuple):
-    """An :class:`ActorCritic`'s parameters (or their gradients) as numpy arrays in its
-    layers' order: the actor's trunk (the one trunk when shared), the critic's trunk
-    (empty when shared), the policy head, the value head, and ``log_std`` (None for a
-    categorical head)."""
-
-    actor: tuple[Layer, ...]
-    critic: tuple[Layer, ...]
-    head: Layer
-    value: Layer
-    log_std: np.ndarray | None
 
 
 def mlp_support(policy: nn.Module) -> str | None:

@@ -24,11 +24,13 @@ This module holds the pure pieces (no sockets, no policy state):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "MASK_KEY",
@@ -101,6 +103,8 @@ def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     ``p * log p`` stays ``0`` instead of ``NaN``. ``masked_fill`` passes no gradient
     to the masked logits. A row whose entries are all masked gets a uniform
     distribution (finite, but meaningless: actors refuse such rows first)."""
+    import torch  # here, not at the top: actors check masks without torch (rl/numpy_mlp.py)
+
     allowed = mask.reshape(logits.shape) != 0
     return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
 

@@ -38,9 +38,11 @@ from zmq_rl.config import ConfigError, PolicyConfig
 from zmq_rl.rl.layers import layer as _layer
 from zmq_rl.rl.layers import trunk as _trunk
 from zmq_rl.rl.normalization import merge_moments
+from zmq_rl.rl.numpy_mlp import OBS_CLIP, OBS_NORM_EPS, mlp_dims
+from zmq_rl.rl.weights import WeightsMismatch, check_arrays, policy_config_from
 
 if TYPE_CHECKING:
-    from zmq_rl.wire.protocol import RunSettings, Welcome
+    from zmq_rl.wire.protocol import Welcome
 
 __all__ = [
     "ActorCritic",
@@ -54,9 +56,6 @@ __all__ = [
 ]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-OBS_NORM_EPS = 1e-8
-OBS_CLIP = 10.0
-"""Normalised observations are clipped to [-OBS_CLIP, OBS_CLIP] (as SB3's VecNormalize)."""
 _ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu}
 
 
@@ -295,29 +294,12 @@ def build_policy(
 
     if cfg.policy_type in ("lstm", "gru"):
         return RecurrentActorCritic(observation_space, action_space, cfg)
-    if _flat_box(observation_space):
-        obs_dim = int(np.prod(observation_space.shape, dtype=np.int64))
-        if isinstance(action_space, gymnasium.spaces.Discrete) and int(action_space.start) == 0:
-            return ActorCritic(obs_dim, int(action_space.n), True, cfg)
-        if isinstance(action_space, gymnasium.spaces.Box) and len(action_space.shape) == 1:
-            return ActorCritic(obs_dim, int(action_space.shape[0]), False, cfg)
+    # A float Box (not an image) with a Discrete or 1-D Box action; integer boxes go to
+    # the structured network, which normalises float parts only.
+    dims = mlp_dims(observation_space, action_space, cfg)
+    if dims is not None:
+        return ActorCritic(*dims, cfg)
     return StructuredActorCritic(observation_space, action_space, cfg)
-
-
-def _flat_box(space: gymnasium.Space) -> bool:
-    """A float Box (not an image) that :class:`ActorCritic` takes as it always has;
-    integer boxes go to the structured network, which normalises float parts only."""
-    return isinstance(space, gymnasium.spaces.Box) and np.issubdtype(space.dtype, np.floating)
-
-
-def policy_config_from(settings: RunSettings, policy_id: str = "") -> PolicyConfig:
-    """The :class:`PolicyConfig` of a welcome's :class:`~zmq_rl.wire.protocol.RunSettings`
-    (its ``policy`` map, or policy ``policy_id``'s of a several-policy run; lists
-    become tuples), validated."""
-    raw = dict(settings.policies[policy_id] if policy_id else settings.policy)
-    if "hidden_sizes" in raw:
-        raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
-    return PolicyConfig(**raw).validate()
 
 
 def policy_from_welcome(welcome: Welcome, policy_id: str = "") -> Policy:
@@ -448,10 +430,6 @@ def check_policy_interface(module: object, spec: str) -> None:
 # -- weights --------------------------------------------------------------------------
 
 
-class WeightsMismatch(ValueError):
-    """Imported weights do not match the module: names, shapes or dtypes differ."""
-
-
 # numpy has no bfloat16; every other dtype a state_dict normally holds maps 1:1.
 _TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
     torch.float64: np.dtype(np.float64),
@@ -507,31 +485,8 @@ def check_weights(
     (an actor's version) so that a refused message changes nothing."""
     if targets is None:
         targets = module.state_dict()
-    seen: dict[str, np.ndarray] = {}
-    for entry in weights:
-        name, array = entry
-        if name in seen:
-            raise WeightsMismatch(f"duplicate tensor {name!r} in imported weights")
-        seen[name] = array
-    missing = [name for name in targets if name not in seen]
-    unexpected = [name for name in seen if name not in targets]
-    if missing or unexpected:
-        raise WeightsMismatch(
-            f"imported weights do not match the module: missing {missing}, unexpected {unexpected}"
-        )
-    for name, target in targets.items():
-        array = seen[name]
-        if not isinstance(array, np.ndarray):
-            raise WeightsMismatch(
-                f"tensor {name!r}: expected a numpy array, got {type(array).__name__}"
-            )
-        want = _numpy_dtype(name, target.dtype)
-        if tuple(array.shape) != tuple(target.shape) or array.dtype != want:
-            raise WeightsMismatch(
-                f"tensor {name!r}: module has shape {tuple(target.shape)} dtype {want}, "
-                f"imported has shape {tuple(array.shape)} dtype {array.dtype}"
-            )
-    return seen
+    layout = {name: (tuple(t.shape), _numpy_dtype(name, t.dtype)) for name, t in targets.items()}
+    return check_arrays(layout, weights)
 
 
 def import_weights(module: nn.Module, weights: Sequence[tuple[str, np.ndarray]]) -> None:

@@ -1,0 +1,75 @@
+"""Weights as named arrays, without torch: the check that broadcast weights fit a
+network, and the network's config from a welcome.
+
+What :func:`zmq_rl.rl.policy.check_weights` checks against a torch module's
+``state_dict``, :func:`check_arrays` checks against a table of names, shapes and
+dtypes, so that an actor which runs the plain MLP in numpy
+(:class:`~zmq_rl.rl.numpy_mlp.NumpyMLP`) refuses exactly what a torch actor refuses,
+with the same words (docs/protocol.md section 4.2), and never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from zmq_rl.config import PolicyConfig
+
+if TYPE_CHECKING:
+    from zmq_rl.wire.protocol import RunSettings
+
+__all__ = ["Layout", "WeightsMismatch", "check_arrays", "policy_config_from"]
+
+Layout = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+"""A network's tensors by name, in ``state_dict`` order: ``(shape, numpy dtype)``."""
+
+
+class WeightsMismatch(ValueError):
+    """Imported weights do not match the module: names, shapes or dtypes differ."""
+
+
+def check_arrays(
+    layout: Layout, weights: Sequence[tuple[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """Check that ``(name, array)`` pairs fit ``layout`` exactly: the names exactly its
+    names (no missing, unexpected or duplicate one), each a numpy array of exactly
+    the shape and dtype listed. No broadcasting and no reshaping: a scalar ``[]`` is
+    not a ``[1]`` tensor, nor the reverse (docs/protocol.md section 4.2). Raises
+    :class:`WeightsMismatch` naming the tensor and both shapes; returns the arrays by
+    name."""
+    seen: dict[str, np.ndarray] = {}
+    for entry in weights:
+        name, array = entry
+        if name in seen:
+            raise WeightsMismatch(f"duplicate tensor {name!r} in imported weights")
+        seen[name] = array
+    missing = [name for name in layout if name not in seen]
+    unexpected = [name for name in seen if name not in layout]
+    if missing or unexpected:
+        raise WeightsMismatch(
+            f"imported weights do not match the module: missing {missing}, unexpected {unexpected}"
+        )
+    for name, (shape, want) in layout.items():
+        array = seen[name]
+        if not isinstance(array, np.ndarray):
+            raise WeightsMismatch(
+                f"tensor {name!r}: expected a numpy array, got {type(array).__name__}"
+            )
+        if tuple(array.shape) != tuple(shape) or array.dtype != want:
+            raise WeightsMismatch(
+                f"tensor {name!r}: module has shape {tuple(shape)} dtype {want}, "
+                f"imported has shape {tuple(array.shape)} dtype {array.dtype}"
+            )
+    return seen
+
+
+def policy_config_from(settings: RunSettings, policy_id: str = "") -> PolicyConfig:
+    """The :class:`PolicyConfig` of a welcome's :class:`~zmq_rl.wire.protocol.RunSettings`
+    (its ``policy`` map, or policy ``policy_id``'s of a several-policy run; lists
+    become tuples), validated."""
+    raw = dict(settings.policies[policy_id] if policy_id else settings.policy)
+    if "hidden_sizes" in raw:
+        raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
+    return PolicyConfig(**raw).validate()
