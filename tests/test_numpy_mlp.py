@@ -5,6 +5,7 @@ torch module refuses, and a real actor of a real run never imports torch."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -205,3 +206,48 @@ def test_a_real_actor_of_a_real_run_trains_without_importing_torch(tmp_path: Pat
     assert learner.returncode == 0, out[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert max(row["env_steps"] for row in rows) >= 6144  # trained on its experience
+
+
+def _torch_mapped(pid: int) -> bool:
+    """Whether process ``pid`` has torch's library loaded (imported torch)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.parametrize("action_space", ACTIONS, ids=["discrete", "box"])
+def test_the_mode_in_numpy_is_torchs_mode(action_space):
+    cfg = PolicyConfig(normalize_obs=True)
+    mlp, sampler = _loaded_pair(cfg, action_space, seed=2)
+    obs = np.random.default_rng(2).normal(0.0, 4.0, (64, 3)).astype(np.float32)
+    with torch.no_grad():
+        want, _, _ = sampler.policy.act(torch.from_numpy(obs), deterministic=True)
+    got = mlp.mode(obs)
+    assert got.dtype == want.numpy().dtype and got.shape == tuple(want.shape)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_torch_module_and_its_numpy_copy_score_alike_and_the_evaluator_has_no_torch():
+    """In-process evaluation of the torch module and the background evaluator's numpy
+    network give the same numbers (a run's best policy is re-scored in process), and
+    the background evaluator of the plain MLP never loads torch."""
+    from zmq_rl.learner.evaluation import BackgroundEvaluator, evaluate_policy
+
+    cfg = PolicyConfig(hidden_sizes=(16,))
+    space = gym.make("CartPole-v1")
+    torch.manual_seed(4)
+    module = build_policy(space.observation_space, space.action_space, cfg)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p))
+    mlp = NumpyMLP(mlp_dims(space.observation_space, space.action_space, cfg), cfg, rng_of(0))
+    mlp.load(export_weights(module))
+    in_process = evaluate_policy(module, "CartPole-v1", 4, seed=7)
+    assert evaluate_policy(mlp, "CartPole-v1", 4, seed=7) == in_process
+    evaluator = BackgroundEvaluator("CartPole-v1", 4, 7, cfg)
+    try:
+        evaluator.submit("snapshot", export_weights(module))
+        results = evaluator.results(timeout=120)
+        assert results == [("snapshot", *in_process)]
+        assert _torch_mapped(os.getpid())  # (the check sees torch where it is loaded)
+        assert not _torch_mapped(evaluator._process.pid)
+    finally:
+        evaluator.close()

@@ -4,32 +4,34 @@ process (:func:`evaluate_policy`) or off the training path (:class:`BackgroundEv
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import multiprocessing as mp
 import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from ..config import PolicyConfig
+from ..device import import_torch, set_compute_threads
 from ..envs import build_env, env_shape, import_callable
 from ..multi_agent import agent_spaces, is_turn_based
 from ..rl.masking import check_observation_mask
-from ..rl.networks import batch_obs, obs_tensor
-from ..rl.policy import Policy, build_policy, is_recurrent
+from ..rl.numpy_mlp import NumpyMLP, mlp_dims, rng_of
+from ..rl.weights import is_recurrent
 from ..seeding import env_seeds
-from ..wire.spaces import env_actions
-from .checkpoint import config_dict
+from ..wire.spaces import batch_obs, env_actions
+
+if TYPE_CHECKING:
+    from ..rl.policy import Policy
 
 
-@torch.no_grad()
 def evaluate_policy(
-    policy: Policy | Sequence[Policy],
+    policy: Policy | NumpyMLP | Sequence[Policy],
     env_id: str,
     episodes: int,
     seed: int = 0,
@@ -55,9 +57,22 @@ def evaluate_policy(
     played by ``opponent`` (:func:`opponent_player`). ``by_agent`` (a dict to fill;
     multi-agent envs) gets each agent index's mean return: its agent's, or the
     policy's in that seat of a turn-based game.
+
+    The plain MLP's mode is computed in numpy (:func:`~zmq_rl.rl.numpy_mlp.mode_mlp`),
+    whether ``policy`` is its torch module or a torch-free
+    :class:`~zmq_rl.rl.numpy_mlp.NumpyMLP` (the background evaluator's: single-agent
+    envs, deterministic only), so both score a policy alike.
     """
     envs = [build_env(env_id, env_kwargs, wrappers) for _ in range(episodes)]
-    with torch.random.fork_rng(devices=[]):
+    if isinstance(policy, NumpyMLP):
+        if not deterministic or not isinstance(envs[0], gym.Env):
+            for env in envs:
+                env.close()
+            raise ValueError("a NumpyMLP evaluates by its mode on single-agent envs only")
+        return _evaluate_envs(policy, envs, seed, deterministic)
+    import torch
+
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         by_agent = {} if by_agent is None else by_agent
         if is_turn_based(envs[0]):
@@ -68,7 +83,7 @@ def evaluate_policy(
 
 
 def _act(
-    policy: Policy,
+    policy: Policy | NumpyMLP,
     observations: list[Any],
     spaces: tuple[gym.Space, gym.Space],
     state: Any,
@@ -81,6 +96,14 @@ def _act(
     obs_space, space = spaces
     raw = batch_obs(obs_space, observations)
     check_observation_mask(obs_space, space, raw, "evaluation observation")
+    if isinstance(policy, NumpyMLP):
+        return env_actions(space, policy.mode(raw))
+    from ..rl.numpy_act import numpy_act_support, numpy_mode
+
+    if deterministic and state is None and numpy_act_support(policy) is None:
+        return env_actions(space, numpy_mode(policy, raw))
+    from ..rl.networks import obs_tensor
+
     batch = obs_tensor(raw)
     if state is not None:
         actions, _, _, next_state = policy.act_recurrent(
@@ -93,7 +116,7 @@ def _act(
 
 
 def _evaluate_envs(
-    policy: Policy, envs: list[gym.Env], seed: int, deterministic: bool
+    policy: Policy | NumpyMLP, envs: list[gym.Env], seed: int, deterministic: bool
 ) -> tuple[float, float]:
     """:func:`evaluate_policy` on single-agent envs, one episode each. Closes them."""
     episodes = len(envs)
@@ -105,8 +128,9 @@ def _evaluate_envs(
     scalar = isinstance(space, gym.spaces.Discrete)
     recurrent = is_recurrent(policy)
     state = policy.initial_state(episodes) if recurrent else None
-    was_training = policy.training
-    policy.eval()
+    was_training = getattr(policy, "training", None)  # None: a NumpyMLP (no modes)
+    if was_training is not None:
+        policy.eval()
     try:
         while active:
             raw = [obs[i] for i in active]
@@ -120,7 +144,8 @@ def _evaluate_envs(
                     still.append(i)
             active = still
     finally:
-        policy.train(was_training)
+        if was_training is not None:
+            policy.train(was_training)
         for env in envs:
             env.close()
     return float(returns.mean()), float(returns.std())
@@ -264,6 +289,10 @@ def opponent_player(
     if not spec.startswith("policy:"):
         return import_callable(spec, "eval_opponent")
     path = spec.removeprefix("policy:")
+    import torch
+
+    from ..rl.policy import build_policy
+
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
         cfg = json.loads(saved["policy_config"])
@@ -413,6 +442,8 @@ class BackgroundEvaluator:
             self._process = None
 
     def _start(self) -> None:
+        from .checkpoint import config_dict
+
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         env = (self.env_id, self.env_kwargs, self.wrappers)
@@ -488,15 +519,28 @@ def _evaluate_forever(
     opponent: str = "random",
 ) -> None:
     """The evaluator process: evaluate each snapshot received, send the result back.
-    Ctrl-C is ignored: the learner stops this process (see :func:`_sigint_ignored`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from ..rl.policy import import_weights
+    Ctrl-C is ignored: the learner stops this process (see :func:`_sigint_ignored`).
 
-    torch.set_num_threads(1)
+    The plain MLP's deterministic evaluation on a single-agent env runs in numpy
+    (:class:`~zmq_rl.rl.numpy_mlp.NumpyMLP`) and this process never imports torch: at
+    a run's launch, when the evaluator starts beside the learner and the actors, that
+    is ~1.1 s of CPU they get instead (docs/benchmarks.md §24)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    set_compute_threads(1)
     policy_cfg = PolicyConfig(**{**policy, "hidden_sizes": tuple(policy["hidden_sizes"])})
     env_id, env_kwargs, wrappers = env
     shape = env_shape(env_id, env_kwargs, wrappers)
-    net = build_policy(shape.observation_space, shape.action_space, policy_cfg)
+    dims = mlp_dims(shape.observation_space, shape.action_space, policy_cfg)
+    net: Any
+    if dims is not None and deterministic and not shape.agents:
+        net = NumpyMLP(dims, policy_cfg, rng_of(seed))
+        load = net.load
+    else:
+        from ..rl.policy import build_policy, import_weights
+
+        import_torch()  # with the one thread set above
+        net = build_policy(shape.observation_space, shape.action_space, policy_cfg)
+        load = functools.partial(import_weights, net)
     while True:
         try:
             request = conn.recv()
@@ -506,7 +550,7 @@ def _evaluate_forever(
             return
         tag, weights = request
         try:
-            import_weights(net, weights)
+            load(weights)
             mean, std = evaluate_policy(
                 net, env_id, episodes, seed, env_kwargs, wrappers, deterministic, opponent
             )

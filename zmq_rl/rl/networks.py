@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..config import PolicyConfig
-from ..wire.spaces import Value, map_value
+from ..wire.spaces import Value, batch_obs, map_value
 from .cnn import nature_conv
 from .layers import layer as _layer
 from .layers import trunk as _trunk
@@ -92,25 +92,6 @@ def value_at(value: Any, path: tuple) -> Any:
     for key in path:
         value = value[key]
     return value
-
-
-def _obs_dtype(space: Any) -> np.dtype:
-    if isinstance(space, gymnasium.spaces.Box):
-        return space.dtype
-    if isinstance(space, gymnasium.spaces.MultiBinary):
-        return np.dtype(np.int8)
-    return np.dtype(np.int64)
-
-
-def batch_obs(space: gymnasium.Space, observations: list[Any]) -> Value:
-    """Stack per-env observations (values of ``space``, as envs return them) into one
-    value with a leading batch dim, each leaf in its wire dtype (box: the box's dtype;
-    discrete / multi-discrete: int64; multi-binary: int8)."""
-    if isinstance(space, gymnasium.spaces.Dict):
-        return {k: batch_obs(s, [o[k] for o in observations]) for k, s in space.spaces.items()}
-    if isinstance(space, gymnasium.spaces.Tuple):
-        return tuple(batch_obs(s, [o[i] for o in observations]) for i, s in enumerate(space))
-    return np.stack([np.asarray(o) for o in observations]).astype(_obs_dtype(space), copy=False)
 
 
 def obs_tensor(value: Value) -> Any:

@@ -24,16 +24,30 @@ import numpy as np
 from torch import nn
 
 from zmq_rl.rl.analytic import mlp_arrays, mlp_support
-from zmq_rl.rl.numpy_mlp import MLPArrays, flat_obs, rng_of, sample_mlp
+from zmq_rl.rl.numpy_mlp import MLPArrays, flat_obs, mode_mlp, rng_of, sample_mlp
 from zmq_rl.rl.policy import ActorCritic
 
-__all__ = ["NumpySampler", "numpy_act_support"]
+__all__ = ["NumpySampler", "numpy_act_support", "numpy_mode"]
 
 
 def numpy_act_support(policy: nn.Module) -> str | None:
     """``None`` when :class:`NumpySampler` samples this policy's actions, else why not:
     the plain CPU MLP of :func:`~zmq_rl.rl.analytic.mlp_support`."""
     return mlp_support(policy)
+
+
+def _norm_of(policy: ActorCritic) -> tuple[np.ndarray, np.ndarray] | None:
+    """Numpy views of the observation statistics (None without ``normalize_obs``)."""
+    return (policy.obs_mean.numpy(), policy.obs_var.numpy()) if policy.normalize_obs else None
+
+
+def numpy_mode(policy: ActorCritic, obs: np.ndarray) -> np.ndarray:
+    """:meth:`ActorCritic.act` with ``deterministic``'s actions for ``obs``, in numpy on
+    the module's memory (:func:`~zmq_rl.rl.numpy_mlp.mode_mlp`; a policy that
+    :func:`numpy_act_support` accepts): what a torch-free evaluator plays for it."""
+    arrays = mlp_arrays(policy)
+    x = flat_obs(obs, policy.obs_dim, arrays.head[0].dtype, _norm_of(policy))
+    return mode_mlp(arrays, x, policy.activation_name == "relu")
 
 
 class NumpySampler:
@@ -59,9 +73,7 @@ class NumpySampler:
         self.arrays: MLPArrays = mlp_arrays(policy)
         self.dtype = self.arrays.head[0].dtype
         self.relu = policy.activation_name == "relu"
-        self.norm = (
-            (policy.obs_mean.numpy(), policy.obs_var.numpy()) if policy.normalize_obs else None
-        )
+        self.norm = _norm_of(policy)
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sampled actions (int64 ``[B]`` or the unclipped Gaussian sample ``[B, d]``),

@@ -37,6 +37,7 @@ __all__ = [
     "NumpyMLP",
     "mlp_dims",
     "mlp_layout",
+    "mode_mlp",
     "sample_mlp",
 ]
 
@@ -191,6 +192,15 @@ def sample_mlp(
     return action, log_prob, value
 
 
+def mode_mlp(a: MLPArrays, x: np.ndarray, relu: bool) -> np.ndarray:
+    """:meth:`ActorCritic.act` with ``deterministic`` in numpy on the trunks' input
+    ``x``: the mode of the policy, the argmax of the logits (int64 ``[B]``) or the
+    Gaussian mean (``[B, d]``). What deterministic evaluations play."""
+    params = _trunk(a.actor, x, relu) @ a.head[0].T
+    params += a.head[1]
+    return params.argmax(axis=1).astype(np.int64) if a.log_std is None else params
+
+
 def rng_of(seed: int) -> np.random.Generator:
     """The sampling stream of an actor seeded ``seed`` (numpy's, not torch's)."""
     return np.random.default_rng(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
@@ -253,5 +263,11 @@ class NumpyMLP:
     def act(self, obs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sampled actions, log-probabilities and values for a batch of observations
         (:func:`sample_mlp`)."""
-        x = flat_obs(obs, self.dims.obs_dim, self.arrays.head[0].dtype, self.norm)
-        return sample_mlp(self.arrays, x, self.relu, self.rng)
+        return sample_mlp(self.arrays, self._flat(obs), self.relu, self.rng)
+
+    def mode(self, obs: Any) -> np.ndarray:
+        """The policy's mode for a batch of observations (:func:`mode_mlp`)."""
+        return mode_mlp(self.arrays, self._flat(obs), self.relu)
+
+    def _flat(self, obs: Any) -> np.ndarray:
+        return flat_obs(obs, self.dims.obs_dim, self.arrays.head[0].dtype, self.norm)

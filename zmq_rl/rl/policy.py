@@ -39,7 +39,7 @@ from zmq_rl.rl.layers import layer as _layer
 from zmq_rl.rl.layers import trunk as _trunk
 from zmq_rl.rl.normalization import merge_moments
 from zmq_rl.rl.numpy_mlp import OBS_CLIP, OBS_NORM_EPS, mlp_dims
-from zmq_rl.rl.weights import WeightsMismatch, check_arrays, policy_config_from
+from zmq_rl.rl.weights import WeightsMismatch, check_arrays, is_recurrent, policy_config_from
 
 if TYPE_CHECKING:
     from zmq_rl.wire.protocol import Welcome
@@ -393,11 +393,6 @@ def load_factory(spec: str):  # -> Callable[..., nn.Module]
 RECURRENT_METHODS = ("initial_state", "act_recurrent", "evaluate_sequence")
 """What a recurrent policy (``state_size > 0``) needs instead of :class:`Policy`'s
 methods (docs/embedding.md, "Custom policies")."""
-
-
-def is_recurrent(policy: object) -> bool:
-    """Whether ``policy`` carries a recurrent state (``state_size > 0``)."""
-    return int(getattr(policy, "state_size", 0) or 0) > 0
 
 
 def check_policy_interface(module: object, spec: str) -> None:

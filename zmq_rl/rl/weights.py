@@ -1,5 +1,5 @@
-"""Weights as named arrays, without torch: the check that broadcast weights fit a
-network, and the network's config from a welcome.
+"""What the actor side knows of a network without torch: the check that broadcast
+weights (named arrays) fit it, its config from a welcome, whether it is recurrent.
 
 What :func:`zmq_rl.rl.policy.check_weights` checks against a torch module's
 ``state_dict``, :func:`check_arrays` checks against a table of names, shapes and
@@ -20,7 +20,7 @@ from zmq_rl.config import PolicyConfig
 if TYPE_CHECKING:
     from zmq_rl.wire.protocol import RunSettings
 
-__all__ = ["Layout", "WeightsMismatch", "check_arrays", "policy_config_from"]
+__all__ = ["Layout", "WeightsMismatch", "check_arrays", "is_recurrent", "policy_config_from"]
 
 Layout = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 """A network's tensors by name, in ``state_dict`` order: ``(shape, numpy dtype)``."""
@@ -73,3 +73,8 @@ def policy_config_from(settings: RunSettings, policy_id: str = "") -> PolicyConf
     if "hidden_sizes" in raw:
         raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
     return PolicyConfig(**raw).validate()
+
+
+def is_recurrent(policy: object) -> bool:
+    """Whether ``policy`` carries a recurrent state (``state_size > 0``)."""
+    return int(getattr(policy, "state_size", 0) or 0) > 0

@@ -28,6 +28,7 @@ __all__ = [
     "MAX_DEPTH",
     "Value",
     "allocate_value",
+    "batch_obs",
     "decode_value",
     "encode_value",
     "leaves",
@@ -329,6 +330,19 @@ def wire_dtype(space: Any) -> np.dtype:
     if isinstance(space, spaces.MultiBinary):
         return np.dtype(np.int8)
     return np.dtype(np.int64)
+
+
+def batch_obs(space: Any, observations: list[Any]) -> Value:
+    """Stack per-env observations (values of ``space``, as envs return them) into one
+    value with a leading batch dim, each leaf in its wire dtype (:func:`wire_dtype`:
+    box: the box's dtype; discrete / multi-discrete: int64; multi-binary: int8)."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict):
+        return {k: batch_obs(s, [o[k] for o in observations]) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(batch_obs(s, [o[i] for o in observations]) for i, s in enumerate(space))
+    return np.stack([np.asarray(o) for o in observations]).astype(wire_dtype(space), copy=False)
 
 
 def allocate_value(space: Any, lead: tuple[int, ...]) -> Value:
