@@ -31,6 +31,7 @@ SCRIPTS = (
     "fan_in",
     "broadcast",
     "actor_loop",
+    "actor_footprint",
     "launch",
     "eval_overhead",
     "inference_latency",
@@ -267,6 +268,14 @@ def test_actor_loop_smoke(smoke: SmokeRuns) -> None:
     assert len(result["env_step_us"]) == 3 and all(v > 0 for v in result["env_step_us"].values())
     assert result["policy_act_us"] > 0 and result["client_step_us"] > 0
     assert result["numpy_act_us"] > 0
+
+
+def test_actor_footprint_smoke(smoke: SmokeRuns) -> None:
+    data = smoke.result("actor_footprint")
+    (row,) = data["rows"]
+    assert row["code"] == "this tree" and 0 < row["ready_s"] and 0 < row["ready_cpu_s"]
+    assert row["peak_rss_mb"] > 0
+    assert row["torch_loaded"] is False  # the plain MLP's actor runs without torch
 
 
 def test_launch_smoke(smoke: SmokeRuns) -> None:
