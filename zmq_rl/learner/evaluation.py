@@ -524,7 +524,7 @@ def _evaluate_forever(
     The plain MLP's deterministic evaluation on a single-agent env runs in numpy
     (:class:`~zmq_rl.rl.numpy_mlp.NumpyMLP`) and this process never imports torch: at
     a run's launch, when the evaluator starts beside the learner and the actors, that
-    is ~1.1 s of CPU they get instead (docs/benchmarks.md §24)."""
+    is ~1.4 s of CPU they get instead (docs/benchmarks.md §23)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     set_compute_threads(1)
     policy_cfg = PolicyConfig(**{**policy, "hidden_sizes": tuple(policy["hidden_sizes"])})
