@@ -273,7 +273,7 @@ def test_actor_loop_smoke(smoke: SmokeRuns) -> None:
 def test_actor_footprint_smoke(smoke: SmokeRuns) -> None:
     data = smoke.result("actor_footprint")
     (row,) = data["rows"]
-    assert row["code"] == "this tree" and 0 < row["ready_s"] and 0 < row["ready_cpu_s"]
+    assert row["code"] == "this tree" and row["ready_s"] > 0 and row["ready_cpu_s"] > 0
     assert row["peak_rss_mb"] > 0
     assert row["torch_loaded"] is False  # the plain MLP's actor runs without torch
 

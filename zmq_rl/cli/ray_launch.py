@@ -239,28 +239,36 @@ class RayActors:
         return out
 
     def _watch(self) -> None:
+        # The first look at once: it waits for the actors' first workers, which are then
+        # known before any could be killed (a restart is a worker pid not seen before).
+        self._record()
         while not self._stop.wait(STATUS_POLL_S):
-            for status in self.statuses():
-                if status is None:
-                    continue
-                seen = self.history[status["index"]]
-                if not seen or seen[-1]["worker_pid"] != status["worker_pid"]:
-                    if seen:
-                        log.warning(
-                            "Ray restarted actor %d: worker pid %d on %s, zmq-actor pid %d",
-                            status["index"],
-                            status["worker_pid"],
-                            status["node"],
-                            status["pid"],
-                        )
-                    seen.append({k: status[k] for k in ("worker_pid", "pid", "node", "started_at")})
-                if status["returncode"] == CONFIG_ERROR and not self.failure:
-                    self.failure = (
-                        f"actor {status['index']} on {status['node']} exited with status 2 "
-                        "(a configuration error): see its log"
+            self._record()
+
+    def _record(self) -> None:
+        """Note each actor's worker (a new worker pid: Ray restarted it) and a
+        configuration error (which stops the run)."""
+        for status in self.statuses():
+            if status is None:
+                continue
+            seen = self.history[status["index"]]
+            if not seen or seen[-1]["worker_pid"] != status["worker_pid"]:
+                if seen:
+                    log.warning(
+                        "Ray restarted actor %d: worker pid %d on %s, zmq-actor pid %d",
+                        status["index"],
+                        status["worker_pid"],
+                        status["node"],
+                        status["pid"],
                     )
-                    log.error("%s; stopping the run", self.failure)
-                    self.learner.request_stop(self.failure)
+                seen.append({k: status[k] for k in ("worker_pid", "pid", "node", "started_at")})
+            if status["returncode"] == CONFIG_ERROR and not self.failure:
+                self.failure = (
+                    f"actor {status['index']} on {status['node']} exited with status 2 "
+                    "(a configuration error): see its log"
+                )
+                log.error("%s; stopping the run", self.failure)
+                self.learner.request_stop(self.failure)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         import ray
@@ -268,6 +276,9 @@ class RayActors:
         self._stop.set()
         if self._monitor is not None:
             self._monitor.join(STATUS_TIMEOUT_S + STATUS_POLL_S)
+            # A restart since the monitor's last look (the run may end within a poll of
+            # it) still belongs in the report.
+            self._record()
         refs = [h.stop.remote() for h in self.handles]
         with contextlib.suppress(Exception):
             ray.wait(refs, num_returns=len(refs), timeout=STOP_WAIT_S + 5)
