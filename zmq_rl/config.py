@@ -983,7 +983,11 @@ class ActorConfig:
     curve_server_key: str = _f(
         "", "CURVE: the learner's public certificate file (required with a key)"
     )
-    torch_threads: int = _f(1, "torch intra-op threads for inference")
+    torch_threads: int = _f(
+        1,
+        "threads for inference: numpy's BLAS and, where the network needs torch, torch's "
+        "intra-op threads (the built-in MLP runs in numpy, without torch)",
+    )
 
     def validate(self) -> ActorConfig:
         """Check every field; return self so calls chain."""
@@ -1038,7 +1042,11 @@ class ServeConfig:
     learner_timeout: float = _f(
         60.0, "give up on a simulator's registration after hearing nothing from the learner"
     )
-    torch_threads: int = _f(1, "torch intra-op threads for inference")
+    torch_threads: int = _f(
+        1,
+        "threads for inference: numpy's BLAS and, where the network needs torch, torch's "
+        "intra-op threads (the built-in MLP runs in numpy, without torch)",
+    )
     keep_serving: bool = _f(
         False,
         "keep serving after the learner's shutdown (default: exit once every "
