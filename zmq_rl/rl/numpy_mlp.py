@@ -46,6 +46,8 @@ OBS_CLIP = 10.0
 """Normalised observations are clipped to [-OBS_CLIP, OBS_CLIP] (as SB3's VecNormalize)."""
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+_TINY = {np.dtype(t): np.finfo(t).tiny for t in (np.float32, np.float64)}
+"""The smallest normal float of each parameter dtype (looked up once, not per step)."""
 
 Layer = tuple[np.ndarray, np.ndarray]
 """A linear layer's ``(weight [out, in], bias [out])``."""
@@ -179,7 +181,7 @@ def sample_mlp(
         # (about one in 2^24) is raised to the smallest normal float, so its action
         # still wins and numpy warns of no log(0) in the actor's log.
         gumbel = rng.standard_exponential(z.shape, dtype=dtype)
-        np.maximum(gumbel, np.finfo(dtype).tiny, out=gumbel)
+        np.maximum(gumbel, _TINY[dtype], out=gumbel)
         np.log(gumbel, out=gumbel)
         action = (z - gumbel).argmax(axis=1)
         rows = np.arange(len(action))
