@@ -41,10 +41,11 @@ from ..wire.protocol import (
     Welcome,
     decode,
     encode,
+    largest_fragment_bytes,
     policy_weights_frames,
 )
 from ..wire.spaces import space_spec
-from ..wire.transport import bind_learner_sockets, tcp_endpoint
+from ..wire.transport import LearnerSockets, bind_learner_sockets, tcp_endpoint
 from .links import Links
 from .membership import (
     ActorRecord,
@@ -105,6 +106,51 @@ def largest_control_bytes(observation_space: Any, action_space: Any, max_envs: i
     return 2 * (specs + 9 * max_envs) + CONTROL_SLACK_BYTES
 
 
+def fragment_limit(cfg: LearnerConfig, observation_space: Any, action_space: Any) -> int:
+    """The largest experience message the learner takes (its PULL's ``ZMQ_MAXMSGSIZE``,
+    the welcome's ``max_fragment_bytes``): ``max_message_bytes``, or by default what a
+    fragment of ``fragment_length`` rows of these spaces can be."""
+    return cfg.max_message_bytes or largest_fragment_bytes(
+        observation_space, action_space, cfg.fragment_length
+    )
+
+
+def bind_ingest_sockets(
+    cfg: LearnerConfig,
+    observation_space: Any,
+    action_space: Any,
+    context: zmq.Context | None = None,
+) -> LearnerSockets:
+    """Bind the sockets of rank 0's :class:`Ingest` for a run of these spaces, with its
+    message limits (:func:`fragment_limit`, :func:`largest_control_bytes`). Imports no
+    torch: ``zmq-rl run`` binds here and starts its actors before the learner imports
+    torch and builds its trainer (docs/design.md §10, "Start-up"), then hands the
+    sockets to the :class:`~zmq_rl.learner.loop.Learner`. OSError naming the ports when
+    one is taken, as :func:`~zmq_rl.wire.transport.bind_learner_sockets`."""
+    return bind_learner_sockets(
+        context or zmq.Context.instance(),
+        cfg,
+        fragment_limit(cfg, observation_space, action_space),
+        control_max_bytes=largest_control_bytes(
+            observation_space, action_space, cfg.max_envs_per_actor
+        ),
+    )
+
+
+def _check_bound_limits(sockets: LearnerSockets, fragments: int, control: int) -> None:
+    """ValueError when sockets bound before the ingest (:func:`bind_ingest_sockets`)
+    take other message sizes than its run's: they were bound for another config."""
+    bound = {
+        "experience": sockets.experience.getsockopt(zmq.MAXMSGSIZE),
+        "control": None if sockets.control is None else sockets.control.getsockopt(zmq.MAXMSGSIZE),
+    }
+    if bound != {"experience": fragments, "control": control}:
+        raise ValueError(
+            f"sockets bound with message limits {bound}; this run's are "
+            f"experience {fragments}, control {control}"
+        )
+
+
 class RankPart(Protocol):
     """What :class:`Ingest` asks of its part of the learner-ranks protocol when there
     are several learner ranks (:class:`zmq_rl.learner.ranks.RankRouting`)."""
@@ -159,6 +205,7 @@ class Ingest:
         rank: int = 0,
         world_size: int = 1,
         ranks: RankPart | None = None,
+        sockets: LearnerSockets | None = None,
     ) -> None:
         self.cfg = cfg
         # Data-parallel learner ranks (num_learners): rank 0 serves control and
@@ -198,13 +245,17 @@ class Ingest:
         # While serve_during runs its work, forget_slots calls wait here: the work (a
         # PPO update) owns the trainer's per-slot state until it returns.
         self._deferred_forget: list[list[SlotKey]] | None = None
-        self.sockets = bind_learner_sockets(
-            context or zmq.Context.instance(),
-            cfg,
-            self.max_message_bytes,
-            control_max_bytes=self.control_max_bytes,
-            rank=rank,
-        )
+        if sockets is None:
+            sockets = bind_learner_sockets(
+                context or zmq.Context.instance(),
+                cfg,
+                self.max_message_bytes,
+                control_max_bytes=self.control_max_bytes,
+                rank=rank,
+            )
+        else:
+            _check_bound_limits(sockets, self.max_message_bytes, self.control_max_bytes)
+        self.sockets = sockets
         self.control, self.experience = self.sockets.control, self.sockets.experience
         receiving = [s for s in (self.control, self.experience) if s is not None]
         self.poller = zmq.Poller()

@@ -54,6 +54,7 @@ from .self_play import self_play_table, write_self_play_csv
 from .settings import LearnerStarved, StopRequested, policy_plan, run_settings
 
 if TYPE_CHECKING:
+    from ..wire.transport import LearnerSockets
     from .ranks import LeaderRanks
 
 __all__ = [
@@ -85,11 +86,16 @@ class Learner:
         context: zmq.Context | None = None,
         on_update: Callable[[dict[str, Any]], None] | None = None,
         on_evaluation: Callable[[dict[str, Any]], None] | None = None,
+        *,
+        sockets: LearnerSockets | None = None,
     ) -> None:
         """Bind the sockets and build the trainer; ``on_update(row)`` is called after
         every update with the metrics row (for progress displays), and
         ``on_evaluation(row)`` with every evaluation's row when its result is known
-        (:func:`~zmq_rl.learner.runlog.evaluation_row`: at the env step it measured)."""
+        (:func:`~zmq_rl.learner.runlog.evaluation_row`: at the env step it measured).
+        ``sockets``: bound already by :func:`~zmq_rl.learner.ingest.bind_ingest_sockets`
+        for this config (``zmq-rl run`` binds before importing torch); the learner owns
+        them from here on (ValueError when their message limits are another run's)."""
         self.cfg = cfg.validate()
         self.ppo_cfg = (ppo or PPOConfig()).validate()
         self.policy_cfg = (policy_cfg or PolicyConfig()).validate()
@@ -178,6 +184,7 @@ class Learner:
             context=context,
             world_size=cfg.num_learners,
             ranks=None if self.ranks is None else self.ranks.routing,
+            sockets=sockets,
         )
         self.members = self.ingest.members
         self.on_checkpoint: Callable[[Path], None] | None = None

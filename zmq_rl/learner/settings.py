@@ -21,8 +21,9 @@ from ..config import (
     resolve_policy_map,
 )
 from ..envs import EnvShape
-from ..wire.protocol import RunSettings, largest_fragment_bytes
+from ..wire.protocol import RunSettings
 from .checkpoint import config_dict
+from .ingest import fragment_limit
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -132,8 +133,7 @@ def run_settings(
         heartbeat_interval=HEARTBEAT_INTERVAL_S,
         state_size=state_size,
         max_weights_bytes=2 * weights_bytes + 64 * 1024,
-        max_fragment_bytes=cfg.max_message_bytes
-        or largest_fragment_bytes(observation_space, action_space, cfg.fragment_length),
+        max_fragment_bytes=fragment_limit(cfg, observation_space, action_space),
         env_kwargs=cfg.env_kwargs_map(),
         wrappers=list(cfg.wrappers),
         agents_per_env=agents_per_env,

@@ -22,6 +22,7 @@ from rich.console import Console
 from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig, replace
 
 from ..config_toml import dump_toml
+from ..report import LearnerReport
 from .common import (
     STOP_SIGNALS,
     CliFailure,
@@ -36,11 +37,13 @@ from .progress import TrainingProgress
 
 if TYPE_CHECKING:
     from zmq_rl.learner.loop import Learner
+    from zmq_rl.wire.transport import LearnerSockets
 
 log = logging.getLogger("zmq_rl.cli.training")
 
 __all__ = [
     "RUN_MARKERS",
+    "StartingLearner",
     "TrainingOutcome",
     "check_run_dir_is_new",
     "make_console",
@@ -206,7 +209,6 @@ def train(
     already (``resume_command`` is the way the message names to continue it) or
     cannot be created is a :class:`ConfigError`.
     """
-    from zmq_rl.learner.loop import Learner, LearnerRankLost, LearnerStarved
     from zmq_rl.metrics import MetricsWriter, WandbUnavailable, tensorboard_available
 
     if preset:
@@ -268,6 +270,15 @@ def train(
                 metrics.write(row)
             progress.evaluation(row)
 
+        starting = None
+        if around_run is not None and resume is None and cfg.num_learners == 1:
+            # Bind, then start the fleet, then import torch and build the trainer: the
+            # actors start while the learner does (docs/design.md §10, "Start-up").
+            starting = StartingLearner(cfg, bind_sockets(cfg, shape))
+            stack.callback(starting.close)  # (after the fleet stopped, as below)
+            stack.enter_context(around_run(starting))
+        from zmq_rl.learner.loop import Learner, LearnerRankLost, LearnerStarved
+
         try:
             if resume is not None:
                 learner = Learner.resume(
@@ -275,7 +286,12 @@ def train(
                 )
             else:
                 learner = Learner(
-                    cfg, ppo, policy, on_update=on_update, on_evaluation=on_evaluation
+                    cfg,
+                    ppo,
+                    policy,
+                    on_update=on_update,
+                    on_evaluation=on_evaluation,
+                    sockets=None if starting is None else starting.sockets,
                 )
         except OSError as exc:
             raise CliFailure(str(exc)) from None
@@ -284,9 +300,12 @@ def train(
         progress.device = learner.report.device
         if wrap_learner is not None:
             learner = wrap_learner(learner)
-        stack.callback(learner.close)
-        if around_run is not None:
-            stack.enter_context(around_run(learner))
+        if starting is not None:
+            starting.attach(learner)
+        else:
+            stack.callback(learner.close)
+            if around_run is not None:
+                stack.enter_context(around_run(learner))
         try:
             with progress, _graceful_stop(learner, outcome, quiet=console.quiet):
                 outcome.report = learner.run()
@@ -295,6 +314,78 @@ def train(
         except KeyboardInterrupt:
             outcome.interrupted = True
     return outcome
+
+
+def bind_sockets(cfg: LearnerConfig, shape: Any) -> LearnerSockets:
+    """The learner's sockets for a run of ``shape``'s spaces, bound before torch is
+    imported (:func:`~zmq_rl.learner.ingest.bind_ingest_sockets`); a port in use is a
+    :class:`CliFailure`, as when the learner binds them itself."""
+    from zmq_rl.learner.ingest import bind_ingest_sockets
+
+    try:
+        return bind_ingest_sockets(cfg, shape.observation_space, shape.action_space)
+    except OSError as exc:
+        raise CliFailure(str(exc)) from None
+
+
+class StartingLearner:
+    """The :class:`~zmq_rl.run.fleet.FleetLearner` a fleet is started with while the
+    learner is still being built. ``zmq-rl run`` binds the learner's sockets (no
+    torch), starts its actors against them, and only then imports torch and builds the
+    trainer, so the actors' start-up overlaps the learner's and a port in use still
+    fails before any actor starts. Until :meth:`attach` it answers with the config and
+    an empty report and keeps a stop request for the learner; from then on it is the
+    learner (its report, its stop, its other attributes)."""
+
+    def __init__(self, cfg: LearnerConfig, sockets: LearnerSockets) -> None:
+        self.sockets = sockets
+        self.learner: RunLearner | None = None
+        self._cfg = cfg
+        self._report = LearnerReport()
+        self._stop_reason = ""
+        self._lock = threading.Lock()  # a fleet's monitor thread may ask to stop
+
+    @property
+    def cfg(self) -> LearnerConfig:
+        """The learner's config (the run's, until it is built)."""
+        return self._cfg if self.learner is None else self.learner.cfg
+
+    @property
+    def report(self) -> LearnerReport:
+        """The learner's report (an empty one until it is built)."""
+        return self._report if self.learner is None else self.learner.report
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the learner to stop: at once once built, else as soon as it is."""
+        with self._lock:
+            if self.learner is None:
+                self._stop_reason = self._stop_reason or reason
+                return
+        self.learner.request_stop(reason)
+
+    def attach(self, learner: RunLearner) -> None:
+        """The learner is built on the sockets: forward to it from now on (with the
+        stop a fleet asked for meanwhile)."""
+        with self._lock:
+            self.learner = learner
+            reason = self._stop_reason
+        if reason:
+            learner.request_stop(reason)
+
+    def close(self) -> None:
+        """Close the learner, or the sockets when no learner was built on them."""
+        if self.learner is not None:
+            self.learner.close()
+        else:
+            self.sockets.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # What a fleet reads with getattr (actor_exited, learner_restarts): the
+        # learner's once it is built, absent before.
+        learner = self.__dict__.get("learner")
+        if learner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(learner, name)
 
 
 @contextlib.contextmanager
