@@ -12,6 +12,9 @@
 #      cuda (bench/scaling.py --device cuda)                                    ~150 s
 #   E. the learner ceiling on cuda at 2 and 14 simulated actors, and on one CPU thread
 #      at 2 against the base revision (bench/learner_ceiling.py)                ~90 s
+#   F. launch order with spare cores: launch -> first update with the actors started
+#      after the learner is built vs while it imports torch (bench/launch.py;
+#      on 2 cores the two are equal, docs/benchmarks.md §23)                      ~15 s
 # On 2 cores (no GPU) it runs C with 1-2 actors unpinned and E on the CPU only.
 #
 #   bash bench/device_scaling.sh [OUT_DIR]
@@ -57,4 +60,8 @@ if [ "$gpu" = 1 ]; then
 fi
 timeout 75 $py bench/learner_ceiling.py --actors 2 --updates 8 "${base[@]}" \
     --out "$out/ceiling_cpu.json"
+if [ "$cores" -ge 4 ]; then
+    part "F. launch order"
+    timeout 40 $py bench/launch.py --rounds 2 --out "$out/launch.json"
+fi
 echo "=== done ($(date +%T))"

@@ -1,15 +1,16 @@
-"""Launch cost: actors started after the learner is built (as ``zmq-rl run``) vs before.
+"""Launch cost: actors started after the learner is built vs before it imports torch.
 
-``zmq-rl run`` constructs the :class:`~zmq_rl.learner.loop.Learner` (torch, gymnasium,
-the policy, Adam, the sockets) and only then starts its actor processes, which in
-turn import torch and gymnasium before they can say hello: the two start-ups run
-one after the other. An actor that starts first simply waits (its DEALER
-reconnects until the learner binds). This measures, each in a fresh process
-(``python bench/launch.py --child MODE``), the time from the child's launch to
+Until stop 43 ``zmq-rl run`` constructed the :class:`~zmq_rl.learner.loop.Learner`
+(torch, gymnasium, the policy, Adam, the sockets) and only then started its actor
+processes, so the two start-ups ran one after the other. Now it binds the learner's
+sockets (no torch), starts the actors, and then imports torch and builds the learner
+on those sockets (docs/design.md §10, "Start-up"). This measures, each in a fresh
+process (``python bench/launch.py --child MODE``), the time from the child's launch to
 the learner's first update, with 2 actors x 4 envs and ``zmq-rl run``'s defaults:
 
-* ``after``: import the learner, build it, then ``Popen`` the actors (today);
-* ``before``: ``Popen`` the actors first, then import and build the learner.
+* ``after``: import the learner, build it, then ``Popen`` the actors (before stop 43);
+* ``before``: bind the sockets, ``Popen`` the actors, then import and build the
+  learner on the sockets (``zmq-rl run`` now).
 
     python bench/launch.py            # 5 rounds of both, alternating
     python bench/launch.py --smoke    # 1 round
@@ -53,8 +54,17 @@ def child(mode: str, port: int) -> None:
             for i in range(2)
         ]
 
-    procs = actors() if mode == "before" else []
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
+
+    cfg = LearnerConfig(num_actors=2, port=port, run_dir="", checkpoint_every=0)
+    sockets, procs = None, []
+    if mode == "before":
+        from zmq_rl.envs import env_shape
+        from zmq_rl.learner.ingest import bind_ingest_sockets
+
+        shape = env_shape(cfg.env_id)
+        sockets = bind_ingest_sockets(cfg, shape.observation_space, shape.action_space)
+        procs = actors()
     from zmq_rl.learner.loop import Learner
 
     marks: dict[str, float] = {}
@@ -63,12 +73,7 @@ def child(mode: str, port: int) -> None:
         marks.setdefault("first_update", time.monotonic() - T0)
         learner.request_stop("launch benchmark done")
 
-    learner = Learner(
-        LearnerConfig(num_actors=2, port=port, run_dir="", checkpoint_every=0),
-        PPOConfig(),
-        PolicyConfig(),
-        on_update=on_update,
-    )
+    learner = Learner(cfg, PPOConfig(), PolicyConfig(), on_update=on_update, sockets=sockets)
     marks["learner_built"] = time.monotonic() - T0
     if mode == "after":
         procs = actors()
@@ -128,12 +133,26 @@ def main(argv: list[str] | None = None) -> int:
         m: _util.median([x["first_update"] for x in runs if x["mode"] == m])
         for m in ("after", "before")
     }
-    print(
-        f"median launch -> first update: actors after the learner (today) "
-        f"{summary['after']:.2f}s, actors first {summary['before']:.2f}s "
-        f"(saves {summary['after'] - summary['before']:.2f}s)"
+    # Rounds pair the two modes back to back: the median of each round's difference
+    # divides out the box's drift over the run (caches warming, load).
+    saved = _util.median(
+        [
+            runs[i]["first_update"] - runs[i + 1]["first_update"]
+            if runs[i]["mode"] == "after"
+            else runs[i + 1]["first_update"] - runs[i]["first_update"]
+            for i in range(0, len(runs), 2)
+        ]
     )
-    _util.write_result("launch", args, {"runs": runs, "summary_first_update_s": summary})
+    print(
+        f"median launch -> first update: actors after the learner is built "
+        f"{summary['after']:.2f}s, bound first, then actors, then the learner (zmq-rl run) "
+        f"{summary['before']:.2f}s; saved per round (median) {saved:.2f}s"
+    )
+    _util.write_result(
+        "launch",
+        args,
+        {"runs": runs, "summary_first_update_s": summary, "saved_per_round_s": saved},
+    )
     return 0
 
 

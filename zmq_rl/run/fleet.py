@@ -1,8 +1,10 @@
 """How a run's actor fleet and its learner meet: two typed protocols.
 
 A fleet (:class:`ActorFleet`: local actor processes, Ray actors) is started after the
-learner bound its sockets and stopped after the learner's run ended; what it may call
-on the learner is :class:`FleetLearner`. What the run's engine drives is a
+learner's sockets are bound, usually while the learner itself is still being built
+(:class:`~zmq_rl.run.session.StartingLearner` stands in for it until then), and
+stopped after the learner's run ended; what it may call on the learner is
+:class:`FleetLearner`. What the run's engine drives is a
 :class:`RunLearner`: a :class:`~zmq_rl.learner.loop.Learner`, or a
 ``ResumingLearner`` that resumes a crashed one from its newest checkpoint.
 """
@@ -50,7 +52,8 @@ class RunLearner(FleetLearner, Protocol):
 
 class ActorFleet(Protocol):
     """The actors of one run: a context manager entered once the learner's sockets are
-    bound and exited once its run ended (it stops every actor it started)."""
+    bound (the learner may still be importing torch and building its trainer) and
+    exited once its run ended (it stops every actor it started)."""
 
     failure: str
     """Why the fleet asked the learner to stop ("" when it did not)."""

@@ -191,10 +191,14 @@ def train(
 
     ``around_run(learner)`` is entered after the sockets are bound and exited after
     the run (also on errors and interrupts): ``zmq-rl run`` starts and stops its
-    actor processes there. Raises :class:`CliFailure` for a port in use or a
-    starved learner. The first Ctrl-C or SIGTERM during the run asks the learner
-    to stop (:meth:`~zmq_rl.learner.loop.Learner.request_stop`: it shuts the actors down
-    and writes its report, checkpoint and policy); a second one aborts at once,
+    actor processes there. For a new run of one learner rank it is entered before
+    torch is imported and the learner built, with a :class:`StartingLearner` that
+    stands in for the learner until then; a resumed run, and one of several learner
+    ranks, build the learner first and enter it with the learner. Raises
+    :class:`CliFailure` for a port in use or a starved learner. The first Ctrl-C or
+    SIGTERM during the run asks the learner to stop
+    (:meth:`~zmq_rl.learner.loop.Learner.request_stop`: it shuts the actors down and
+    writes its report, checkpoint and policy); a second one aborts at once,
     without a report. Either way the outcome has ``interrupted`` set. SIGHUP stops
     it like SIGTERM, and never aborts (a closing terminal may send several).
     ``resume=(run_dir, overrides)`` continues that run's newest checkpoint.
