@@ -114,11 +114,14 @@ class FakeLearner:
         assert isinstance(message, Fragment) and message.num_slots == 1
         return slot_rows(message)
 
-    def fragments_until_bye(self, timeout: float = TIMEOUT) -> tuple[list[Fragment], Bye]:
-        """Take fragments as they come while waiting for the bye, then up to its
-        ``last_seq``, as a learner does: an actor that ran unthrottled has a PUSH and a
-        PULL queue of them, and its close lingers only ``ACTOR_PUSH_LINGER_MS`` (reading
-        them after joining it lost the tail when the join took that long)."""
+    def fragments_until_bye(
+        self, seen_seq: int, timeout: float = TIMEOUT
+    ) -> tuple[list[Fragment], Bye]:
+        """Take fragments after ``seen_seq`` (the newest one received so far) as they
+        come while waiting for the bye, then up to its ``last_seq``, as a learner does:
+        an actor that ran unthrottled has a PUSH and a PULL queue of them, and its close
+        lingers only ``ACTOR_PUSH_LINGER_MS`` (reading them after joining it lost the
+        tail when the join took that long)."""
         frames: list[bytes] = []
         bye: Bye | None = None
         poller = zmq.Poller()
@@ -132,11 +135,13 @@ class FakeLearner:
             if self.router in ready:
                 message = decode(self.router.recv_multipart()[1])
                 bye = message if isinstance(message, Bye) else bye
-            if bye is not None and (
-                bye.last_seq < 0 or (frames and decode(frames[-1]).seq >= bye.last_seq)
-            ):
+            newest = decode(frames[-1]).seq if frames else seen_seq
+            if bye is not None and newest >= bye.last_seq:
                 return [slot_rows(decode(f, expected=(Fragment,))) for f in frames], bye
-        pytest.fail(f"no bye and fragments up to its last_seq within {timeout}s")
+        pytest.fail(
+            f"no bye and fragments up to its last_seq within {timeout}s (bye: {bye}; "
+            f"{len(frames)} fragments after seq {seen_seq})"
+        )
 
     def welcome(self, routing_id: bytes, actor_id: int, weights: Weights, **config: Any) -> None:
         message = Welcome(
@@ -304,7 +309,7 @@ def test_unthrottled_actor_loads_weights_between_steps(ctx, learner_port):
     # Loading new weights flushes the rows acted by v0 first, so every row of a
     # fragment was acted by the fragment's version (the last v0 one may be short).
     fake.send(routing_id, Shutdown(reason="test over", run_id=RUN_ID))
-    tail, bye = fake.fragments_until_bye()
+    tail, bye = fake.fragments_until_bye(fragments[-1].seq)
     fragments += tail
     stats = actor.join()
     assert actor.error is None, repr(actor.error)
