@@ -156,7 +156,8 @@ def test_a_starting_learner_is_the_learner_once_attached():
     sockets = bind_ingest_sockets(cfg, env.observation_space, env.action_space)
     starting = StartingLearner(cfg, sockets)
     assert starting.cfg is cfg and isinstance(starting.report, LearnerReport)
-    assert getattr(starting, "actor_exited", None) is None  # the learner's, once built
+    starting.actor_exited(1234)  # no learner to tell yet: nothing happens
+    assert starting.learner_restarts is None
     starting.request_stop("first")
     starting.request_stop("second")  # the first reason is kept
 
@@ -169,8 +170,11 @@ def test_a_starting_learner_is_the_learner_once_attached():
         def request_stop(self, reason: str) -> None:
             self.stops.append(reason)
 
+        exited: list[int] = []
+        learner_restarts = [{"restart": 1}]
+
         def actor_exited(self, pid: int) -> None:
-            pass
+            self.exited.append(pid)
 
         def close(self) -> None:
             Built.closed = True
@@ -179,7 +183,8 @@ def test_a_starting_learner_is_the_learner_once_attached():
     starting.attach(built)
     assert built.stops == ["first"]
     assert starting.cfg is Built.cfg and starting.report.updates_completed == 7
-    assert starting.actor_exited == built.actor_exited
+    starting.actor_exited(4321)
+    assert built.exited == [4321] and starting.learner_restarts == [{"restart": 1}]
     starting.request_stop("later")
     assert built.stops == ["first", "later"]
     starting.close()

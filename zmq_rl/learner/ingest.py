@@ -137,18 +137,32 @@ def bind_ingest_sockets(
     )
 
 
-def _check_bound_limits(sockets: LearnerSockets, fragments: int, control: int) -> None:
-    """ValueError when sockets bound before the ingest (:func:`bind_ingest_sockets`)
-    take other message sizes than its run's: they were bound for another config."""
-    bound = {
-        "experience": sockets.experience.getsockopt(zmq.MAXMSGSIZE),
-        "control": None if sockets.control is None else sockets.control.getsockopt(zmq.MAXMSGSIZE),
-    }
-    if bound != {"experience": fragments, "control": control}:
+def _own_sockets(
+    sockets: LearnerSockets | None,
+    context: zmq.Context | None,
+    cfg: LearnerConfig,
+    limits: tuple[int, int],
+    rank: int,
+) -> LearnerSockets:
+    """An :class:`Ingest`'s sockets: ``sockets`` when they were bound before it
+    (:func:`bind_ingest_sockets`; ValueError when they take other message sizes than
+    its run's ``limits`` = (experience, control) bytes: they were bound for another
+    config), else bound now."""
+    if sockets is None:
+        fragments, control = limits
+        ctx = context or zmq.Context.instance()
+        return bind_learner_sockets(ctx, cfg, fragments, control_max_bytes=control, rank=rank)
+    control_sock = sockets.control
+    bound = (
+        sockets.experience.getsockopt(zmq.MAXMSGSIZE),
+        None if control_sock is None else control_sock.getsockopt(zmq.MAXMSGSIZE),
+    )
+    if bound != limits:
         raise ValueError(
-            f"sockets bound with message limits {bound}; this run's are "
-            f"experience {fragments}, control {control}"
+            f"sockets bound with message limits {bound} (experience, control); this "
+            f"run's are {limits}"
         )
+    return sockets
 
 
 class RankPart(Protocol):
@@ -245,17 +259,8 @@ class Ingest:
         # While serve_during runs its work, forget_slots calls wait here: the work (a
         # PPO update) owns the trainer's per-slot state until it returns.
         self._deferred_forget: list[list[SlotKey]] | None = None
-        if sockets is None:
-            sockets = bind_learner_sockets(
-                context or zmq.Context.instance(),
-                cfg,
-                self.max_message_bytes,
-                control_max_bytes=self.control_max_bytes,
-                rank=rank,
-            )
-        else:
-            _check_bound_limits(sockets, self.max_message_bytes, self.control_max_bytes)
-        self.sockets = sockets
+        limits = (self.max_message_bytes, self.control_max_bytes)
+        self.sockets = _own_sockets(sockets, context, cfg, limits, rank)
         self.control, self.experience = self.sockets.control, self.sockets.experience
         receiving = [s for s in (self.control, self.experience) if s is not None]
         self.poller = zmq.Poller()

@@ -338,8 +338,8 @@ class StartingLearner:
     torch), starts its actors against them, and only then imports torch and builds the
     trainer, so the actors' start-up overlaps the learner's and a port in use still
     fails before any actor starts. Until :meth:`attach` it answers with the config and
-    an empty report and keeps a stop request for the learner; from then on it is the
-    learner (its report, its stop, its other attributes)."""
+    an empty report and keeps a stop request for the learner; from then on it answers
+    with the learner's config and report, and passes stops and actor exits on."""
 
     def __init__(self, cfg: LearnerConfig, sockets: LearnerSockets) -> None:
         self.sockets = sockets
@@ -383,13 +383,19 @@ class StartingLearner:
         else:
             self.sockets.close()
 
-    def __getattr__(self, name: str) -> Any:
-        # What a fleet reads with getattr (actor_exited, learner_restarts): the
-        # learner's once it is built, absent before.
-        learner = self.__dict__.get("learner")
-        if learner is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(learner, name)
+    def actor_exited(self, pid: int) -> None:
+        """Tell the learner that an actor process exited, when it listens for that
+        (:meth:`~zmq_rl.learner.loop.Learner.actor_exited`); before it is built no
+        actor is registered, so there is nothing to tell."""
+        exited = getattr(self.learner, "actor_exited", None)
+        if exited is not None:
+            exited(pid)
+
+    @property
+    def learner_restarts(self) -> list[dict[str, Any]] | None:
+        """The learner's restarts when it resumes after a crash (``--resume-on-crash``:
+        a ``ResumingLearner``), else None."""
+        return getattr(self.learner, "learner_restarts", None)
 
 
 @contextlib.contextmanager
