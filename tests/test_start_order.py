@@ -140,7 +140,10 @@ def test_the_learner_takes_the_sockets_it_is_given_and_refuses_another_configs()
         assert learner.ingest.control is sockets.control
     assert sockets.experience.closed and sockets.control.closed  # the learner owned them
 
-    other = LearnerConfig(env_id="CartPole-v1", num_actors=1, port=port, max_message_bytes=4096)
+    # Another port: a closed socket frees its port a moment later (libzmq's I/O thread).
+    other = LearnerConfig(
+        env_id="CartPole-v1", num_actors=1, port=free_port_block(), max_message_bytes=4096
+    )
     sockets = bind_ingest_sockets(other, env.observation_space, env.action_space)
     try:
         with pytest.raises(ValueError, match="message limits"):
@@ -191,8 +194,10 @@ def test_a_starting_learner_is_the_learner_once_attached():
     assert Built.closed and not sockets.experience.closed  # the learner's to close now
     sockets.close()
 
+    # Other ports: closing a socket frees its port a moment later (libzmq's I/O thread).
+    other = LearnerConfig(env_id="CartPole-v1", num_actors=1, port=free_port_block())
     unbuilt = StartingLearner(
-        cfg, bind_ingest_sockets(cfg, env.observation_space, env.action_space)
+        other, bind_ingest_sockets(other, env.observation_space, env.action_space)
     )
     unbuilt.close()
     assert unbuilt.sockets.experience.closed and unbuilt.sockets.control.closed
