@@ -43,6 +43,12 @@ def result_path(name: str, args: Any) -> Path:
     return RESULTS / (f"{name}.smoke.json" if args.smoke else f"{name}.json")
 
 
+def round_order(items: Sequence[Any], round_index: int) -> list[Any]:
+    """``items`` in the order round ``round_index`` measures them: reversed every other
+    round, so that no variant always runs first (caches warming, the box's drift)."""
+    return list(items) if round_index % 2 == 0 else list(items)[::-1]
+
+
 def ab_rounds(
     rounds: int, order: tuple[Any, Any], measure: Any, over: tuple[Any, Any], what: str
 ) -> tuple[list[dict[str, Any]], list[float]]:
@@ -53,7 +59,7 @@ def ab_rounds(
     rows: list[dict[str, Any]] = []
     ratios: list[float] = []
     for r in range(rounds):
-        pair = {v: measure(v) for v in (order if r % 2 == 0 else order[::-1])}
+        pair = {v: measure(v) for v in round_order(order, r)}
         rows.extend(pair.values())
         ratios.append(pair[over[0]]["steps_per_s"] / max(pair[over[1]]["steps_per_s"], 1e-9))
         print(f"round {r}: {what} steps/s ratio {ratios[-1]:.3f}", flush=True)

@@ -119,7 +119,7 @@ def main() -> None:
     with _util.revision_trees(args.base, args.base_tree) as trees:
         names = list(trees)
         for r in range(rounds):
-            for name in names if r % 2 == 0 else names[::-1]:
+            for name in _util.round_order(names, r):
                 row = {"code": name, "round": r, **measure(trees[name], steps)}
                 rows.append(row)
                 print(

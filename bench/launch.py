@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = 1
     runs = []
     for r in range(args.rounds):
-        for mode in ("after", "before") if r % 2 == 0 else ("before", "after"):
+        for mode in _util.round_order(("after", "before"), r):
             res = run(mode)
             runs.append(res)
             print(

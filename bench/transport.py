@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for B in envs:
         for r in range(args.rounds):
-            for variant in variants if r % 2 == 0 else variants[::-1]:
+            for variant in _util.round_order(variants, r):
                 res = measure(variant, T, B, args.seconds, args.rollout_steps)
                 res["round"] = r
                 runs.append(res)

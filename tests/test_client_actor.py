@@ -135,8 +135,7 @@ class FakeLearner:
             if self.router in ready:
                 message = decode(self.router.recv_multipart()[1])
                 bye = message if isinstance(message, Bye) else bye
-            newest = decode(frames[-1]).seq if frames else seen_seq
-            if bye is not None and newest >= bye.last_seq:
+            if bye is not None and (decode(frames[-1]).seq if frames else seen_seq) >= bye.last_seq:
                 return [slot_rows(decode(f, expected=(Fragment,))) for f in frames], bye
         pytest.fail(
             f"no bye and fragments up to its last_seq within {timeout}s (bye: {bye}; "
