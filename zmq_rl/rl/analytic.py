@@ -161,7 +161,7 @@ def _trunk_backward(
         h = hs[k + 1]
         da = dh * (h > 0.0) if relu else dh * (1.0 - h * h)
         np.matmul(da.T, hs[k], out=grads[k][0])
-        np.sum(da, axis=0, out=grads[k][1])
+        np.add.reduce(da, axis=0, out=grads[k][1])
         if k > 0:
             dh = da @ layers[k][0]
 
@@ -262,7 +262,7 @@ def mlp_gradients(
 
     # Heads, then trunks.
     np.matmul(g_params.T, pi_hs[-1], out=grads.head[0])
-    np.sum(g_params, axis=0, out=grads.head[1])
+    np.add.reduce(g_params, axis=0, out=grads.head[1])
     np.matmul(g_value, v_hs[-1], out=grads.value[0][0])
     grads.value[1][0] = g_value.sum()
     dh_pi = g_params @ head_w

@@ -123,8 +123,7 @@ class ClosedFormSteps:
         :func:`~zmq_rl.rl.analytic.mlp_gradients`' row sums of the loss terms."""
         adv = batch.advantages
         if self.cfg.normalize_advantages and adv.shape[0] > 1:
-            adv = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
-            batch = batch._replace(advantages=adv)
+            batch = batch._replace(advantages=standardised(adv))
         return mlp_gradients(self.net, self.grads, batch, self.cfg, clip_range, self.relu)
 
     def set_grads(self) -> None:
@@ -220,6 +219,17 @@ class ClosedFormSteps:
             _alias(state["exp_avg_sq"], exp_avg_sq, int(offset))
             _alias(state["step"], steps, index)
         return exp_avg.numpy(), exp_avg_sq.numpy(), steps.numpy()
+
+
+def standardised(x: np.ndarray) -> np.ndarray:
+    """``(x - mean) / (std + 1e-8)`` with the unbiased std (``torch.std``'s default), as
+    the torch update normalises a minibatch's advantages (Schulman et al.'s
+    baselines); a dot product instead of ``np.std``, whose Python wrapper cost a
+    64-row step ~10 us."""
+    centred = x - np.add.reduce(x) / x.dtype.type(x.shape[0])
+    std = math.sqrt(float(np.dot(centred, centred)) / (x.shape[0] - 1))
+    centred /= x.dtype.type(std + 1e-8)
+    return centred
 
 
 def _plain_adam(optimizer: torch.optim.Optimizer) -> bool:
