@@ -10,19 +10,30 @@ per minibatch step, and the ratio.
     python bench/update_cost.py
     python bench/update_cost.py --minibatches 64 --rounds 5
     python bench/update_cost.py --smoke
+
+With ``--base REV`` or ``--base-tree DIR`` it compares revisions instead: the
+closed-form update of this tree against that of the earlier one, each round a fresh
+process per tree (``PYTHONPATH`` the tree's, the order alternating by round), the
+median of each process's timed updates, then the median over rounds:
+
+    python bench/update_cost.py --actions discrete --minibatches 64 --rounds 5 --base-tree DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent))
 
 import _util  # noqa: E402
 
@@ -111,9 +122,81 @@ def measure(
     }  # fmt: skip
 
 
+UPDATES_PER_PROCESS = 5
+"""Timed updates per process and round when comparing revisions (after 2 untimed)."""
+
+
+def closed_form_ms(tree: Path, action: str, minibatch: int) -> float:
+    """Median milliseconds of :data:`UPDATES_PER_PROCESS` closed-form updates, measured
+    in a fresh process that imports ``tree``'s zmq_rl (and checks that it did)."""
+    code = (
+        "import sys, json; sys.argv = ['update_cost']; "
+        f"sys.path.insert(0, {str(BENCH)!r}); import update_cost as u; "
+        f"sys.path.insert(0, {str(tree)!r}); "
+        f"print(json.dumps(u.measure_tree({str(tree)!r}, {action!r}, {minibatch})))"
+    )
+    env = {**os.environ, "PYTHONPATH": _util.python_path(tree)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    if done.returncode:
+        raise SystemExit(f"timing {tree} failed:\n{done.stderr[-2000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def measure_tree(tree: str, action: str, minibatch: int) -> float:
+    """In a child of :func:`closed_form_ms`: the median ms of its timed updates."""
+    import numpy as np
+    import torch
+
+    import zmq_rl
+
+    if not Path(zmq_rl.__file__).resolve().is_relative_to(Path(tree).resolve()):
+        raise SystemExit(f"imported {zmq_rl.__file__}, not the code in {tree}")
+    torch.set_num_threads(1)
+    trainer = make_trainer(action, minibatch, True)
+    rng = np.random.default_rng(0)
+    times = []
+    for i in range(2 + UPDATES_PER_PROCESS):
+        rollout = random_rollout(action, rng)
+        start = time.perf_counter()
+        trainer.update(rollout, 0.0)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def compare_revisions(args: argparse.Namespace) -> int:
+    """This tree's closed-form update against the base revision's, per cell."""
+    rows = []
+    with _util.revision_trees(args.base, args.base_tree) as trees:
+        for action in args.actions:
+            for minibatch in args.minibatches:
+                ms: dict[str, list[float]] = {name: [] for name in trees}
+                for r in range(args.rounds):
+                    for name in _util.round_order(list(trees), r):
+                        ms[name].append(closed_form_ms(trees[name], action, minibatch))
+                base = next(name for name in trees if name != "this tree")
+                this, before = (statistics.median(ms[n]) for n in ("this tree", base))
+                rows.append({
+                    "action": action, "minibatch": minibatch, "base": base,
+                    "base_ms": before, "this_ms": this, "ratio": before / this,
+                    "rounds_ms": ms,
+                })  # fmt: skip
+    _util.print_table(
+        ["head", "minibatch", "base ms", "this tree ms", "speed-up"],
+        [[r["action"], r["minibatch"], f"{r['base_ms']:.1f}", f"{r['this_ms']:.1f}",
+          f"{r['ratio']:.2f}x"] for r in rows],
+    )  # fmt: skip
+    data = {"rows": rows, "rounds": args.rounds, "rollout_rows": T * B, "mode": "revisions"}
+    _util.write_result("update_cost", args, data)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _util.add_common_flags(parser)
+    _util.add_base_flags(parser)
     parser.add_argument("--minibatches", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--actions", nargs="+", default=["discrete", "box"])
     parser.add_argument("--rounds", type=int, default=7, help="timed updates per cell and mode")
@@ -125,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.minibatches, args.rounds = [1024], 1
+    if args.base or args.base_tree:
+        return compare_revisions(args)
     rows = [
         measure(action, minibatch, args.rounds, args.device)
         for action in args.actions

@@ -375,6 +375,30 @@ def test_update_cost_smoke(smoke: SmokeRuns) -> None:
         assert row["steps_per_update"] == 4 * 4, row  # 4,096 rows in minibatches of 1,024
 
 
+def test_update_cost_compares_revisions(tmp_path: Path) -> None:
+    """``--base-tree``: each tree's update timed in its own process, both rows filled
+    (this tree against itself, so the figures only need to exist)."""
+    out = tmp_path / "update_cost.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "update_cost.py"), "--smoke", "--actions", "discrete",
+         "--base-tree", str(ROOT), "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["base_ms"] > 0 and row["this_ms"] > 0 and row["ratio"] > 0, row
+    assert [len(v) for v in row["rounds_ms"].values()] == [1, 1], row
+
+
+def test_update_cost_refuses_to_time_another_trees_code(tmp_path: Path) -> None:
+    """A child that imported zmq_rl from somewhere else than the tree it was asked to
+    time stops, naming both: a revision comparison never times one tree twice."""
+    import update_cost
+
+    with pytest.raises(SystemExit, match="not the code in"):
+        update_cost.measure_tree(str(tmp_path), "discrete", 1024)
+
+
 @pytest.mark.parametrize(
     ("cores", "counts"), [(2, [1, 2]), (16, [1, 2, 4, 8, 14]), (8, [1, 2, 4, 6])]
 )
