@@ -130,7 +130,7 @@ def closed_form_ms(tree: Path, action: str, minibatch: int) -> float:
     """Median milliseconds of :data:`UPDATES_PER_PROCESS` closed-form updates, measured
     in a fresh process that imports ``tree``'s zmq_rl (and checks that it did)."""
     code = (
-        "import sys, json; sys.argv = ['update_cost']; "
+        "import sys, json; "
         f"sys.path.insert(0, {str(BENCH)!r}); import update_cost as u; "
         f"sys.path.insert(0, {str(tree)!r}); "
         f"print(json.dumps(u.measure_tree({str(tree)!r}, {action!r}, {minibatch})))"

@@ -17,6 +17,7 @@ from gymnasium import spaces
 
 from zmq_rl.config import PolicyConfig, PPOConfig
 from zmq_rl.rl.analytic import AnalyticBatch, analytic_support, ppo_gradients
+from zmq_rl.rl.closed_form import standardised
 from zmq_rl.rl.policy import build_policy
 from zmq_rl.rl.ppo import PPOTrainer, RolloutBatch, ppo_loss
 
@@ -287,3 +288,15 @@ def test_parameters_given_new_memory_are_still_the_ones_stepped():
     assert not torch.equal(head, before)
     flat = trainer.flat.flat_params  # the parameter is a view of the flat buffer again
     assert head.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_standardised_advantages_are_torchs(dtype: torch.dtype) -> None:
+    """The numpy steps standardise a minibatch's advantages as the torch update does:
+    ``(a - mean) / (std + 1e-8)`` with the unbiased std, in the advantages' dtype."""
+    adv = torch.randn(64, generator=torch.Generator().manual_seed(3), dtype=dtype) * 7 + 2
+    expected = (adv - adv.mean()) / (adv.std() + 1e-8)
+    got = standardised(adv.numpy().copy())
+    assert got.dtype == adv.numpy().dtype
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    np.testing.assert_allclose(got, expected.numpy(), rtol=tol, atol=tol)
