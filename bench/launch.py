@@ -135,14 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     # Rounds pair the two modes back to back: the median of each round's difference
     # divides out the box's drift over the run (caches warming, load).
-    saved = _util.median(
-        [
-            runs[i]["first_update"] - runs[i + 1]["first_update"]
-            if runs[i]["mode"] == "after"
-            else runs[i + 1]["first_update"] - runs[i]["first_update"]
-            for i in range(0, len(runs), 2)
-        ]
-    )
+    pairs = range(0, len(runs), 2)
+    rounds = [{x["mode"]: x["first_update"] for x in runs[i : i + 2]} for i in pairs]
+    saved = _util.median([r["after"] - r["before"] for r in rounds])
     print(
         f"median launch -> first update: actors after the learner is built "
         f"{summary['after']:.2f}s, bound first, then actors, then the learner (zmq-rl run) "

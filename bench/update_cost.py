@@ -13,7 +13,7 @@ per minibatch step, and the ratio.
 
 With ``--base REV`` or ``--base-tree DIR`` it compares revisions instead: the
 closed-form update of this tree against that of the earlier one, each round a fresh
-process per tree (``PYTHONPATH`` the tree's, the order alternating by round), the
+process per tree (the tree first on ``sys.path``, the order alternating by round), the
 median of each process's timed updates, then the median over rounds:
 
     python bench/update_cost.py --actions discrete --minibatches 64 --rounds 5 --base-tree DIR
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -135,10 +134,7 @@ def closed_form_ms(tree: Path, action: str, minibatch: int) -> float:
         f"sys.path.insert(0, {str(tree)!r}); "
         f"print(json.dumps(u.measure_tree({str(tree)!r}, {action!r}, {minibatch})))"
     )
-    env = {**os.environ, "PYTHONPATH": _util.python_path(tree)}
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if done.returncode:
         raise SystemExit(f"timing {tree} failed:\n{done.stderr[-2000:]}")
     return float(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -127,14 +127,11 @@ def bind_ingest_sockets(
     torch and builds its trainer (docs/design.md §10, "Start-up"), then hands the
     sockets to the :class:`~zmq_rl.learner.loop.Learner`. OSError naming the ports when
     one is taken, as :func:`~zmq_rl.wire.transport.bind_learner_sockets`."""
-    return bind_learner_sockets(
-        context or zmq.Context.instance(),
-        cfg,
+    limits = (
         fragment_limit(cfg, observation_space, action_space),
-        control_max_bytes=largest_control_bytes(
-            observation_space, action_space, cfg.max_envs_per_actor
-        ),
+        largest_control_bytes(observation_space, action_space, cfg.max_envs_per_actor),
     )
+    return _own_sockets(None, context, cfg, limits, rank=0)
 
 
 def _own_sockets(
