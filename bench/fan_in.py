@@ -111,7 +111,7 @@ def learner_main(
     logging.basicConfig(level=logging.WARNING)
     import numpy as np
 
-    import zmq_rl.rl.rollout as rollout_mod
+    import zmq_rl.learner.queues as rollout_mod
     from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
     from zmq_rl.learner.loop import Learner
 

@@ -110,7 +110,7 @@ class Receiver:
         import numpy as np
 
         from zmq_rl.learner.membership import ActorRecord, Membership
-        from zmq_rl.rl.rollout import SlotQueues
+        from zmq_rl.learner.queues import SlotQueues
 
         self.members = Membership()
         low = 0 if obs_dtype == "uint8" else -np.inf

@@ -250,7 +250,7 @@ def test_impact_state_dict_round_trip_keeps_the_target_network():
 def test_recurrent_sequences_train_with_the_new_objectives(objective):
     from tests.test_recurrent import MASKED, collect
     from tests.test_recurrent import make_policy as make_recurrent
-    from zmq_rl.rl.rollout import SlotQueues
+    from zmq_rl.learner.queues import SlotQueues
     from zmq_rl.rl.targets import TargetSettings, recurrent_batch
 
     behaviour = make_recurrent("lstm", seed=1)

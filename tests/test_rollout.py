@@ -1,10 +1,10 @@
-"""Tests for zmq_rl.rl.rollout.SlotQueues: per-slot FIFO assembly of [T, B] rollouts."""
+"""Tests for zmq_rl.learner.queues.SlotQueues: per-slot FIFO assembly of [T, B] rollouts."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from zmq_rl.rl.rollout import SlotQueues
+from zmq_rl.learner.queues import SlotQueues
 from zmq_rl.wire.protocol import Fragment
 
 

@@ -26,7 +26,7 @@ import math
 import re
 import warnings
 from collections.abc import Mapping
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -603,6 +603,12 @@ class PPOConfig:
         return self
 
 
+def config_dict(cfg: Any) -> dict[str, Any]:
+    """A config dataclass as a JSON-able dict (tuples become lists)."""
+    raw = asdict(cfg)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in raw.items()}
+
+
 @dataclass(frozen=True)
 class LearnerConfig:
     """The learner's run: budget, rollout shape, advantages, staleness and sockets.
@@ -618,7 +624,30 @@ class LearnerConfig:
     max_lead_steps: int = _f(
         0,
         "steps per slot an actor may run ahead of proven consumption; "
-        "0 = 2 * broadcast_every * num_steps",
+        "0 = 2 * broadcast_every * num_steps (rows batches: 2 batches over the live slots, "
+        "at least num_steps)",
+    )
+    batch_mode: str = _f(
+        "auto",
+        "what one update trains on: rows = batch_rows rows in segments of num_steps from "
+        "whichever slots delivered (more actors: more updates per second, same update); "
+        "slots = num_steps rows of every member slot (the batch grows with the fleet; "
+        "bit-for-bit repeatable with --max-lead-steps at one cycle); auto = rows, or slots "
+        "for recurrent policies and num_learners > 1",
+        choices=("auto", "rows", "slots"),
+    )
+    batch_rows: int = _f(
+        0,
+        "rows per update in rows batches, in whole segments of num_steps; 0 = this config's "
+        "num_actors * num_envs * num_steps (per agent of the env), fixed for the run: actors "
+        "beyond it add updates, not rows per update. Set it (the presets do) to keep the "
+        "batch when you change --actors or --num-envs",
+    )
+    max_policy_lag: int = _f(
+        0,
+        "rows batches: rows acted by weights more than this many versions older than the "
+        "learner's are dropped (counted discarded/steps/stale); 0 = what the valve "
+        "already bounds (docs/design.md section 5.6)",
     )
     gamma: float = _f(0.98, "discount factor")
     gae_lambda: float = _f(0.8, "GAE lambda (validated even when V-trace is on)")
@@ -813,13 +842,41 @@ class LearnerConfig:
         """Check every field; return self so calls chain."""
         _positive_int(self, "num_actors", "num_steps", "broadcast_every")
         _non_negative_int(self, "total_env_steps", "max_lead_steps", "seed")
+        _non_negative_int(self, "batch_rows", "max_policy_lag")
         _positive_int(self, "num_envs", "fragment_length", "eval_episodes")
-        per_update = self.num_steps * self.nominal_slots()
+        _require(
+            self.batch_mode in ("auto", "rows", "slots"),
+            "batch_mode",
+            self.batch_mode,
+            "must be auto, rows or slots",
+        )
+        _require(
+            self.batch_rows == 0 or self.batch_rows >= self.num_steps,
+            "batch_rows",
+            self.batch_rows,
+            f"must be 0 or >= num_steps ({self.num_steps}): a batch holds whole segments "
+            "of num_steps rows",
+        )
+        _require(
+            self.batch_mode != "rows" or self.num_learners == 1,
+            "batch_mode",
+            self.batch_mode,
+            f"rows batches train on one learner rank (num_learners={self.num_learners}): "
+            "use slots or auto",
+        )
+        if self.batch_mode == "slots":
+            per_update = self.num_steps * self.nominal_slots()
+            why = f"{per_update} = num_steps * num_actors * num_envs"
+        else:
+            per_update = self.batch_rows_for(1)
+            why = f"{per_update} = " + (
+                "batch_rows" if self.batch_rows else "num_steps * num_actors * num_envs"
+            )
         _require(
             self.total_env_steps >= per_update,
             "total_env_steps",
             self.total_env_steps,
-            f"must cover at least one update ({per_update} = num_steps * num_actors * num_envs)",
+            f"must cover at least one update ({why})",
         )
         _unit_interval(self, "gamma", "gae_lambda", "vtrace_lambda")
         _positive(self, "vtrace_rho_bar", "vtrace_c_bar")
@@ -934,6 +991,13 @@ class LearnerConfig:
         steps are its env steps; an estimate there, since agents come and go)."""
         slots = self.nominal_slots() * agents_per_env
         return max(1, self.total_env_steps // (self.num_steps * slots))
+
+    def batch_rows_for(self, agents_per_env: int = 1) -> int:
+        """Rows per update of a rows batch: ``batch_rows``, or when it is 0 the rollout of
+        the fleet this config names (``num_steps`` rows of each of ``nominal_slots()``
+        slots, times ``agents_per_env``): a number of the config, never of the actors
+        that actually connect."""
+        return self.batch_rows or self.num_steps * self.nominal_slots() * agents_per_env
 
     def nominal_slots(self) -> int:
         """Slots when every one of ``num_actors`` actors runs ``num_envs`` envs."""

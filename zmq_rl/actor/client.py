@@ -63,6 +63,7 @@ from ..wire.codec import (
     named_leaves,
 )
 from ..wire.protocol import (
+    FEATURE_GRANTS,
     PROTOCOL_VERSION,
     Bye,
     Heartbeat,
@@ -186,9 +187,10 @@ class LearnerConnection:
         features: Sequence[str] = (),
     ) -> None:
         self.host, self.control_port = parse_learner_address(learner)
-        self.features = list(features)
+        self.features = list(dict.fromkeys([*features, FEATURE_GRANTS]))
         """What this actor can do beyond protocol 2's core, said in its hello
-        (``"policies"``: it runs several policies; docs/protocol.md)."""
+        (``"policies"``: it runs several policies; ``"grants"``, always: its valve
+        follows a learner's grants; docs/protocol.md)."""
         self._fresh: deque[Weights] = deque()  # several policies: adopted, not yet returned
         self._policy_versions: dict[str, int] = {}  # several policies: each one's version
         self.env_id = env_id
@@ -414,6 +416,7 @@ class LearnerConnection:
             base_version=welcome.base_version,
             observation_space=self.observation_space,
             action_space=self.action_space,
+            grant=welcome.grant,
         )
         self.learner_version, self._announced = self.version, 0
         self.subscriber.max_message_bytes = self._weights_limit(settings)
@@ -660,6 +663,8 @@ class LearnerConnection:
         self._announced = max(self._announced, message.version)
         if message.base_version is not None:
             self.sender.rebase(message.base_version)
+        if message.grant is not None:
+            self.sender.regrant(message.grant)
         if message.sent_at is not None:
             self._link_checks = True
             self._peer_sent_at, self._peer_heard_at = message.sent_at, now

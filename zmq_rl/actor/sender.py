@@ -138,16 +138,18 @@ class ExperienceSender:
         base_version: int,
         observation_space: gym.Space | None,
         action_space: gym.Space | None = None,
+        grant: int | None = None,
     ) -> None:
         """Begin a registration: a new connected PUSH socket (the old one is closed),
-        the welcome's settings and session token; sequence numbers start at 0."""
+        the welcome's settings, session token and grant (None: the valve follows
+        ``steps_per_broadcast`` and ``max_lead_steps``); sequence numbers start at 0."""
         self.close(linger=0)
         self.num_envs = settings.num_envs
         self.seq = 0
         self.token = token
         self.slot_steps = np.zeros(self.num_envs, np.int64)
         self.sent_steps = np.zeros(self.num_envs, np.int64)
-        self.throttle = ActorThrottle.from_settings(settings, base_version)
+        self.throttle = ActorThrottle.from_settings(settings, base_version, grant)
         self.fragment_length = settings.fragment_length
         self.state_size = settings.state_size
         self.observation_space = observation_space
@@ -165,6 +167,11 @@ class ExperienceSender:
         ``base_version``): the learner consumes this actor's slots from then on."""
         if base_version > self.throttle.base_version:
             self.throttle = dataclasses.replace(self.throttle, base_version=base_version)
+
+    def regrant(self, grant: int) -> None:
+        """Adopt a larger grant from the learner (its heartbeat's ``grant``): the steps
+        per slot this registration may have recorded (docs/protocol.md section 5.4)."""
+        self.throttle = self.throttle.regrant(grant)
 
     def close(self, linger: int | None = None) -> None:
         """Close the PUSH socket (``linger`` None: its own linger, so queued fragments

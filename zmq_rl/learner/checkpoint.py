@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
+from ..config import config_dict as config_dict  # re-exported (it was defined here)
 from ..device import to_cpu
 from ..report import LearnerReport
 
@@ -218,12 +219,6 @@ def save_policy(
     if agent_policies:
         state["agent_policies"] = json.dumps(list(agent_policies))
     atomic_torch_save(state, path)
-
-
-def config_dict(cfg: Any) -> dict[str, Any]:
-    """A config dataclass as a JSON-able dict (tuples become lists)."""
-    raw = asdict(cfg)
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in raw.items()}
 
 
 def atomic_torch_save(state: dict[str, Any], path: Path) -> None:

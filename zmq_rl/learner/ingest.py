@@ -15,10 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import socket
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -26,7 +25,7 @@ import zmq
 
 from ..config import LearnerConfig
 from ..report import LearnerReport
-from ..rl.rollout import Rollout, SlotKey, SlotQueues
+from ..rl.rollout import Rollout, SlotKey
 from ..sparse_log import log_sparsely
 from ..wire.protocol import (
     Bye,
@@ -46,6 +45,7 @@ from ..wire.protocol import (
 )
 from ..wire.spaces import space_spec
 from ..wire.transport import LearnerSockets, bind_learner_sockets, tcp_endpoint
+from .evictions import PENDING_SILENCE_INTERVALS, Evictions
 from .links import Links
 from .membership import (
     ActorRecord,
@@ -55,6 +55,7 @@ from .membership import (
     check_hello,
     control_refusal,
 )
+from .queues import SlotQueues
 
 __all__ = ["Ingest", "IngestObserver", "RankPart"]
 
@@ -68,10 +69,7 @@ POLL_MS = 50
 """Longest a poll blocks, so timers (heartbeats, timeouts) run on time."""
 SHUTDOWN_GRACE_S = 3.0
 """How long the learner waits for every actor's bye after asking them to stop."""
-PENDING_SILENCE_INTERVALS = 5.0
-"""Heartbeat intervals a registration that has not joined the rollout may stay
-silent (no heartbeat, no fragment) before it is dropped; a live actor heartbeats
-every interval."""
+PENDING_SILENCE_INTERVALS = PENDING_SILENCE_INTERVALS  # re-exported (defined in evictions)
 
 
 CONTROL_SLACK_BYTES = 128 * 1024
@@ -244,14 +242,17 @@ class Ingest:
             cfg.effective_max_lead_steps() + cfg.steps_per_broadcast() + cfg.fragment_length
         )
         self.started = False  # training started: later joiners wait for a broadcast
+        # Rows batches (learner/batches.py): every registration's rows count at once,
+        # and actors that announced grants get one (welcome, heartbeats).
+        self.admit_at_once = False
+        self.grant_for: Callable[[ActorRecord, Hello], int | None] | None = None
+        self.sent_cap: Callable[[ActorRecord], int] | None = None  # the over_lead rule
         self.shutting_down = False
         self.current_weights: Weights | None = None
         self.sent_weights: tuple[Weights, list[Weights]] | None = None  # last on PUB
         self.current_policy_weights: list[Weights] = []  # several policies: each one's
         self._last_heartbeat = 0.0
-        # Processes a supervisor saw exit (any thread appends; pump reads). Bounded by
-        # what one pump handles: the supervisor reports each exit once.
-        self._exited: deque[int] = deque(maxlen=1024)
+        self.evictions = Evictions(self)  # silent, dropped and exited actors
         self.links = Links(settings, lambda: self.started)  # round trips, the lead advice
         # While serve_during runs its work, forget_slots calls wait here: the work (a
         # PPO update) owns the trainer's per-slot state until it returns.
@@ -380,8 +381,7 @@ class Ingest:
         update, an evaluation), live actors' heartbeats queued up and must count.
         """
         self.links.pump_started(time.monotonic())
-        while self._exited:
-            self._declare_exited(self._exited.popleft())
+        self.evictions.declare_exited()
         events = dict((poller or self.poller).poll(timeout_ms))
         if self.control in events:
             self._drain(
@@ -392,7 +392,7 @@ class Ingest:
         # After reading: a heartbeat echoes the newest one each actor sent (an actor
         # paused for the link resumes on that echo), also right after a long update.
         self._maybe_heartbeat()
-        self._evict_silent_actors()
+        self.evictions.evict_silent()
         if self.sockets.handshakes is not None:  # counted by its thread, copied here
             for kind, count in list(self.sockets.handshakes.failures.items()):
                 self.counters[f"auth/handshake_failed/{kind}"] = count
@@ -456,6 +456,8 @@ class Ingest:
                 spaces=self.spaces,
                 queued_rows=self.queues.rows,
                 slot_cap=self._slot_cap,
+                received_rows=self.queues.received,
+                sent_cap=self.sent_cap,
                 now=time.monotonic(),
                 state_size=self.settings.state_size,
             )
@@ -546,10 +548,11 @@ class Ingest:
             routing_id,
             hello,
             version=self.version(),
-            started=self.started,
+            started=self.started and not self.admit_at_once,
             default_envs=self.settings.num_envs,
             now=time.monotonic(),
         )
+        rec.grant = None if self.grant_for is None else self.grant_for(rec, hello)
         rec.key = key  # with CURVE, only this key may send this actor's fragments
         rec.rank = self.ranks.assign_rank(self.members, rec) if self.ranks is not None else 0
         for old in replaced:
@@ -579,6 +582,7 @@ class Ingest:
             settings=dataclasses.replace(self.settings, num_envs=rec.num_envs),
             weights=self.current_weights,
             policy_weights=self.current_policy_weights,
+            grant=rec.grant,
         )
 
     def send_control(self, routing_id: bytes, message: Any) -> bool:
@@ -589,6 +593,10 @@ class Ingest:
         except zmq.ZMQError:  # EHOSTUNREACH (peer gone) or EAGAIN (its queue is full)
             self.counters["control/undeliverable"] += 1
             return False
+
+    def send_heartbeat(self, rec: ActorRecord) -> None:
+        """Send ``rec`` a heartbeat now (a grant that rose goes out at once)."""
+        self.send_control(rec.routing_id, self._heartbeat(rec, time.monotonic()))
 
     def _maybe_heartbeat(self) -> None:
         if self.control is None:  # a learner rank > 0: rank 0 heartbeats
@@ -613,6 +621,7 @@ class Ingest:
             echo=echo,
             held=None if echo is None else max(0.0, now - rec.peer_heard_at),
             base_version=rec.base_version,
+            grant=rec.grant,
         )
         return Heartbeat(**fields)
 
@@ -674,59 +683,11 @@ class Ingest:
             send_weights(self.sockets.weights, *sent)
             self.counters["weights/republished"] += 1
 
-    def _evict_silent_actors(self) -> None:
-        """Declare dead every actor silent for ``actor_timeout``: its slots leave the
-        rollout being filled and what it had queued is discarded (counted). Drop
-        every registration that has not joined and has sent nothing for
-        :data:`PENDING_SILENCE_INTERVALS` heartbeat intervals (one line per pump)."""
-        if self.shutting_down:
-            return
-        now, timeout = time.monotonic(), self.cfg.actor_timeout
-        silence = min(timeout, PENDING_SILENCE_INTERVALS * self.settings.heartbeat_interval)
-        dropped = self.members.drop_silent_pending(now, silence) if self.rank == 0 else []
-        if dropped:
-            self.counters["actors/dropped_silent"] += len(dropped)
-            ids = [rec.actor_id for rec in dropped]
-            log.warning(
-                "dropped %d registration(s) that sent nothing for %.1fs and had not joined "
-                "the rollout: actor id(s) %s%s",
-                *(len(ids), silence, ids[:10], " ..." if len(ids) > 10 else ""),
-            )
-            for rec in dropped:
-                self.forget_actor(rec, "dropped_silent")
-        short = self.queues.short_slots(self.local_member_slots(), self.cfg.num_steps)
-        short_ids = {a for a, _ in short}
-        # A rank > 0 hears no heartbeats: only "no fragment while waited on" applies.
-        for rec, why in self.members.evict_silent(now, timeout, short_ids, self.rank == 0):
-            log.warning(
-                "actor %d (%s pid %d) %s > actor_timeout=%gs: declared dead",
-                *(rec.actor_id, rec.host, rec.pid, why, timeout),
-            )
-            self.report.dead_actors.append(
-                rec.death_line(now, self.report.updates_completed, self.version())
-            )
-            self.counters["actors/declared_dead"] += 1
-            self.forget_actor(rec, "actor_dead")
-
     def actor_exited(self, pid: int) -> None:
         """A supervisor saw the process ``pid`` (on this host) exit: its registration
         is declared dead at the next pump instead of after ``actor_timeout``. Safe to
         call from any thread."""
-        self._exited.append(pid)
-
-    def _declare_exited(self, pid: int) -> None:
-        host = socket.gethostname()[:200]
-        for rec in self.members:
-            if rec.pid == pid and rec.host == host and not rec.said_bye:
-                log.warning(
-                    "actor %d (%s pid %d): its process exited: declared dead",
-                    *(rec.actor_id, rec.host, rec.pid),
-                )
-                self.report.dead_actors.append(
-                    rec.death_line(time.monotonic(), self.report.updates_completed, self.version())
-                )
-                self.counters["actors/declared_dead"] += 1
-                self.forget_actor(self.members.remove(rec.actor_id), "actor_dead")
+        self.evictions.exited.append(pid)
 
     def forget_actor(self, rec: ActorRecord, reason: str) -> None:
         """Discard (and count) what a removed actor had queued; keep its report line."""

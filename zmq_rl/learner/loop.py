@@ -3,10 +3,12 @@
 One loop on the main thread (the sockets are served by a thread of the ingest while
 an update or an evaluation runs, :meth:`~zmq_rl.learner.ingest.Ingest.serve_during`):
 
-1. **Fill**: poll PULL (fragments) and ROUTER (hello, heartbeat, bye) until every
-   member slot holds ``num_steps`` rows. Rows beyond the quota stay queued.
-2. **Train**: take the ``[num_steps, slots]`` rollout and hand it to the
-   :class:`~zmq_rl.rl.trainer.Trainer` (targets, PPO update).
+1. **Fill**: poll PULL (fragments) and ROUTER (hello, heartbeat, bye) until the next
+   update's rows are queued (:mod:`zmq_rl.learner.batches`): a fixed batch of the
+   oldest complete segments of whichever slots delivered (``batch_mode`` ``rows``), or
+   ``num_steps`` rows of every member slot (``slots``). Rows beyond stay queued.
+2. **Train**: take the ``[num_steps, columns]`` rollout and hand it to the trainer
+   (:class:`~zmq_rl.rl.trainer.PolicyTraining`: targets, PPO update).
 3. **Broadcast**: every ``broadcast_every`` updates, version += 1 and PUBlish the
    weights; actors that registered during the last cycle become members now.
 
@@ -29,29 +31,33 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from ..config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig
+from ..config import LearnerConfig, PolicyConfig, PPOConfig
 from ..envs import env_shape
 from ..report import LearnerReport
 from ..rl.distributed import LearnerRankLost, RankSpec, rank_spec
 from ..rl.policy import Policy
-from ..rl.policy_set import PolicyTrainers
-from ..rl.rollout import SlotQueues
-from ..rl.trainer import Trainer
+from ..rl.policy_set import build_trainer
+from ..rl.trainer import PolicyTraining
 from ..wire.protocol import Weights, encode
+from .batches import make_batches
 from .checkpoint import (
-    WriteFailed,
-    atomic_write_bytes,
     checkpoint_configs,
     newest_readable_checkpoint,
     restore_run_state,
-    save_learner_checkpoint,
-    save_policy,
 )
-from .evaluation import opponent_player
 from .ingest import POLL_MS, Ingest
+from .outputs import BEST_POLICY_FILE, RunFiles
+from .queues import SlotQueues
 from .runlog import RunLog
-from .self_play import self_play_table, write_self_play_csv
-from .settings import LearnerStarved, StopRequested, policy_plan, run_settings
+from .self_play import self_play_table
+from .settings import (
+    LearnerStarved,
+    StopRequested,
+    batch_plan,
+    check_env_settings,
+    policy_plan,
+    run_settings,
+)
 
 if TYPE_CHECKING:
     from ..wire.transport import LearnerSockets
@@ -67,10 +73,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("zmq_rl.learner")
-
-BEST_POLICY_FILE = "policy-best.pt"
-"""The best evaluated policy of a run (``report.json``'s ``best_evaluation``), beside
-``policy.pt`` (the final one)."""
 
 
 class Learner:
@@ -101,53 +103,24 @@ class Learner:
         self.policy_cfg = (policy_cfg or PolicyConfig()).validate()
         shape = env_shape(cfg.env_id, cfg.env_kwargs_map(), cfg.wrappers)
         spaces = (shape.observation_space, shape.action_space)
-        if cfg.opponent_pool and not shape.turn_based:
-            raise ConfigError(
-                "opponent_pool",
-                cfg.opponent_pool,
-                f"{cfg.env_id} is not a turn-based game: snapshot opponents play turn-based "
-                "games only (0 turns the pool off)",
-            )
-        if cfg.opening_moves and not shape.turn_based:
-            raise ConfigError(
-                "opening_moves",
-                cfg.opening_moves,
-                f"{cfg.env_id} is not a turn-based game: random openings are for turn-based "
-                "games only (0 turns them off)",
-            )
-        if cfg.eval_opponent != "random":
-            if not shape.turn_based:
-                raise ConfigError(
-                    "eval_opponent",
-                    cfg.eval_opponent,
-                    f"{cfg.env_id} is not a turn-based game: only those have other seats",
-                )
-            opponent_player(cfg.eval_opponent, *spaces)  # fails here, naming the field
-        if shape.agents_per_env > 1 and cfg.num_learners > 1:
-            raise ConfigError(
-                "num_learners",
-                cfg.num_learners,
-                f"{cfg.env_id} is a multi-agent env: it trains on one learner rank for now "
-                "(the ranks' reports count every row as an env step)",
-            )
+        check_env_settings(cfg, shape, *spaces)  # zmq-rl run checked before binding too
         self.plan = policy_plan(cfg, self.policy_cfg, shape)
         self.plan_agents = list(shape.agents)
-        self.trainer: Trainer | PolicyTrainers
-        if self.plan.several:
-            self.trainer = PolicyTrainers(
-                cfg, self.ppo_cfg, self.plan.configs, *spaces, self.plan.agent_policies
-            )
-        else:
-            self.trainer = Trainer(cfg, self.ppo_cfg, self.policy_cfg, *spaces)
+        self.trainer: PolicyTraining = build_trainer(
+            cfg, self.ppo_cfg, self.policy_cfg, spaces, self.plan.configs, self.plan.agent_policies
+        )
+        state_size = int(getattr(self.trainer.policy, "state_size", 0))
+        self.batch_plan = batch_plan(cfg, shape.agents_per_env, recurrent=state_size > 0)
         self.run_id = uuid.uuid4().hex[:12]
         self.settings = run_settings(
             cfg,
             *spaces,
             self.policy_cfg,
             weights_bytes=max(len(encode(w)) for w in self._weights()),
-            state_size=int(getattr(self.trainer.policy, "state_size", 0)),
+            state_size=state_size,
             agents_per_env=shape.agents_per_env,
             plan=self.plan,
+            batch=self.batch_plan,
         )
         self.report = LearnerReport(run_id=self.run_id, device=str(self.trainer.device))
         self.counters: Counter[str] = Counter()
@@ -157,7 +130,7 @@ class Learner:
             log.info("several policies: evaluations run in the learner's loop")
             cfg = replace(cfg, eval_in_background=False)
         self.runlog = RunLog(cfg, self.report, on_update, self.policy_cfg, on_evaluation)
-        self.runlog.updates_budget = cfg.num_updates(shape.agents_per_env)
+        self.runlog.updates_budget = self.batch_plan.updates(cfg, shape.agents_per_env)
         self.runlog.agent_policies = list(self.plan.agent_policies)
         self.runlog.counters = self.counters
         # Data-parallel learner ranks (num_learners > 1): this is rank 0; the others
@@ -187,8 +160,18 @@ class Learner:
             sockets=sockets,
         )
         self.members = self.ingest.members
+        self.batches = make_batches(self.ingest, self.batch_plan)
         self.on_checkpoint: Callable[[Path], None] | None = None
         """Called with the path of every checkpoint written (the Python API's callbacks)."""
+        self.files = RunFiles(
+            (self.cfg, self.ppo_cfg, self.policy_cfg),
+            self.plan,
+            self.trainer,
+            self.report,
+            self.counters,
+            queues=lambda: self.queues,
+            saved=lambda path: self.on_checkpoint and self.on_checkpoint(path),
+        )
         self.publish_weights(publish=False)
 
     @property
@@ -200,10 +183,7 @@ class Learner:
     def eval_policy(self) -> Policy | list[Policy]:
         """What evaluations act with: the policy, or (several policies) the policy of
         each agent index."""
-        if isinstance(self.trainer, PolicyTrainers):
-            trainers = self.trainer.trainers
-            return [trainers[pid].policy for pid in self.plan.agent_policies]
-        return self.trainer.policy
+        return self.trainer.eval_policy()
 
     @property
     def version(self) -> int:
@@ -272,7 +252,7 @@ class Learner:
                     cfg.checkpoint_every
                     and self.report.updates_completed % cfg.checkpoint_every == 0
                 ):
-                    self._periodic_checkpoint()
+                    self.files.periodic_checkpoint()
                 if solved:
                     stop_reason = f"evaluation reached target_return {cfg.target_return:g}"
                     break
@@ -311,16 +291,11 @@ class Learner:
 
     def _budget_spent(self) -> bool:
         """No update that would overrun ``total_env_steps`` starts (but at least one
-        update runs). Only members that have delivered experience count: a
-        registration alone (a hello with many slots) never ends the run; if such a
-        member does deliver, the check after the fill counts it."""
-        delivering = [
-            k for k in self.members.member_slots() if self.members.get(k[0]).steps_received
-        ]
-        return self._overruns(len(delivering))
+        update runs; a rows batch takes fewer segments to spend the last rows)."""
+        rows = self.batch_plan.segment if self.batch_plan.rows else self.batches.rows_next()
+        return self._overruns(rows)
 
-    def _overruns(self, slots: int) -> bool:
-        rows = self.cfg.num_steps * max(1, slots)
+    def _overruns(self, rows: int) -> bool:
         return self.report.updates_completed > 0 and (
             self.report.env_steps_consumed + rows > self.cfg.total_env_steps
         )
@@ -330,9 +305,10 @@ class Learner:
         the filled rollout would overrun the budget."""
         cfg, report = self.cfg, self.report
         self._fill()
-        if self._overruns(len(self.members.member_slots())):
+        slots = len(self.members.member_slots())
+        if not self.batch_plan.rows and self._overruns(slots * cfg.num_steps):
             return None  # members that delivered during the fill made it too big
-        rollout = self.ingest.take_rollout(self.members.member_slots(), cfg.num_steps)
+        rollout = self.batches.take()
         progress = min(1.0, report.env_steps_consumed / cfg.total_env_steps)
         started = time.monotonic()
         result = self.ingest.serve_during(lambda: self.trainer.update(rollout, progress))
@@ -369,28 +345,31 @@ class Learner:
         log.info("%d actor(s) registered; training starts", len(self.members))
 
     def _fill(self) -> None:
-        """Receive until every member slot holds ``num_steps`` rows."""
+        """Receive until the next update's rows are queued (:meth:`Batches.ready
+        <zmq_rl.learner.batches.Batches.ready>`)."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.starvation_timeout
         self.pump(0)  # control and heartbeats are served even when data is backlogged
         while True:
-            slots = self.members.member_slots()
-            if slots and self.queues.ready(slots, cfg.num_steps):
+            if self.batches.ready(cfg.total_env_steps - self.report.env_steps_consumed):
                 return
-            if not slots and self.ingest.can_admit():
+            if (
+                not self.batch_plan.rows
+                and not self.members.member_slots()
+                and self.ingest.can_admit()
+            ):
                 # No member left: the waiting actors join now. A fresh version
                 # (same weights) starts their accounting from here, so their
                 # valve, which counts from base_version = version + 1, stays exact.
                 self._broadcast()
             self._check_stop()
             if time.monotonic() > deadline:
-                raise self.starved(slots)
+                raise self.starved(self.batches.waited_on())
             self.pump(POLL_MS)
 
-    def starved(self, slots: list[Any]) -> LearnerStarved:
-        """The error of a fill of ``slots`` that made no progress for
-        ``starvation_timeout``: it names the actors it waited on."""
-        short = self.queues.short_slots(slots, self.cfg.num_steps)
+    def starved(self, short: list[Any]) -> LearnerStarved:
+        """The error of a fill that made no progress for ``starvation_timeout``: it
+        names the actors owning the ``short`` slots it waited on."""
         waiting = self.members.describe_waiting(short, self.report.dead_actors)
         return LearnerStarved(
             f"learner starved: no rollout completed within "
@@ -406,12 +385,10 @@ class Learner:
 
     def _weights(self) -> list[Weights]:
         """The current version's weights: one, or one per policy (each with its id)."""
-        if isinstance(self.trainer, PolicyTrainers):
-            return [
-                Weights(version=self.version, run_id=self.run_id, tensors=t, policy=pid)
-                for pid, t in self.trainer.policy_weights().items()
-            ]
-        return [Weights(version=self.version, run_id=self.run_id, tensors=self.trainer.weights())]
+        return [
+            Weights(version=self.version, run_id=self.run_id, tensors=t, policy=pid)
+            for pid, t in self.trainer.policy_weights().items()
+        ]
 
     @property
     def current_weights(self) -> Weights:
@@ -435,73 +412,20 @@ class Learner:
     # ------------------------------------------------------------------ evaluation & output
 
     def _finish(self) -> None:
+        report = self.report
         for rec in self.members:
-            self.report.actor_stats[str(rec.actor_id)] = rec.summary()
-        if isinstance(self.trainer, PolicyTrainers):
-            self.report.policies = self.trainer.summary()
-            for pid, summary in self.report.policies.items():
-                summary["agents"] = [
-                    agent
-                    for agent, p in zip(self.plan_agents, self.plan.agent_policies, strict=True)
-                    if p == pid
-                ]
-        self.report.self_play = self_play_table(self.report.actor_stats)
-        self.counters["consumed/steps"] = self.report.env_steps_consumed
+            report.actor_stats[str(rec.actor_id)] = rec.summary()
+        report.policies = self.trainer.summary(self.plan_agents)
+        report.self_play = self_play_table(report.actor_stats)
+        self.counters["consumed/steps"] = report.env_steps_consumed
         self.runlog.abandon_unreported()  # evaluations still pending: never reported
         self.ingest.discard_queued("run_ended")  # counted; the final checkpoint holds none
-        self.report.counters = dict(self.counters)
+        report.counters = dict(self.counters)
         best = self.runlog.best
         if best is not None:
-            self.report.best_evaluation = {
-                **best.result,
-                "version": best.version,
-                "file": BEST_POLICY_FILE if self.cfg.run_dir else "",
-            }
-        if not self.cfg.run_dir:
-            return
-        run_dir = Path(self.cfg.run_dir)
-        writes = [
-            self.checkpoint,
-            lambda: atomic_write_bytes(run_dir / "report.json", self.report.to_json().encode()),
-            lambda: self.save_policy(run_dir / "policy.pt"),
-        ]
-        if self.report.self_play:
-            writes.append(
-                lambda: write_self_play_csv(run_dir / "self_play.csv", self.report.self_play)
-            )
-        if isinstance(self.trainer, PolicyTrainers):
-            for pid, trainer in self.trainer.trainers.items():
-                writes.append(
-                    lambda pid=pid, trainer=trainer: self.save_policy(
-                        run_dir / f"policy-{pid}.pt",
-                        trainer.policy.state_dict(),
-                        policy_cfg=self.plan.configs[pid],
-                    )
-                )
-        if best is not None:
-            writes.append(
-                lambda: self.save_policy(
-                    run_dir / BEST_POLICY_FILE, best.state_dict(), best.version
-                )
-            )
-        failed = []
-        for write in writes:
-            try:  # each output is tried: a failed checkpoint must not cost the policy
-                write()
-            except WriteFailed as exc:
-                log.error("%s", exc)
-                failed.append(str(exc))
-        if failed:
-            raise WriteFailed(f"the run ended but {len(failed)} output(s) failed: {failed[0]}")
-
-    def _periodic_checkpoint(self) -> None:
-        """A checkpoint during the run; one that cannot be written is a warning (the
-        previous checkpoint is kept) and is tried again at the next interval."""
-        try:
-            self.checkpoint()
-        except WriteFailed as exc:
-            self.counters["checkpoint/failed"] += 1
-            log.warning("%s; training goes on and tries again at the next checkpoint", exc)
+            file = BEST_POLICY_FILE if self.cfg.run_dir else ""
+            report.best_evaluation = {**best.result, "version": best.version, "file": file}
+        self.files.write_final(best)
 
     def save_policy(
         self,
@@ -510,42 +434,14 @@ class Learner:
         version: int | None = None,
         policy_cfg: PolicyConfig | None = None,
     ) -> None:
-        """Save the policy (tensors + the config needed to rebuild it), atomically:
-        the current one, or ``tensors`` (a ``state_dict`` of it) of ``version``
-        (``policy_cfg``: its network, when it is one policy of several)."""
-        joint = policy_cfg is None  # policy.pt of several policies names them all
-        if joint and self.plan.several:
-            policy_cfg = next(iter(self.plan.configs.values()))  # its tensors: the first's
-        save_policy(
-            path,
-            self.policy if tensors is None else tensors,
-            policy_cfg or self.policy_cfg,
-            self.cfg.env_id,
-            self.version if version is None else version,
-            env_kwargs=self.cfg.env_kwargs_map(),
-            wrappers=self.cfg.wrappers,
-            agent_policies=self.plan.agent_policies if joint else None,
-        )
-
-    # ------------------------------------------------------------------ checkpoints
+        """Save the policy atomically (:meth:`RunFiles.save_policy
+        <zmq_rl.learner.outputs.RunFiles.save_policy>`)."""
+        self.files.save_policy(path, tensors, version, policy_cfg)
 
     def checkpoint(self) -> Path | None:
         """Write a checkpoint into ``run_dir/checkpoints`` atomically (temp + rename);
         return its path (None without run_dir)."""
-        if not self.cfg.run_dir:
-            return None
-        path = save_learner_checkpoint(
-            self.cfg.run_dir,
-            self.trainer.state_dict(),
-            (self.cfg, self.ppo_cfg, self.policy_cfg),
-            self.report,
-            dict(self.counters),
-            (self.queues.total_rows(), self.queues.total_fragments()),
-        )
-        log.info("checkpoint %s (version %d)", path, self.version)
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(path)
-        return path
+        return self.files.checkpoint()
 
     @classmethod
     def resume(

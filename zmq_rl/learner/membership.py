@@ -144,6 +144,7 @@ class ActorRecord:
     bye_last_seq: int = -1
     peer_sent_at: float | None = None  # sent_at of its newest heartbeat (echoed back)
     peer_heard_at: float = 0.0  # when the learner read that heartbeat
+    grant: int | None = None  # steps per slot it may have recorded (None: S/L valve)
     link: LinkEstimate = field(default_factory=LinkEstimate)
 
     def slots(self) -> list[SlotKey]:
@@ -365,6 +366,8 @@ class Membership:
         slot_cap: int,
         now: float,
         state_size: int | None = None,
+        received_rows: Callable[[SlotKey], int] | None = None,
+        sent_cap: Callable[[ActorRecord], int] | None = None,
     ) -> tuple[ActorRecord, int]:
         """Every check of a decoded fragment against the run and its sender, in one place.
 
@@ -374,7 +377,10 @@ class Membership:
         fit the run's ``spaces``, carry the next ``seq`` (not an earlier one, and not
         more than :data:`~zmq_rl.wire.protocol.MAX_SEQ_GAP` beyond), and not push any of
         its slots' queues (``queued_rows(key)`` already there) past ``slot_cap`` (an
-        actor that follows the staleness valve never does), and carry a recurrent
+        actor that follows the staleness valve never does) or, with ``sent_cap`` (a
+        learner of rows batches), its slots' rows in this registration
+        (``received_rows(key)``) past ``sent_cap(rec)``, what its valve lets it record
+        (its grant, or the ``S``/``L`` budget of the learner's version), and carry a recurrent
         ``state`` exactly when ``state_size`` > 0 (None: not checked). Raises
         :class:`FragmentRejected`, touching no record; on success records the
         fragment (next ``seq``, last seen, counts) and returns the record and the
@@ -412,12 +418,17 @@ class Membership:
             )
         length = fragment.length
         for slot in fragment.slots.tolist():
-            queued = queued_rows((rec.actor_id, slot))
-            if queued + length > slot_cap:
+            key = (rec.actor_id, slot)
+            have, cap, what = (
+                (received_rows(key), sent_cap(rec), "have sent")
+                if sent_cap is not None and received_rows is not None
+                else (queued_rows(key), slot_cap, "queue")
+            )
+            if have + length > cap:
                 raise FragmentRejected(
                     "over_lead",
-                    f"actor {rec.actor_id} slot {slot} would queue {queued + length} rows "
-                    f"> {slot_cap}: it ignores the staleness valve",
+                    f"actor {rec.actor_id} slot {slot} would {what} {have + length} rows "
+                    f"> {cap}: it ignores the staleness valve",
                 )
         rec.next_seq = fragment.seq + 1
         rec.last_seen = rec.last_fragment = now

@@ -33,11 +33,11 @@ from ..rl.distributed import (
     parameter_digest,
 )
 from ..rl.policy import Policy
-from ..rl.rollout import SlotQueues
 from ..rl.trainer import Trainer
 from ..wire.protocol import Fragment
 from .ingest import POLL_MS, SHUTDOWN_GRACE_S, Ingest
 from .membership import ActorRecord, Membership
+from .queues import SlotQueues
 from .settings import LearnerStarved, StopRequested, run_settings
 
 __all__ = ["LeaderRanks", "RankRouting", "RankZero", "round_outcome", "run_learner_rank"]

@@ -16,20 +16,24 @@ from ..config import (
     ConfigError,
     LearnerConfig,
     PolicyConfig,
+    config_dict,
     parse_policy_hidden_sizes,
     parse_policy_map,
     resolve_policy_map,
 )
 from ..envs import EnvShape
 from ..wire.protocol import RunSettings
-from .checkpoint import config_dict
+from .evaluation import opponent_player
 from .ingest import fragment_limit
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
+    "BatchPlan",
     "LearnerStarved",
     "PolicyPlan",
     "StopRequested",
+    "batch_plan",
+    "check_env_settings",
     "policy_plan",
     "run_settings",
 ]
@@ -99,6 +103,144 @@ def policy_plan(cfg: LearnerConfig, policy_cfg: PolicyConfig, shape: EnvShape) -
     return PolicyPlan(agent_policies, configs)
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """How the learner takes each update's rows (``batch_mode``, docs/design.md
+    section 10): ``rows`` True: ``segments`` segments of ``segment`` rows from whichever
+    slots delivered (the oldest complete ones); False: ``segment`` rows of every member
+    slot. ``lead`` is ``max_lead_steps`` as configured (0: derived) and
+    ``max_policy_lag`` the lag bound (0: derived from the fleet, :meth:`lag_bound`)."""
+
+    rows: bool
+    segment: int
+    segments: int = 0
+    lead: int = 0
+    max_policy_lag: int = 0
+    broadcast_every: int = 1
+
+    @property
+    def rows_per_update(self) -> int:
+        """Rows one update takes in a rows batch (0 for every-slot rollouts)."""
+        return self.segment * self.segments
+
+    def updates(self, cfg: LearnerConfig, agents_per_env: int) -> int:
+        """The updates the budget buys (the progress display's total): budget over the
+        fixed batch, or over the nominal fleet's rollout (:meth:`LearnerConfig.num_updates`)."""
+        if self.rows:
+            return max(1, cfg.total_env_steps // self.rows_per_update)
+        return cfg.num_updates(agents_per_env)
+
+    def grant_lead(self, live_slots: int) -> int:
+        """The steps per slot a grant allows beyond the most the learner has used of any
+        slot of the actor: ``max_lead_steps`` when set, else enough that the live slots
+        hold two batches (``2 * segments`` segments) and each slot at least one segment.
+        Two batches: the next update's rows are recorded while this one trains."""
+        if self.lead:
+            return self.lead
+        per_slot = -(-2 * self.segments // max(1, live_slots))
+        return self.segment * max(1, per_slot)
+
+    def lag_bound(self, live_slots: int) -> int:
+        """The versions a row may lag the learner before it is dropped: ``max_policy_lag``
+        when set, else twice the updates the grants let the live slots queue (each holds
+        at most one segment beyond its lead, :meth:`grant_lead`), in versions, plus 2 (a
+        broadcast in flight, a segment being recorded)."""
+        if self.max_policy_lag:
+            return self.max_policy_lag
+        queued = live_slots * (self.grant_lead(live_slots) + self.segment)
+        updates = -(-queued // max(1, self.rows_per_update))
+        return 2 * -(-updates // self.broadcast_every) + 2
+
+
+def batch_plan(cfg: LearnerConfig, agents_per_env: int, recurrent: bool) -> BatchPlan:
+    """The run's :class:`BatchPlan`: ``batch_mode`` resolved (``auto`` is ``rows``, or
+    ``slots`` for a recurrent policy, whose sequences need a slot's rows in one column,
+    and for several learner ranks, whose plan fills every member slot). A
+    :class:`ConfigError` names ``batch_mode`` when ``rows`` is asked of a recurrent
+    policy."""
+    mode = cfg.batch_mode
+    if mode == "rows" and recurrent:
+        raise ConfigError(
+            "batch_mode",
+            mode,
+            "rows batches are for feed-forward policies: a recurrent policy's sequences "
+            "need each slot's rows in one column (use slots or auto)",
+        )
+    rows = mode == "rows" or (mode == "auto" and not recurrent and cfg.num_learners == 1)
+    if not rows:
+        return BatchPlan(rows=False, segment=cfg.num_steps)
+    return BatchPlan(
+        rows=True,
+        segment=cfg.num_steps,
+        segments=max(1, cfg.batch_rows_for(agents_per_env) // cfg.num_steps),
+        lead=cfg.max_lead_steps,
+        max_policy_lag=cfg.max_policy_lag,
+        broadcast_every=cfg.broadcast_every,
+    )
+
+
+def check_env_settings(
+    cfg: LearnerConfig, shape: EnvShape, observation_space: gym.Space, action_space: gym.Space
+) -> None:
+    """The checks of ``cfg`` that need the env (``shape``): a :class:`ConfigError` names
+    the field, before any socket binds or actor starts. Snapshot opponents, random
+    openings and other evaluation opponents are for turn-based games; several learner
+    ranks are for single-agent envs; ``eval_opponent`` must name a player that loads."""
+    if cfg.opponent_pool and not shape.turn_based:
+        raise ConfigError(
+            "opponent_pool",
+            cfg.opponent_pool,
+            f"{cfg.env_id} is not a turn-based game: snapshot opponents play turn-based "
+            "games only (0 turns the pool off)",
+        )
+    if cfg.opening_moves and not shape.turn_based:
+        raise ConfigError(
+            "opening_moves",
+            cfg.opening_moves,
+            f"{cfg.env_id} is not a turn-based game: random openings are for turn-based "
+            "games only (0 turns them off)",
+        )
+    if cfg.eval_opponent != "random":
+        if not shape.turn_based:
+            raise ConfigError(
+                "eval_opponent",
+                cfg.eval_opponent,
+                f"{cfg.env_id} is not a turn-based game: only those have other seats",
+            )
+        opponent_player(cfg.eval_opponent, observation_space, action_space)  # names the field
+    if shape.agents_per_env > 1 and cfg.num_learners > 1:
+        raise ConfigError(
+            "num_learners",
+            cfg.num_learners,
+            f"{cfg.env_id} is a multi-agent env: it trains on one learner rank for now "
+            "(the ranks' reports count every row as an env step)",
+        )
+    rows = cfg.batch_rows_for(shape.agents_per_env)
+    if cfg.batch_mode != "slots" and cfg.total_env_steps < rows:
+        raise ConfigError(
+            "total_env_steps",
+            cfg.total_env_steps,
+            f"must cover at least one update ({rows} rows per update of {cfg.env_id})",
+        )
+
+
+def formula_valve(
+    cfg: LearnerConfig, batch: BatchPlan | None, agents_per_env: int = 1
+) -> tuple[int, int]:
+    """``(S, L)`` of the ``S``/``L`` valve (docs/protocol.md section 5.4) for actors that
+    did not announce grants. Every-slot rollouts: ``broadcast_every * num_steps`` and
+    ``max_lead_steps`` (or ``2 S``), exact. Rows batches: a broadcast cycle consumes
+    ``broadcast_every * batch_rows`` rows from whichever slots delivered, so ``S`` is the
+    share of one slot of the configured fleet (``num_actors * num_envs`` slots), in whole
+    segments: exact when that fleet delivers evenly, and the lag bound drops what a
+    larger fleet of such actors outruns (docs/design.md section 5.6)."""
+    if batch is None or not batch.rows:
+        return cfg.steps_per_broadcast(), cfg.effective_max_lead_steps()
+    slots = cfg.nominal_slots() * agents_per_env
+    per_cycle = batch.segment * max(1, -(-batch.segments * cfg.broadcast_every // slots))
+    return per_cycle, cfg.max_lead_steps or 2 * per_cycle
+
+
 def run_settings(
     cfg: LearnerConfig,
     observation_space: gym.Space,
@@ -109,6 +251,7 @@ def run_settings(
     state_size: int = 0,
     agents_per_env: int = 1,
     plan: PolicyPlan | None = None,
+    batch: BatchPlan | None = None,
 ) -> RunSettings:
     """The settings every actor of this run obeys (the welcome's ``config``), with
     ``num_envs`` the default an actor gets when its hello asks for none.
@@ -116,8 +259,11 @@ def run_settings(
     ``weights_bytes`` is the encoded size of this run's weights message: actors must
     accept twice that (plus 64 KB) on their SUB socket. ``state_size`` is the policy's
     recurrent state per slot (0 for a feed-forward policy). ``plan``: the policies
-    of a several-policy run (``policy_map``, ``policies``)."""
+    of a several-policy run (``policy_map``, ``policies``). ``batch``: the run's
+    :class:`BatchPlan`; with rows batches, the ``S`` and ``L`` of actors without grants
+    are those of the configured fleet (:func:`formula_valve`)."""
     several = plan is not None and plan.several
+    per_cycle, lead = formula_valve(cfg, batch, agents_per_env)
     return RunSettings(
         env_id=cfg.env_id,
         observation_space=observation_space,
@@ -125,8 +271,8 @@ def run_settings(
         policy=config_dict(next(iter(plan.configs.values())) if several else policy_cfg),
         num_steps=cfg.num_steps,
         broadcast_every=cfg.broadcast_every,
-        steps_per_broadcast=cfg.steps_per_broadcast(),
-        max_lead_steps=cfg.effective_max_lead_steps(),
+        steps_per_broadcast=per_cycle,
+        max_lead_steps=lead,
         fragment_length=cfg.fragment_length,
         num_envs=cfg.num_envs * agents_per_env,
         seed=cfg.seed,

@@ -24,9 +24,9 @@ import torch
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
 from .policy import Policy
 from .rollout import Rollout, SlotKey
-from .trainer import Trainer, UpdateResult
+from .trainer import PolicyTraining, Trainer, UpdateResult
 
-__all__ = ["PolicyTrainers"]
+__all__ = ["PolicyTrainers", "build_trainer"]
 
 
 class PolicyTrainers:
@@ -46,6 +46,7 @@ class PolicyTrainers:
         agent_policies: list[str],
     ) -> None:
         self.ids = list(policy_cfgs)
+        self.policy_cfgs = dict(policy_cfgs)
         # Different seeds: two policies of the same shape start from different weights.
         self.trainers = {
             pid: Trainer(
@@ -89,6 +90,17 @@ class PolicyTrainers:
         """Every policy's tensors as broadcast, by policy id, in :attr:`ids` order."""
         return {pid: self.trainers[pid].weights() for pid in self.ids}
 
+    def eval_policy(self) -> list[Policy]:
+        """The policy of each agent index (evaluations act with one per agent)."""
+        return [self.trainers[self.ids[i]].policy for i in self.agent_policy]
+
+    def policy_files(self) -> dict[str, tuple[dict[str, Any], PolicyConfig]]:
+        """Each policy's ``state_dict`` and network (written as ``policy-<id>.pt``)."""
+        return {
+            pid: (trainer.policy.state_dict(), self.policy_cfgs[pid])
+            for pid, trainer in self.trainers.items()
+        }
+
     def policy_of(self, slots: list[SlotKey]) -> np.ndarray:
         """The index into :attr:`ids` of the policy of each slot."""
         agents = np.fromiter((s for _, s in slots), np.int64, len(slots)) % len(self.agent_policy)
@@ -130,16 +142,18 @@ class PolicyTrainers:
                 metrics[f"policy/{pid}/charts/mean_return"] = float(np.mean(recent))
         return UpdateResult(metrics, returns)
 
-    def summary(self) -> dict[str, dict[str, Any]]:
+    def summary(self, agents: list[str]) -> dict[str, dict[str, Any]]:
         """What the report says of each policy: its episodes, mean return of the last
-        100, and last metrics."""
+        100, last metrics, and the ``agents`` (the names of the env's agent indices)
+        it plays."""
         out = {}
-        for pid in self.ids:
+        for i, pid in enumerate(self.ids):
             returns = self.episode_returns[pid]
             out[pid] = {
                 "episodes_completed": len(returns),
                 "mean_recent_return": float(np.mean(returns[-100:])) if returns else None,
                 "final_stats": self.last_metrics.get(pid, {}),
+                "agents": [a for a, p in zip(agents, self.agent_policy, strict=True) if p == i],
             }
         return out
 
@@ -165,3 +179,19 @@ class PolicyTrainers:
             if not mine:
                 raise ValueError(f"the checkpoint holds no policy {pid!r} (policies: {self.ids})")
             self.trainers[pid].load_state_dict(mine)
+
+
+def build_trainer(
+    cfg: LearnerConfig,
+    ppo_cfg: PPOConfig,
+    policy_cfg: PolicyConfig,
+    spaces: tuple[gym.Space, gym.Space],
+    policy_cfgs: dict[str, PolicyConfig],
+    agent_policies: list[str],
+) -> PolicyTraining:
+    """The training side of a run: a :class:`~zmq_rl.rl.trainer.Trainer` of
+    ``policy_cfg``, or, when ``policy_cfgs`` names more than one policy, a
+    :class:`PolicyTrainers` of them for the agents' ``agent_policies``."""
+    if len(policy_cfgs) > 1:
+        return PolicyTrainers(cfg, ppo_cfg, policy_cfgs, *spaces, agent_policies)
+    return Trainer(cfg, ppo_cfg, policy_cfg, *spaces)

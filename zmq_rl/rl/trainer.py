@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -34,7 +34,8 @@ from .ppo import PPOTrainer
 from .rollout import Rollout, SlotKey
 from .targets import TargetSettings, rollout_to_batch
 
-__all__ = ["Trainer", "UpdateResult", "set_compute_threads"]  # the last from device.py
+# set_compute_threads is re-exported from device.py
+__all__ = ["PolicyTraining", "Trainer", "UpdateResult", "set_compute_threads"]
 
 
 @dataclass
@@ -44,6 +45,59 @@ class UpdateResult:
 
     metrics: dict[str, float]
     episode_returns: list[float]
+
+
+class PolicyTraining(Protocol):
+    """What the learner asks of its training side, one policy (:class:`Trainer`) or
+    several (:class:`~zmq_rl.rl.policy_set.PolicyTrainers`): a set of policies is
+    trained, broadcast, evaluated, saved and summarised the same way, so the learner
+    never asks which it holds (as RLlib's ``MultiRLModule`` is itself a module)."""
+
+    version: int
+    device: torch.device
+
+    @property
+    def policy(self) -> Policy:
+        """The policy a single-policy caller reads (the first of several)."""
+        ...
+
+    def next_version(self) -> int:
+        """Start the next policy version (at a broadcast); return it."""
+        ...
+
+    def update(self, rollout: Rollout | None, progress: float) -> UpdateResult:
+        """One update on ``rollout`` (:meth:`Trainer.update`)."""
+        ...
+
+    def forget_slots(self, slots: list[SlotKey]) -> None:
+        """Drop the unfinished episodes of slots that left."""
+        ...
+
+    def policy_weights(self) -> dict[str, list[tuple[str, Any]]]:
+        """Every policy's tensors as broadcast, by policy id (``""``: the only one)."""
+        ...
+
+    def eval_policy(self) -> Policy | list[Policy]:
+        """What evaluations act with: the policy, or the policy of each agent index."""
+        ...
+
+    def policy_files(self) -> dict[str, tuple[dict[str, Any], PolicyConfig]]:
+        """The files a run writes beside ``policy.pt``: by policy id, each policy's
+        ``state_dict`` and network (none for a single policy)."""
+        ...
+
+    def summary(self, agents: list[str]) -> dict[str, dict[str, Any]]:
+        """The report's ``policies``: each policy's episodes, recent mean and the
+        ``agents`` (names of the env's agent indices) it plays (empty for one policy)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint's training state."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` output."""
+        ...
 
 
 class Trainer:
@@ -89,6 +143,22 @@ class Trainer:
     def weights(self) -> list[tuple[str, Any]]:
         """The policy's tensors as broadcast (:func:`zmq_rl.rl.policy.export_weights`)."""
         return export_weights(self.policy)
+
+    def policy_weights(self) -> dict[str, list[tuple[str, Any]]]:
+        """The tensors under the policy id ``""`` (:class:`PolicyTraining`)."""
+        return {"": self.weights()}
+
+    def eval_policy(self) -> Policy:
+        """The policy (:class:`PolicyTraining`)."""
+        return self.policy
+
+    def policy_files(self) -> dict[str, tuple[dict[str, Any], PolicyConfig]]:
+        """None beside ``policy.pt`` (:class:`PolicyTraining`)."""
+        return {}
+
+    def summary(self, agents: list[str]) -> dict[str, dict[str, Any]]:
+        """Nothing: the report's top level is this policy's (:class:`PolicyTraining`)."""
+        return {}
 
     def forget_slots(self, slots: list[SlotKey]) -> None:
         """Drop the unfinished episodes of slots that left (their rows are gone)."""

@@ -68,6 +68,11 @@ def _int(value: Any, where: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
     return value
 
 
+def _optional_int(value: Any, where: str) -> int | None:
+    """An optional non-negative int field (None when absent)."""
+    return None if value is None else _int(value, where)
+
+
 def _str(value: Any, where: str, max_len: int = 256) -> str:
     if not isinstance(value, str) or len(value) > max_len:
         raise ProtocolError("bad_field", f"{where}: expected a string of <= {max_len} chars")
@@ -143,6 +148,11 @@ _POLICY_ID = re.compile(POLICY_ID_PATTERN)
 FEATURE_POLICIES = "policies"
 """The ``hello.features`` entry of an actor that runs several policies (reads
 ``policy_map``, ``policies`` and ``policy_weights``, subscribes per policy topic)."""
+FEATURE_GRANTS = "grants"
+"""The ``hello.features`` entry of an actor whose staleness valve follows the learner's
+grants (``welcome.grant``, ``heartbeat.grant``; docs/protocol.md section 5.4): a
+learner that takes fixed-size batches from whichever slots delivered tells each such
+actor how many steps per slot it may have recorded, instead of the ``S``/``L`` rule."""
 MAX_FEATURES = 16
 """Most entries of ``hello.features``."""
 MAX_FEATURE_CHARS = 64
@@ -983,6 +993,11 @@ class Welcome(Message):
     weights: Weights
     token: bytes = b"\0" * TOKEN_BYTES
     policy_weights: list[Weights] = field(default_factory=list)
+    grant: int | None = None
+    """The steps per slot the actor may record before it hears a larger grant (its
+    valve follows grants, docs/protocol.md section 5.4); None (absent on the wire): the
+    ``steps_per_broadcast`` / ``max_lead_steps`` rule. Sent only to an actor whose
+    hello has :data:`FEATURE_GRANTS`."""
 
     @property
     def config(self) -> dict[str, Any]:
@@ -1008,6 +1023,8 @@ class Welcome(Message):
         }
         if self.policy_weights:  # absent in a single-policy run
             body["policy_weights"] = [w.to_map() for w in self.policy_weights]
+        if self.grant is not None:  # absent: the actor's valve follows S and L
+            body["grant"] = self.grant
         return body
 
     @classmethod
@@ -1022,6 +1039,7 @@ class Welcome(Message):
             settings=RunSettings.from_map(body.get("config")),
             weights=Weights.from_map(_map(body.get("weights"), "welcome.weights")),
             policy_weights=_policy_weights(body.get("policy_weights")),
+            grant=_optional_int(body.get("grant"), "welcome.grant"),
         )
         _check_policy_weights(welcome.settings, welcome.weights, welcome.policy_weights)
         return welcome
@@ -1206,6 +1224,9 @@ class Heartbeat(Message):
     paused: float | None = None
     token: bytes | None = None
     base_version: int | None = None
+    grant: int | None = None
+    """Learner only, to an actor welcomed with a grant: the steps per slot it may
+    have recorded by now (it adopts a larger one, docs/protocol.md section 5.4)."""
 
     LINK_FIELDS: ClassVar[tuple[str, ...]] = ("sent_at", "echo", "held", "paused")
 
@@ -1223,6 +1244,8 @@ class Heartbeat(Message):
             body["token"] = self.token
         if self.base_version is not None:
             body["base_version"] = self.base_version
+        if self.grant is not None:
+            body["grant"] = self.grant
         return body
 
     @classmethod
@@ -1234,7 +1257,11 @@ class Heartbeat(Message):
         elif token is not None:
             raise ProtocolError("bad_field", "heartbeat.token: a learner heartbeat has none")
         base_version = body.get("base_version")
+        grant = _optional_int(body.get("grant"), "heartbeat.grant")
+        if grant is not None and actor_id >= 0:
+            raise ProtocolError("bad_field", "heartbeat.grant: only a learner heartbeat has one")
         return cls(
+            grant=grant,
             actor_id=actor_id,
             token=token,
             base_version=(

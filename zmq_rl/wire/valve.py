@@ -8,7 +8,7 @@ place that turns them into a throttle.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -27,11 +27,18 @@ class ActorThrottle:
     slots: 0 for the actors present at the start, later for an actor that joins a
     running learner (its welcome says which). ``max_lead_steps == 0`` disables the
     valve (unbounded lead).
+
+    ``grant`` (not None: the actor announced grants and the learner takes fixed-size
+    batches from whichever slots delivered, docs/design.md section 5): the steps per
+    slot the learner allows this registration to have recorded, which replaces the
+    rule above. The learner raises it as it consumes this actor's rows (the largest
+    grant heard counts); versions then prove nothing about this actor's slots.
     """
 
     steps_per_broadcast: int
     max_lead_steps: int
     base_version: int = 0
+    grant: int | None = None
 
     @classmethod
     def disabled(cls) -> ActorThrottle:
@@ -39,13 +46,27 @@ class ActorThrottle:
         return cls(steps_per_broadcast=0, max_lead_steps=0)
 
     def budget(self, version: int) -> int:
-        """Steps per slot this actor may have sent while running ``version``."""
+        """Steps per slot this actor may have sent while running ``version`` (its
+        grant, when it has one)."""
+        if self.grant is not None:
+            return self.grant
         return self.proven(version) + self.max_lead_steps
 
     def proven(self, version: int) -> int:
         """Steps per slot that ``version`` proves the learner consumed from this actor
-        (if the actor is still a member of the rollout)."""
+        (if the actor is still a member of the rollout; 0 under grants, where a version
+        proves nothing about one actor's slots)."""
+        if self.grant is not None:
+            return 0
         return max(0, version - self.base_version) * self.steps_per_broadcast
+
+    def regrant(self, grant: int) -> ActorThrottle:
+        """This throttle with the learner's ``grant`` adopted when it is larger than the
+        one held (a grant never shrinks: a heartbeat overtaken by a newer one changes
+        nothing); unchanged for a throttle that follows the ``S``/``L`` rule."""
+        if self.grant is None or grant <= self.grant:
+            return self
+        return replace(self, grant=grant)
 
     def impossible_for_member(self, version: int, steps_sent: int) -> bool:
         """Whether weights of ``version`` prove more consumption than an actor that sent
@@ -55,17 +76,22 @@ class ActorThrottle:
 
     def should_pause(self, steps_sent: int, version: int) -> bool:
         """Whether an actor that sent ``steps_sent`` steps per slot must wait."""
+        if self.grant is not None:
+            return steps_sent >= self.grant
         return self.max_lead_steps != 0 and steps_sent >= self.budget(version)
 
     @classmethod
-    def from_settings(cls, settings: Any, base_version: int) -> ActorThrottle:
+    def from_settings(
+        cls, settings: Any, base_version: int, grant: int | None = None
+    ) -> ActorThrottle:
         """The valve for an actor welcomed with ``settings`` (a
         :class:`~zmq_rl.wire.protocol.RunSettings`) whose slots are consumed from
-        ``base_version`` on."""
+        ``base_version`` on, or that follows the welcome's ``grant`` (not None)."""
         return cls(
             steps_per_broadcast=settings.steps_per_broadcast,
             max_lead_steps=settings.max_lead_steps,
             base_version=base_version,
+            grant=grant,
         )
 
 
