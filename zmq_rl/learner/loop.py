@@ -305,13 +305,13 @@ class Learner:
         the filled rollout would overrun the budget."""
         cfg, report = self.cfg, self.report
         self._fill()
-        slots = len(self.members.member_slots())
-        if not self.batch_plan.rows and self._overruns(slots * cfg.num_steps):
+        if not self.batch_plan.rows and self._overruns(self.batches.rows_next()):
             return None  # members that delivered during the fill made it too big
         rollout = self.batches.take()
         progress = min(1.0, report.env_steps_consumed / cfg.total_env_steps)
         started = time.monotonic()
         result = self.ingest.serve_during(lambda: self.trainer.update(rollout, progress))
+        result.metrics.update(rollout.composition())
         result.metrics["time/update_seconds"] = time.monotonic() - started
         report.add_episodes(result.episode_returns)
         report.env_steps_consumed += rollout.env_steps  # rows of live agents only

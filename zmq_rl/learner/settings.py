@@ -224,20 +224,18 @@ def check_env_settings(
         )
 
 
-def formula_valve(
-    cfg: LearnerConfig, batch: BatchPlan | None, agents_per_env: int = 1
-) -> tuple[int, int]:
+def formula_valve(cfg: LearnerConfig, batch: BatchPlan | None) -> tuple[int, int]:
     """``(S, L)`` of the ``S``/``L`` valve (docs/protocol.md section 5.4) for actors that
     did not announce grants. Every-slot rollouts: ``broadcast_every * num_steps`` and
     ``max_lead_steps`` (or ``2 S``), exact. Rows batches: a broadcast cycle consumes
-    ``broadcast_every * batch_rows`` rows from whichever slots delivered, so ``S`` is the
-    share of one slot of the configured fleet (``num_actors * num_envs`` slots), in whole
-    segments: exact when that fleet delivers evenly, and the lag bound drops what a
-    larger fleet of such actors outruns (docs/design.md section 5.6)."""
+    ``broadcast_every * batch_rows`` rows from whichever slots delivered, unevenly, so a
+    version proves nothing about one slot; ``S`` is then the whole cycle's rows, which
+    one slot alone may deliver (so no fleet of such actors, however small, can stall the
+    learner), and the lag bound drops what a fleet of them outruns (counted
+    ``discarded/*/stale``; docs/design.md section 5.6)."""
     if batch is None or not batch.rows:
         return cfg.steps_per_broadcast(), cfg.effective_max_lead_steps()
-    slots = cfg.nominal_slots() * agents_per_env
-    per_cycle = batch.segment * max(1, -(-batch.segments * cfg.broadcast_every // slots))
+    per_cycle = batch.rows_per_update * cfg.broadcast_every
     return per_cycle, cfg.max_lead_steps or 2 * per_cycle
 
 
@@ -263,7 +261,7 @@ def run_settings(
     :class:`BatchPlan`; with rows batches, the ``S`` and ``L`` of actors without grants
     are those of the configured fleet (:func:`formula_valve`)."""
     several = plan is not None and plan.several
-    per_cycle, lead = formula_valve(cfg, batch, agents_per_env)
+    per_cycle, lead = formula_valve(cfg, batch)
     return RunSettings(
         env_id=cfg.env_id,
         observation_space=observation_space,

@@ -66,6 +66,18 @@ class Rollout(StepArrays):
             return self.num_steps * self.num_slots
         return int(np.count_nonzero(self.valid))
 
+    def composition(self) -> dict[str, float]:
+        """What this rollout is made of, for the update's metrics row: ``batch/rows``
+        (its env steps), ``batch/columns`` (segments), ``batch/slots`` and
+        ``batch/actors`` (distinct ones: a rows batch may take several segments of one
+        slot, and none of another)."""
+        return {
+            "batch/rows": float(self.env_steps),
+            "batch/columns": float(self.num_slots),
+            "batch/slots": float(len(set(self.slots))),
+            "batch/actors": float(len({actor for actor, _ in self.slots})),
+        }
+
     def columns(self, index: np.ndarray) -> Rollout:
         """The rollout of the columns ``index`` (ascending column numbers) only: what
         one policy of a several-policy run trains on (its agents' slots). Final
