@@ -26,15 +26,11 @@ reads the weights broadcast, newest first.
 No RL here: the client moves arrays and counts steps; it never looks inside them.
 
 **Link checks** (toward a learner whose heartbeats carry ``sent_at``; docs/protocol.md
-sections 4.6 and 5.5): the client answers every learner heartbeat on its next
-:meth:`~LearnerConnection.poll`, echoing its ``sent_at``, and reports the share of time
-the valve held it paused. It *pauses for the link* (:meth:`ActorClient.should_pause`
-says True, nothing new is sent) when it has heard no control message from the learner
-for :data:`LINK_SILENCE_INTERVALS` heartbeat intervals, or when weights arrive whose
-version proves that the learner consumed more of its slots than it sent (the learner
-trained on without it). It resumes when a learner heartbeat echoes a heartbeat it sent
-after pausing (the learner still knows it); a ``refuse reregister`` or a heartbeat or
-weights of another run make it register again first.
+sections 4.6 and 5.5): the client answers every learner heartbeat and *pauses for the
+link* (:meth:`ActorClient.should_pause` says True, nothing new is sent) when the learner
+may have lost it; :class:`~zmq_rl.actor.link.LinkHealth` (:mod:`zmq_rl.actor.link`)
+decides when. In a run of several policies, :class:`~zmq_rl.actor.subscriber.PolicyVersions`
+follows each policy's version.
 """
 
 from __future__ import annotations
@@ -46,7 +42,7 @@ import os
 import socket as pysocket
 import time
 import warnings
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
@@ -68,6 +64,7 @@ from ..wire.protocol import (
     Bye,
     Heartbeat,
     Hello,
+    Message,
     ProtocolError,
     ProtocolVersionMismatch,
     Refuse,
@@ -95,8 +92,10 @@ from ..wire.transport import (
     readable,
     tcp_endpoint,
 )
+from .link import LINK_SILENCE_INTERVALS as LINK_SILENCE_INTERVALS  # importable here as before
+from .link import LinkHealth
 from .sender import ExperienceSender
-from .subscriber import WeightsSubscriber
+from .subscriber import PolicyVersions, WeightsSubscriber
 
 log = logging.getLogger("zmq_rl.client")
 
@@ -105,11 +104,6 @@ DEFAULT_MAX_RECEIVE_BYTES = 256 * 1024 * 1024
 protocol-v1 welcome) and the client was given no ``max_message_bytes``."""
 UNLIMITED_DECODE_BYTES = 1 << 40
 """What ``decode`` allows on the control socket when the client has no limit."""
-LINK_SILENCE_INTERVALS = 3.0
-"""Heartbeat intervals without a control message from the learner after which the
-actor pauses for the link. The learner heartbeats every interval while it is in its
-receive loop; three intervals is the least ``actor_timeout`` docs/failure-model.md
-recommends, so an actor cut off pauses about when the learner may evict it."""
 STALE_WEIGHTS_INTERVALS = 5.0
 """Heartbeat intervals the learner may announce a newer version than the loaded one
 before the actor subscribes to the weights again (WeightsSubscriber.check)."""
@@ -165,6 +159,130 @@ class LearnerLost(TimeoutError):
     """The learner has been silent for longer than ``learner_timeout``."""
 
 
+class Handshake:
+    """A registration's wait on the control channel: send the hello, read the answers
+    until its welcome comes, within a deadline.
+
+    ``control`` is the connected DEALER and ``monitor`` its monitor of failed CURVE
+    handshakes; ``where`` names the learner in errors; ``max_bytes`` limits an answer;
+    ``reject(where, error)`` counts and logs an answer that does not decode or fit.
+    """
+
+    def __init__(
+        self,
+        control: zmq.Socket,
+        monitor: zmq.Socket,
+        where: str,
+        max_bytes: int,
+        reject: Callable[[str, ProtocolError], None],
+    ) -> None:
+        self.control = control
+        self.monitor = monitor
+        self.where = where
+        self.max_bytes = max_bytes
+        self.reject = reject
+
+    def await_welcome(self, hello: Hello, timeout: float, any_id: bool) -> Welcome:
+        """Send ``hello`` and wait up to ``timeout`` seconds for its welcome
+        (:meth:`_welcome_for`). ``any_id``: the caller asked for no id, so an id in
+        ``hello`` is one an earlier welcome gave; when the learner has given it away,
+        say hello again with any id. Raises :class:`LearnerRefused` (a refusal, a
+        failed CURVE handshake, another protocol version) and
+        :class:`LearnerUnreachable`."""
+        frame, unsent = encode(hello), True
+        deadline = time.monotonic() + timeout
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        while True:
+            if unsent:
+                unsent = not self._send_now(frame)
+            events = self._wait(poller, deadline, unsent)
+            if self.monitor in events:
+                event = recv_monitor_message(self.monitor)
+                raise LearnerRefused("auth_failed", handshake_failure(event, self.where))
+            if self.control not in events:
+                if time.monotonic() < deadline:
+                    continue
+                raise LearnerUnreachable(
+                    f"no welcome from learner at {self.where} within {timeout:.1f}s"
+                )
+            answer = self._read(self.control.recv())
+            if self._id_given_away(answer, hello, any_id):
+                log.info("actor id %d was given away: registering with any free id", hello.actor_id)
+                hello.actor_id = -1
+                frame, unsent = encode(hello), True
+            elif (welcome := self._welcome_for(hello, answer)) is not None:
+                return welcome
+
+    def _send_now(self, frame: bytes) -> bool:
+        """Whether the control socket took ``frame`` now. Never blocks: a refused
+        CURVE handshake leaves no pipe to queue it on."""
+        try:
+            self.control.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    @staticmethod
+    def _wait(poller: zmq.Poller, deadline: float, unsent: bool) -> dict[Any, int]:
+        """The sockets of ``poller`` readable within the time left until ``deadline``
+        (50 ms at most while the hello waits to leave); none once it has passed."""
+        remaining = deadline - time.monotonic()
+        wait_ms = int(remaining * 1000) + 1 if not unsent else min(50, int(remaining * 1000) + 1)
+        return dict(poller.poll(wait_ms)) if remaining > 0 else {}
+
+    def _read(self, frame: bytes) -> Message | None:
+        """An answer read from the control socket; None (counted and logged) when it
+        does not decode. Raises :class:`LearnerRefused` when it speaks another protocol."""
+        try:
+            return decode(frame, max_bytes=self.max_bytes)
+        except ProtocolVersionMismatch as exc:
+            raise LearnerRefused(
+                "version_mismatch",
+                f"the learner answered in protocol {exc.theirs!r}; "
+                f"this actor speaks {PROTOCOL_VERSION}",
+            ) from None
+        except ProtocolError as exc:
+            self.reject("control", exc)
+            return None
+
+    @staticmethod
+    def _id_given_away(answer: Message | None, hello: Hello, any_id: bool) -> bool:
+        """Whether ``answer`` refuses ``hello``'s id as in use while that id came from an
+        earlier welcome (``any_id``): the actor was declared dead meanwhile and the
+        learner gave its id to someone else."""
+        return (
+            any_id
+            and isinstance(answer, Refuse)
+            and answer.code == "duplicate_id"
+            and hello.actor_id >= 0
+        )
+
+    def _welcome_for(self, hello: Hello, answer: Message | None) -> Welcome | None:
+        """``answer`` if it is the welcome of ``hello``: one giving exactly the slots
+        asked for (docs/protocol.md 4.3; another number is counted as
+        ``control:bad_field`` and ignored). Raises :class:`LearnerRefused` for a
+        refusal; None for the rest (heartbeats, a stale shutdown, a ``reregister``
+        answering an earlier heartbeat: this hello already answers those)."""
+        if isinstance(answer, Refuse) and answer.code != "reregister":
+            raise LearnerRefused(answer.code, answer.reason)
+        if not isinstance(answer, Welcome):
+            return None
+        slots = answer.settings.num_envs
+        if hello.num_envs and slots != hello.num_envs:
+            self.reject(
+                "control",
+                ProtocolError(
+                    "bad_field",
+                    f"welcome.config.num_envs: {slots}, the hello asked for "
+                    f"{hello.num_envs} (a learner gives exactly that or refuses)",
+                ),
+            )
+            return None
+        return answer
+
+
 class LearnerConnection:
     """The control side of an actor: register, serve control and heartbeats, follow
     the weights version. :class:`ActorClient` adds the experience API on top."""
@@ -191,8 +309,7 @@ class LearnerConnection:
         """What this actor can do beyond protocol 2's core, said in its hello
         (``"policies"``: it runs several policies; ``"grants"``, always: its valve
         follows a learner's grants; docs/protocol.md)."""
-        self._fresh: deque[Weights] = deque()  # several policies: adopted, not yet returned
-        self._policy_versions: dict[str, int] = {}  # several policies: each one's version
+        self.policies = PolicyVersions()
         self.env_id = env_id
         self.observation_space = observation_space
         self.action_space = action_space
@@ -233,20 +350,13 @@ class LearnerConnection:
         self.subscriber = WeightsSubscriber(
             self.rejects, self._reject, self.max_message_bytes or DEFAULT_MAX_RECEIVE_BYTES
         )
-        self._last_heartbeat = 0.0
         self.last_heard = time.monotonic()
-        # Link checks (armed per registration by a learner heartbeat with sent_at).
-        self._link_checks = False
-        self._last_control = self.last_heard  # newest control message of the learner
-        self.link_paused_since: float | None = None
+        self.link = LinkHealth(self.stats, self.sender, self.last_heard)
+
+    @property
+    def link_paused_since(self) -> float | None:
         """Monotonic time the client paused for the link; None while it is not paused."""
-        self._link_pause_sent = 0.0  # steps_sent when the pause began
-        self._peer_sent_at: float | None = None  # sent_at of the newest learner heartbeat
-        self._peer_heard_at = 0.0
-        self._answer_due = False
-        self._valve_since: float | None = None  # the valve holds the actor since then
-        self._valve_total = 0.0  # seconds the valve held it since _share_since
-        self._share_since = self.last_heard
+        return self.link.paused_since
 
     @property
     def config(self) -> dict[str, Any]:
@@ -274,15 +384,26 @@ class LearnerConnection:
         :class:`LearnerUnreachable` when nothing answers within ``timeout``.
         """
         timeout = self.register_timeout if timeout is None else timeout
+        where = tcp_endpoint(self.host, self.control_port)
         if self._control is None:
             options = SocketOptions(linger_ms=500, max_message_bytes=self.max_message_bytes or -1)
             self._control = self._socket(zmq.DEALER, options)
             self._monitor = self._control.get_monitor_socket(HANDSHAKE_FAILED_EVENTS)
-            self._control.connect(tcp_endpoint(self.host, self.control_port))
+            self._control.connect(where)
+        handshake = Handshake(
+            self._control, self._monitor, where, self._control_limit(), self._reject
+        )
+        welcome = handshake.await_welcome(self._hello(), timeout, any_id=self.requested_id < 0)
+        self._accept(welcome)
+        return welcome
+
+    def _hello(self) -> Hello:
+        """What this actor says to register: its id (the one it has, else the one it
+        asks for), env, spaces and slots, and the run it was in (``rejoin_run_id``)."""
         spaces = [
             {} if s is None else space_spec(s) for s in (self.observation_space, self.action_space)
         ]
-        hello = Hello(
+        return Hello(
             actor_id=self.requested_id if self.actor_id < 0 else self.actor_id,
             env_id=self.env_id,
             observation_space=spaces[0],
@@ -293,76 +414,6 @@ class LearnerConnection:
             rejoin_run_id=self.run_id,
             features=self.features,
         )
-        frame = encode(hello)
-        unsent = True  # never block on send: a refused CURVE handshake leaves no pipe
-        deadline = time.monotonic() + timeout
-        poller = zmq.Poller()
-        poller.register(self._control, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        while True:
-            if unsent:
-                try:
-                    self._control.send(frame, zmq.NOBLOCK)
-                    unsent = False
-                except zmq.Again:
-                    pass
-            remaining = deadline - time.monotonic()
-            wait_ms = (
-                int(remaining * 1000) + 1 if not unsent else min(50, int(remaining * 1000) + 1)
-            )
-            events = dict(poller.poll(wait_ms)) if remaining > 0 else {}
-            if self._monitor in events:
-                event = recv_monitor_message(self._monitor)
-                where = tcp_endpoint(self.host, self.control_port)
-                raise LearnerRefused("auth_failed", handshake_failure(event, where))
-            if self._control not in events:
-                if time.monotonic() < deadline:
-                    continue
-                raise LearnerUnreachable(
-                    f"no welcome from learner at {tcp_endpoint(self.host, self.control_port)} "
-                    f"within {timeout:.1f}s"
-                )
-            try:
-                message = decode(self._control.recv(), max_bytes=self._control_limit())
-            except ProtocolVersionMismatch as exc:
-                raise LearnerRefused(
-                    "version_mismatch",
-                    f"the learner answered in protocol {exc.theirs!r}; "
-                    f"this actor speaks {PROTOCOL_VERSION}",
-                ) from None
-            except ProtocolError as exc:
-                self._reject("control", exc)
-                continue
-            if (
-                isinstance(message, Refuse)
-                and message.code == "duplicate_id"
-                and hello.actor_id >= 0
-                and self.requested_id < 0
-            ):
-                # The id was the learner's choice in an earlier registration and is now
-                # someone else's (this actor was declared dead meanwhile): take any.
-                log.info("actor id %d was given away: registering with any free id", hello.actor_id)
-                hello.actor_id = -1
-                frame, unsent = encode(hello), True
-                continue
-            if isinstance(message, Refuse) and message.code != "reregister":
-                raise LearnerRefused(message.code, message.reason)
-            if isinstance(message, Welcome):
-                slots = message.settings.num_envs
-                if hello.num_envs and slots != hello.num_envs:  # docs/protocol.md 4.3
-                    self._reject(
-                        "control",
-                        ProtocolError(
-                            "bad_field",
-                            f"welcome.config.num_envs: {slots}, the hello asked for "
-                            f"{hello.num_envs} (a learner gives exactly that or refuses)",
-                        ),
-                    )
-                    continue
-                self._accept(message)
-                return message
-            # Heartbeats, a stale shutdown, or a "reregister" answering an earlier
-            # heartbeat: this hello is already the answer to those.
 
     def _socket(self, kind: int, options: SocketOptions) -> zmq.Socket:
         sock = make_socket(self._ctx, kind, options)
@@ -393,16 +444,11 @@ class LearnerConnection:
         if not self._welcome_refused:
             self._version_before = self.version
             self.version = welcome.weights.version
-            self._policy_versions = {w.policy: w.version for w in welcome.policy_weights}
-            self._fresh.clear()
+            self.policies.start(welcome.policy_weights)
         self.num_envs = settings.num_envs
         self.heartbeat_interval = settings.heartbeat_interval
-        self.last_heard = now = time.monotonic()
-        self._end_link_pause(now, "registered again")
-        self._link_checks = False
-        self._last_control = self._share_since = now
-        self._peer_sent_at, self._answer_due = None, False
-        self._valve_since, self._valve_total = None, 0.0
+        self.last_heard = time.monotonic()
+        self.link.restart(self.last_heard)
         push = self._socket(
             zmq.PUSH, SocketOptions(linger_ms=ACTOR_PUSH_LINGER_MS, sndhwm=EXPERIENCE_HWM)
         )
@@ -503,7 +549,7 @@ class LearnerConnection:
     def weights_ready(self) -> bool:
         """Whether :meth:`poll` holds more weights to return without reading a socket
         (several policies: the other policies' weights of the same reading)."""
-        return bool(self._fresh)
+        return bool(self.policies.fresh)
 
     def poll(self) -> Weights | None:
         """Handle control messages and return the newest unseen weights, if any.
@@ -520,17 +566,17 @@ class LearnerConnection:
         and returns the new welcome's weights. Raises :class:`LearnerLost` when
         the learner has been silent for ``learner_timeout`` seconds.
         """
-        if self._fresh:
-            return self._fresh.popleft()
+        if (held := self.policies.take()) is not None:
+            return held
         self._poll_control()
         if self.needs_reregister:
-            self._log_reregister()
+            self.link.log_reregister()
             welcome = self.register()
             if self._welcome_refused:
                 return None
-            self._fresh.extend(welcome.policy_weights[1:])
+            self.policies.hold(welcome.policy_weights[1:])
             return welcome.weights
-        self._check_link(time.monotonic())
+        self.link.check_silence(time.monotonic(), self.heartbeat_interval)
         self._check_learner_alive("no message from the learner")
         self._maybe_heartbeat()
         stale_after = STALE_WEIGHTS_INTERVALS * self.heartbeat_interval
@@ -538,7 +584,7 @@ class LearnerConnection:
             self.stats["weights_resubscriptions"] = self.subscriber.resubscriptions
         if not self.subscriber.pending():
             return None
-        if self._policy_versions:
+        if self.policies.several:
             return self._adopt_policies(self.subscriber.newest_each(self.run_id))
         weights = self.subscriber.newest(self.run_id)
         if self.subscriber.saw_other_run:
@@ -557,35 +603,18 @@ class LearnerConnection:
         (the others wait in :meth:`weights_ready`)."""
         if self.subscriber.saw_other_run:
             self.needs_reregister = True
-        fresh = [
-            w
-            for w in newest
-            if w.version > self._policy_versions.get(w.policy, w.version) and self._weights_fit(w)
-        ]
-        if not fresh:
+        first = self.policies.adopt(newest, self._weights_fit)
+        if first is None:
             return None
         self.last_heard = time.monotonic()
-        for w in fresh:
-            self._policy_versions[w.policy] = w.version
-        oldest = min(self._policy_versions.values())
+        oldest = self.policies.oldest()
         if oldest > self.version:
             self._adopt_version(oldest)
-        self._fresh.extend(fresh[1:])
-        return fresh[0]
+        return first
 
     def _adopt_version(self, weights_version: int) -> None:
         """Weights of ``weights_version`` are what the actor acts with from now on."""
-        if (
-            self._link_checks
-            and self.link_paused_since is None
-            and self.sender.impossible_version(weights_version)
-        ):
-            sent = int(self.sender.sent_steps.min())
-            self._pause_for_link(
-                f"weights version {weights_version} prove more consumption than the "
-                f"{sent} steps per slot this actor sent since its welcome (base version "
-                f"{self.sender.throttle.base_version}): the learner may have dropped it"
-            )
+        self.link.check_weights(weights_version)
         self.flush()  # rows collected under the old version leave tagged with it
         self._version_before = self.version
         self.version = weights_version
@@ -638,149 +667,49 @@ class LearnerConnection:
                 continue
             if isinstance(message, Shutdown):
                 if message.run_id in ("", self.run_id):
-                    self._last_control = time.monotonic()
+                    self.link.heard(time.monotonic())
                     self.shutdown_requested = True
                     self.shutdown_reason = message.reason
                     log.info("learner requested shutdown: %s", message.reason)
             elif isinstance(message, Heartbeat):
                 self._on_heartbeat(message)
             elif isinstance(message, Refuse) and message.code == "reregister":
-                self.last_heard = self._last_control = time.monotonic()
+                self.last_heard = time.monotonic()
+                self.link.heard(self.last_heard)
                 self.needs_reregister = True
             else:
                 self.rejects["control:unexpected_type"] += 1
 
     def _on_heartbeat(self, message: Heartbeat) -> None:
-        """A learner heartbeat: liveness, a new run, the link fields (answer due,
-        the end of a pause for the link when it echoes a heartbeat sent since)."""
+        """A learner heartbeat: liveness, a new run, the version it announces, the
+        actor's base version, the link fields (:meth:`LinkHealth.on_heartbeat`)."""
         now = time.monotonic()
         self.last_heard = now
         if message.run_id != self.run_id:
             self.needs_reregister = True
             return
-        self._last_control = now
         self.learner_version = max(self.learner_version, message.version)
         self._announced = max(self._announced, message.version)
         if message.base_version is not None:
             self.sender.rebase(message.base_version)
         if message.grant is not None:
             self.sender.regrant(message.grant)
-        if message.sent_at is not None:
-            self._link_checks = True
-            self._peer_sent_at, self._peer_heard_at = message.sent_at, now
-            self._answer_due = True
-        since = self.link_paused_since
-        if since is not None and message.echo is not None and message.echo >= since:
-            self._end_link_pause(now, "the learner answered")
+        self.link.on_heartbeat(message, now)
 
     def _maybe_heartbeat(self) -> None:
-        """Send a heartbeat when one is due: every ``heartbeat_interval``, and at once
-        after a learner heartbeat (so that the learner's round trip is not a second
-        late) or a pause for the link."""
+        """Send a heartbeat when one is due (:meth:`LinkHealth.heartbeat_due`)."""
         now = time.monotonic()
-        if self._control is None:
+        if self._control is None or not self.link.heartbeat_due(now, self.heartbeat_interval):
             return
-        if not self._answer_due and now - self._last_heartbeat < self.heartbeat_interval:
-            return
-        self._last_heartbeat = now
-        self._answer_due = False
-        echo = self._peer_sent_at
         beat = Heartbeat(
             actor_id=self.actor_id,
             token=self.sender.token,
             run_id=self.run_id,
             version=self.version,
-            sent_at=now,
-            echo=echo,
-            held=None if echo is None else max(0.0, now - self._peer_heard_at),
-            paused=self._take_paused_share(now),
+            **self.link.heartbeat_fields(now),
         )
         with contextlib.suppress(zmq.Again):  # a full queue already tells the learner enough
             self._control.send(encode(beat), zmq.NOBLOCK)
-
-    # ------------------------------------------------------------------ link checks
-
-    def _check_link(self, now: float) -> None:
-        """Pause for the link once the learner has been silent on the control channel
-        for :data:`LINK_SILENCE_INTERVALS` heartbeat intervals (only toward a learner
-        whose heartbeats carry ``sent_at``: one that will answer with ``echo``)."""
-        if not self._link_checks or self.link_paused_since is not None:
-            return
-        silent = now - self._last_control
-        if silent > LINK_SILENCE_INTERVALS * self.heartbeat_interval:
-            self._pause_for_link(f"heard nothing from the learner for {silent:.1f}s")
-
-    def _pause_for_link(self, why: str) -> None:
-        """Stop stepping until the learner shows that it still knows this actor (a
-        heartbeat echoing one sent from now on) or tells it to register again."""
-        now = time.monotonic()
-        self.link_paused_since = now
-        self._link_pause_sent = self.stats["steps_sent"]
-        count = int(self.stats.get("link_pauses", 0)) + 1
-        self.stats["link_pauses"] = count
-        log_sparsely(
-            log,
-            count,
-            logging.INFO,
-            "%s; paused until the learner answers (link pause %d)",
-            why,
-            count,
-            quiet=logging.DEBUG,
-        )
-        self._answer_due = True  # a heartbeat sent after the pause began, at once
-
-    def _end_link_pause(self, now: float, how: str) -> None:
-        """Leave a pause for the link (``how``: why), counting what was sent during it."""
-        since = self.link_paused_since
-        if since is None:
-            return
-        self.link_paused_since = None
-        self._last_control = now
-        sent = self.stats["steps_sent"] - self._link_pause_sent
-        if sent:
-            self.stats["steps_sent_in_link_pause"] = (
-                self.stats.get("steps_sent_in_link_pause", 0) + sent
-            )
-        count = int(self.stats.get("link_pauses", 0))
-        log_sparsely(
-            log,
-            count,
-            logging.INFO,
-            "link pause %d ended after %.1fs: %s",
-            count,
-            now - since,
-            how,
-            quiet=logging.DEBUG,
-        )
-
-    def _log_reregister(self) -> None:
-        sent = self.sender.sent_steps
-        paused = self.link_paused_since
-        detail = f"{int(sent.min()) if sent.size else 0} steps per slot sent since the welcome"
-        if paused is not None:
-            detail += (
-                f"; {int(self.stats['steps_sent'] - self._link_pause_sent)} steps sent "
-                f"since the link pause {time.monotonic() - paused:.1f}s ago"
-            )
-        log.warning("learner restarted or forgot this actor; registering again (%s)", detail)
-
-    def _note_valve(self, paused: bool, now: float) -> None:
-        """Track when the staleness valve holds the actor (for the heartbeat's ``paused``)."""
-        if paused and self._valve_since is None:
-            self._valve_since = now
-        elif not paused and self._valve_since is not None:
-            self._valve_total += now - self._valve_since
-            self._valve_since = None
-
-    def _take_paused_share(self, now: float) -> float:
-        """The share of wall time the valve held the actor since the previous call."""
-        total = self._valve_total
-        if self._valve_since is not None:
-            total += now - self._valve_since
-            self._valve_since = now
-        window = now - self._share_since
-        self._valve_total, self._share_since = 0.0, now
-        return min(1.0, max(0.0, total / window)) if window > 0 else 0.0
 
     def _reject(self, where: str, exc: ProtocolError) -> None:
         self.rejects[f"{where}:{exc.reason}"] += 1
@@ -806,13 +735,13 @@ class ActorClient(LearnerConnection):
         or it must register again (the next :meth:`poll` does)."""
         now = time.monotonic()
         if self.needs_reregister or self.link_paused_since is not None:
-            self._note_valve(False, now)
+            self.link.valve.note(False, now)
             return True
         # Several policies: each one's version v proves the same consumption, so the
         # newest loaded counts (a dropped publication of one must not hold the actor).
-        proven = max(self._policy_versions.values(), default=self.version)
+        proven = self.policies.newest(default=self.version)
         paused = self.sender.should_pause(max(proven, self.version))
-        self._note_valve(paused, now)
+        self.link.valve.note(paused, now)
         return paused
 
     def step(

@@ -10,6 +10,9 @@ nothing but a ``DISCONNECTED`` monitor event); a subscriber that stopped receivi
 would leave the actor acting on stale weights forever. So the subscriber watches that
 event and re-creates the SUB, and :meth:`WeightsSubscriber.check` does the same when
 the learner's heartbeats announce a version newer than the loaded one for too long.
+
+In a run of several policies, :class:`PolicyVersions` keeps each policy's loaded
+version and adopts, from each reading, the weights that are new and fit.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
 
 import zmq
 
@@ -26,7 +29,7 @@ from ..sparse_log import log_sparsely
 from ..wire.protocol import ProtocolError, Weights, decode, decode_policy_weights
 from ..wire.transport import readable
 
-__all__ = ["WeightsSubscriber"]
+__all__ = ["PolicyVersions", "WeightsSubscriber"]
 
 log = logging.getLogger("zmq_rl.subscriber")
 
@@ -177,3 +180,52 @@ class WeightsSubscriber:
                 continue
             return weights
         return None
+
+
+class PolicyVersions:
+    """Several policies: each policy's loaded version, and the weights adopted from one
+    reading that the client has not handed out yet (one policy's weights per
+    :meth:`~zmq_rl.actor.client.LearnerConnection.poll`). Empty in a run of one policy."""
+
+    def __init__(self) -> None:
+        self.versions: dict[str, int] = {}
+        self.fresh: deque[Weights] = deque()  # adopted, not yet handed out
+
+    @property
+    def several(self) -> bool:
+        """Whether the run has several policies (its welcome named them)."""
+        return bool(self.versions)
+
+    def start(self, welcome_weights: Iterable[Weights]) -> None:
+        """A welcome adopted: its weights of each policy are loaded, nothing is held."""
+        self.versions = {w.policy: w.version for w in welcome_weights}
+        self.fresh.clear()
+
+    def newest(self, default: int) -> int:
+        """The newest version loaded of any policy (``default`` with one policy)."""
+        return max(self.versions.values(), default=default)
+
+    def oldest(self) -> int:
+        """The oldest version loaded of the policies: no row is tagged newer than its
+        policy when the client's version is this one."""
+        return min(self.versions.values())
+
+    def adopt(self, newest: Iterable[Weights], fits: Callable[[Weights], bool]) -> Weights | None:
+        """Take each policy's ``newest`` weights (:meth:`WeightsSubscriber.newest_each`)
+        that are newer than its loaded version and ``fits`` accepts; return the first
+        of them and hold the others (:meth:`take`). None: nothing new."""
+        taken = [
+            w for w in newest if w.version > self.versions.get(w.policy, w.version) and fits(w)
+        ]
+        for weights in taken:
+            self.versions[weights.policy] = weights.version
+        self.hold(taken[1:])
+        return taken[0] if taken else None
+
+    def hold(self, weights: Iterable[Weights]) -> None:
+        """Hand ``weights`` out on the next calls of :meth:`take`."""
+        self.fresh.extend(weights)
+
+    def take(self) -> Weights | None:
+        """The next adopted weights not handed out yet, or None."""
+        return self.fresh.popleft() if self.fresh else None
