@@ -31,7 +31,7 @@ import psutil
 import pytest
 
 from tests.conftest import STUB_ENV_ID, free_port_block
-from zmq_rl.metrics import is_evaluation_row
+from zmq_rl.learner.metrics import is_evaluation_row
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -205,7 +205,7 @@ def wait_line(
 
 def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The complete update rows of ``metrics.jsonl`` so far (evaluations have rows of
-    their own there, :func:`zmq_rl.metrics.is_evaluation_row`)."""
+    their own there, :func:`zmq_rl.learner.metrics.is_evaluation_row`)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []

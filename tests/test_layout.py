@@ -29,41 +29,37 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "zmq_rl"
 
 RANKS: dict[str, int] = {
-    # the base: settings, seeds, the run's report and metric sinks, presets
+    # the ground: settings, the sparse-log rule, presets, the old-path shims
     "config": 0,
-
-    "seeding": 0,
-    "report": 0,
     "sparse_log": 0,
-    "metrics": 0,
     "presets": 0,
-    "baselines": 0,
     "_moved": 0,
     # the wire (bytes, messages, spaces, sockets), the configs' TOML form
     "wire": 1,
     "config_toml": 1,
-    # torch placement helpers, multi-agent envs as slots, then the env factory and the
-    # learning maths
-    "device": 2,
-    "multi_agent": 2,
-    "envs": 3,
-    "rl": 3,
+    # environments (the factory, registered ids, multi-agent slots, seeds, scripted
+    # players) beside the learning maths (and where torch runs): neither imports the other
+    "envs": 2,
+    "rl": 2,
     # the two sides of the system: never import each other
-    "actor": 4,
-    "learner": 4,
-    # products built on one side: serving and deploying a trained policy
-    "serve": 5,
-    "deploy": 5,
+    "actor": 3,
+    "learner": 3,
+    # products built on both sides: serving and deploying a trained policy
+    "serving": 4,
     # the engine of a run
-    "run": 6,
+    "run": 5,
     # the faces: Python API, conformance tool, command line
-    "api": 7,
-    "conformance": 7,
-    "zmq_rl": 8,
-    "cli": 8,
-    "__main__": 9,
+    "api": 6,
+    "conformance": 6,
+    "zmq_rl": 7,
+    "cli": 7,
+    "__main__": 8,
 }
 """Rank of each wing (a sub-package) or top-level module of zmq_rl."""
+
+TOP_LEVEL = {"__init__", "__main__", "_moved", "api", "config", "config_toml", "sparse_log"}
+"""The only modules outside a wing (issue 42): the package and ``python -m zmq_rl``,
+the Python face, the ground the wire stands on, and the old-path shims."""
 
 KNOWN_AGAINST: dict[tuple[str, str], str] = {}
 """Imports against the wings that the seams of issue 27 still have to remove; each one
@@ -182,8 +178,18 @@ def test_the_walker_sees_relative_function_level_and_type_checking_imports(tmp_p
 
 
 def test_every_wing_and_top_level_module_has_a_rank():
-    unplaced = sorted({wing(name) for name in modules()} - set(RANKS))
+    present = {wing(name) for name in modules()}
+    unplaced = sorted(present - set(RANKS))
     assert not unplaced, f"place these in tests/test_layout.py RANKS and docs/design.md: {unplaced}"
+    gone = sorted(set(RANKS) - present)
+    assert not gone, f"no such wing or module any more, so remove it from RANKS: {gone}"
+
+
+def test_every_module_but_the_face_and_the_ground_lives_in_a_wing():
+    """Issue 42: no top-level module besides :data:`TOP_LEVEL`; a new module goes into
+    the wing whose job it does (CONTRIBUTING.md)."""
+    loose = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in TOP_LEVEL)
+    assert not loose, f"move these into a wing (docs/design.md, 'The layout'): {loose}"
 
 
 def test_no_import_cycle_between_modules(edges):
@@ -323,7 +329,7 @@ def test_no_class_hides_its_type_behind_a_getattr_proxy():
     """A class that forwards unknown attributes (``__getattr__``) hides the type of what
     it wraps from every caller (cli/local.py's ResumingLearner did): none is left.
     Module-level ``__getattr__`` (lazy imports, PEP 562) is fine, and so is the one
-    deprecation shim: ``deploy.Prediction`` (``predict``'s ``(action, state)``) forwards
+    deprecation shim: ``serving.deploy.Prediction`` (``predict``'s ``(action, state)``) forwards
     the action's array attributes with a FutureWarning while the old return form lasts."""
     proxies = sorted(
         f"{path.relative_to(ROOT)}: {node.name}"
@@ -334,7 +340,7 @@ def test_no_class_hides_its_type_behind_a_getattr_proxy():
             isinstance(item, ast.FunctionDef) and item.name == "__getattr__" for item in node.body
         )
     )
-    assert proxies == ["zmq_rl/deploy.py: Prediction"], proxies
+    assert proxies == ["zmq_rl/serving/deploy.py: Prediction"], proxies
 
 
 

@@ -47,6 +47,15 @@ OLD_PATHS: dict[str, str] = {
     "zmq_rl.cli.local": "zmq_rl.run.local_actors",
     "zmq_rl.cli.progress": "zmq_rl.run.progress",
     "zmq_rl.cli.common": "zmq_rl.run.common",
+    # issue 42: every top-level module in a wing
+    "zmq_rl.multi_agent": "zmq_rl.envs.multi_agent",
+    "zmq_rl.baselines": "zmq_rl.envs.baselines",
+    "zmq_rl.seeding": "zmq_rl.envs.seeding",
+    "zmq_rl.device": "zmq_rl.rl.device",
+    "zmq_rl.metrics": "zmq_rl.learner.metrics",
+    "zmq_rl.report": "zmq_rl.learner.report",
+    "zmq_rl.deploy": "zmq_rl.serving.deploy",
+    "zmq_rl.serve": "zmq_rl.serving.serve",
 }
 """Old module path -> the module it is now."""
 

@@ -719,7 +719,7 @@ class LearnerConfig:
         "random",
         "turn-based games: who plays the other seats in evaluations: random (legal moves), "
         "policy:PATH (a saved policy.pt / policy-best.pt: a chosen snapshot) or a scripted "
-        "player module.path:name, e.g. zmq_rl.baselines:one_ply_move for connect four",
+        "player module.path:name, e.g. zmq_rl.envs.baselines:one_ply_move for connect four",
         metavar="random|policy:PATH|MODULE:NAME",
     )
     eval_in_background: bool = _f(
@@ -1026,7 +1026,7 @@ def replace(cfg: Any, **changes: Any) -> Any:
 class ServeConfig:
     """The inference server: where its learner is, where simulators connect, batching.
 
-    ``zmq-rl serve`` (:mod:`zmq_rl.serve`, docs/inference.md): simulators that cannot
+    ``zmq-rl serve`` (:mod:`zmq_rl.serving.serve`, docs/inference.md): simulators that cannot
     run the policy send observations and get actions."""
 
     learner: str = _f(

@@ -89,7 +89,8 @@ def add_conformance_flags(parser: argparse.ArgumentParser) -> None:
 
 def conformance_from_args(args: argparse.Namespace) -> int:
     """Run the check the arguments name; print the report; 0 if it conforms."""
-    from ..run.common import CliFailure, check_env, setup_logging
+    from ..run.common import CliFailure, check_env
+    from .exits import setup_logging
 
     setup_logging(args.log_level)
 

@@ -39,8 +39,8 @@ import zmq
 from ..config import LearnerConfig, PolicyConfig
 from ..learner.ingest import Ingest
 from ..learner.membership import ActorRecord
+from ..learner.report import LearnerReport
 from ..learner.settings import run_settings
-from ..report import LearnerReport
 from ..wire.protocol import (
     Bye,
     Fragment,

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
-from ..device import to_cpu
-from ..report import LearnerReport
+from ..rl.device import to_cpu
+from .report import LearnerReport
 
 log = logging.getLogger("zmq_rl.checkpoint")
 

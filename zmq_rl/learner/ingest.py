@@ -25,7 +25,6 @@ from typing import Any, Protocol, TypeVar
 import zmq
 
 from ..config import LearnerConfig
-from ..report import LearnerReport
 from ..rl.rollout import Rollout, SlotKey, SlotQueues
 from ..sparse_log import log_sparsely
 from ..wire.protocol import (
@@ -55,6 +54,7 @@ from .membership import (
     check_hello,
     control_refusal,
 )
+from .report import LearnerReport
 
 __all__ = ["Ingest", "IngestObserver", "RankPart"]
 

@@ -31,7 +31,6 @@ import zmq
 
 from ..config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig
 from ..envs import env_shape
-from ..report import LearnerReport
 from ..rl.distributed import LearnerRankLost, RankSpec, rank_spec
 from ..rl.policy import Policy
 from ..rl.policy_set import PolicyTrainers
@@ -49,6 +48,7 @@ from .checkpoint import (
 )
 from .evaluation import opponent_player
 from .ingest import POLL_MS, Ingest
+from .report import LearnerReport
 from .runlog import RunLog
 from .self_play import self_play_table, write_self_play_csv
 from .settings import LearnerStarved, StopRequested, policy_plan, run_settings

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from ..config import LearnerConfig
-from ..report import LearnerReport
+from ..learner.report import LearnerReport
 
 __all__ = ["ActorFleet", "FleetLearner", "RunLearner"]
 

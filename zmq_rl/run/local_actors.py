@@ -19,7 +19,7 @@ declares it dead after ``actor_timeout``) and gets the current weights in its
 welcome. What is not restarted, because a restart would run the same command into
 the same error:
 
-* an exit with code 2 (:data:`~zmq_rl.run.common.EXIT_CONFIG`: the actor's own
+* an exit with code 2 (:data:`ACTOR_CONFIG_EXIT`: the actor's own
   configuration error, e.g. a ``--factory`` it cannot load);
 * an exit with an error (code > 0) before the actor ever started collecting (a
   start-up failure: the learner's env or policy cannot be built on this host).
@@ -59,8 +59,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..config import LearnerConfig
-from ..report import LearnerReport
-from .common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure
+from ..learner.report import LearnerReport
+from .common import CliFailure
 from .fleet import FleetLearner
 
 if TYPE_CHECKING:
@@ -97,8 +97,13 @@ READY_AFTER_S = 30.0
 has run this long counts as started."""
 LOG_HEADER = "=== zmq-rl run: "
 """Start of the line written into an actor's log before each start of its process."""
-CLEAN_EXITS = (0, EXIT_INTERRUPTED)
-"""Exit codes of an actor that stopped on purpose (not restarted)."""
+CLEAN_EXITS = (0, 130)
+"""Exit codes of an actor that stopped on purpose (not restarted): done, or interrupted
+(the actor command's :data:`~zmq_rl.cli.exits.EXIT_INTERRUPTED`)."""
+ACTOR_CONFIG_EXIT = 2
+"""The exit code of an actor command that stopped on its own configuration error
+(:data:`~zmq_rl.cli.exits.EXIT_CONFIG`): not restarted, the same command would fail
+the same way."""
 STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
@@ -377,7 +382,7 @@ class LocalActors:
             )
             self.exits.append({**record, "action": "not restarted: stopped on purpose"})
             return True
-        if code == EXIT_CONFIG:
+        if code == ACTOR_CONFIG_EXIT:
             reason = "a configuration error, not restarted"
         elif code > 0 and not slot.ready:
             reason = (

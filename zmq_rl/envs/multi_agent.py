@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from .wire.protocol import StepArrays
-from .wire.spaces import Value, as_value, map_value
+from ..wire.protocol import StepArrays
+from ..wire.spaces import Value, as_value, map_value
 
 __all__ = [
     "AgentSpaceMismatch",
