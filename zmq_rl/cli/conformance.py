@@ -13,7 +13,8 @@ __all__ = ["add_conformance_flags", "conformance_from_args"]
 ACTOR_HELP = {
     "env_id": "the learner's env id; the actor must run the same env",
     "host": "address the learner binds (and hands to the actor)",
-    "port": "control port (experience +1, weights +2); 0 = a free block",
+    "port": "control port (experience +1, weights +2); 0 = a free block below the "
+    "ephemeral ports (ZMQ_RL_TEST_PORTS=START-STOP picks in that range)",
     "num_steps": "rows per slot per rollout (= S, steps per broadcast)",
     "fragment_length": "rows per fragment the welcome asks for",
     "max_lead_steps": "L, the valve's lead (>= num_steps)",

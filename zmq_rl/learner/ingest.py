@@ -45,6 +45,7 @@ from ..wire.protocol import (
 )
 from ..wire.spaces import space_spec
 from ..wire.transport import LearnerSockets, bind_learner_sockets, tcp_endpoint
+from ..wire.valve import slot_cap
 from .links import Links
 from .membership import (
     ActorRecord,
@@ -238,11 +239,7 @@ class Ingest:
         self.members = Membership()
         self.limits = MembershipLimits(cfg.max_actors, cfg.max_envs_per_actor, cfg.max_total_envs)
         self.queues = SlotQueues()
-        # An actor that follows the staleness valve never has more than its lead
-        # queued per slot; anything past this (with slack) is a misbehaving peer.
-        self._slot_cap = (
-            cfg.effective_max_lead_steps() + cfg.steps_per_broadcast() + cfg.fragment_length
-        )
+        self._slot_cap = slot_cap(settings)  # past it, a peer ignores its staleness valve
         self.started = False  # training started: later joiners wait for a broadcast
         self.shutting_down = False
         self.current_weights: Weights | None = None
@@ -294,9 +291,9 @@ class Ingest:
         queued is seen whole). ``forget_slots`` calls made meanwhile are applied after
         the join, because ``work`` owns the trainer's per-slot state. The queues the
         thread fills stay bounded: an actor that obeys its staleness valve has at most
-        ``max_lead_steps + steps_per_broadcast + fragment_length`` rows queued per
-        slot (the ``over_lead`` cap refuses more), and the version that moves the
-        valve changes only outside ``work``.
+        :func:`~zmq_rl.wire.valve.slot_cap` rows queued per slot (the ``over_lead``
+        cap refuses more), and the version that moves the valve changes only outside
+        ``work``.
 
         The time ``work`` takes counts as the learner's busy time (the valve's lead
         advice), as without the thread: rows arrive, but the version does not move."""

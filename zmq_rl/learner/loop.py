@@ -78,6 +78,10 @@ class Learner:
     membership and the slot queues) and trains through its :attr:`trainer`, the only
     RL object it holds."""
 
+    learner_restarts: list[dict[str, Any]] | None = None
+    """None: a learner is not resumed after a crash by itself (a run's ResumingLearner
+    lists its restarts; :class:`~zmq_rl.run.fleet.FleetLearner`)."""
+
     def __init__(
         self,
         cfg: LearnerConfig,

@@ -20,6 +20,8 @@ from typing import Any
 
 from zmq_rl.config import ConfigError
 
+from .._moved import moved_attribute
+
 __all__ = [
     "STOP_SIGNALS",
     "SUPPORTED_SPACES",
@@ -33,6 +35,13 @@ __all__ = [
     "note_hangup",
     "release_run_dir",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The exit codes, ``guard`` and the stderr logging, now in :mod:`zmq_rl.cli.exits`,
+    with a DeprecationWarning (:func:`zmq_rl._moved.moved_attribute`)."""
+    return moved_attribute(__name__, name)
+
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGINT,

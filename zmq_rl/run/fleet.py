@@ -37,6 +37,17 @@ class FleetLearner(Protocol):
         """Ask the run to end soon (an actor failed in a way a restart cannot mend)."""
         ...
 
+    def actor_exited(self, pid: int) -> None:
+        """An actor process ``pid`` of the fleet exited: its registration is dead now,
+        not after ``actor_timeout``."""
+        ...
+
+    @property
+    def learner_restarts(self) -> list[dict[str, Any]] | None:
+        """The learner's restarts after its crashes (``--resume-on-crash``), for the
+        fleet's report; None when the learner is not resumed after a crash."""
+        ...
+
 
 class RunLearner(FleetLearner, Protocol):
     """What the engine of a run drives: run it to the end, stop it, close it."""

@@ -355,9 +355,7 @@ class LocalActors:
         self._update_ready(slot, now)  # the line may have come just before the exit
         assert slot.proc is not None
         pid = slot.proc.pid
-        exited = getattr(self.learner, "actor_exited", None)
-        if exited is not None:  # its registration is dead now, not after actor_timeout
-            exited(pid)
+        self.learner.actor_exited(pid)  # its registration is dead now, not after actor_timeout
         uptime = now - slot.started_at
         why = describe_exit(code)
         slot.last_exit = f"pid {pid} {why}"
@@ -489,9 +487,8 @@ class LocalActors:
             "actor_pids": {str(s.index): s.pids for s in self.slots},
             "failure": self.failure,
         }
-        learner_restarts = getattr(self.learner, "learner_restarts", None)
-        if learner_restarts is not None:
-            out["learner_restarts"] = learner_restarts
+        if self.learner.learner_restarts is not None:
+            out["learner_restarts"] = self.learner.learner_restarts
         return out
 
     def _write_report(self) -> None:
@@ -572,6 +569,10 @@ class ResumingLearner:
         """Ask the current learner to stop; a learner resumed later stops as well."""
         self._stop_reason = reason
         self.current.request_stop(reason)
+
+    def actor_exited(self, pid: int) -> None:
+        """Tell the current learner that an actor process exited."""
+        self.current.actor_exited(pid)
 
     def close(self) -> None:
         """Close the current learner's sockets."""

@@ -384,18 +384,17 @@ class StartingLearner:
             self.sockets.close()
 
     def actor_exited(self, pid: int) -> None:
-        """Tell the learner that an actor process exited, when it listens for that
+        """Tell the learner that an actor process exited
         (:meth:`~zmq_rl.learner.loop.Learner.actor_exited`); before it is built no
         actor is registered, so there is nothing to tell."""
-        exited = getattr(self.learner, "actor_exited", None)
-        if exited is not None:
-            exited(pid)
+        if self.learner is not None:
+            self.learner.actor_exited(pid)
 
     @property
     def learner_restarts(self) -> list[dict[str, Any]] | None:
         """The learner's restarts when it resumes after a crash (``--resume-on-crash``:
         a ``ResumingLearner``), else None."""
-        return getattr(self.learner, "learner_restarts", None)
+        return None if self.learner is None else self.learner.learner_restarts
 
 
 @contextlib.contextmanager
