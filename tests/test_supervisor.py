@@ -688,6 +688,16 @@ def test_resuming_learner_does_not_restart_after_a_stop_request():
     assert learner.learner_restarts == []
 
 
+def test_the_supervisor_reads_the_exit_codes_the_command_line_gives():
+    """run/ raises and cli/ maps to exit codes (cli/exits.py); the supervisor reads an
+    actor command's exit with the same numbers, and a CliFailure exits as a failure."""
+    from zmq_rl.cli import exits
+
+    assert local.CLEAN_EXITS == (0, exits.EXIT_INTERRUPTED)
+    assert local.ACTOR_CONFIG_EXIT == exits.EXIT_CONFIG
+    assert CliFailure("x").code == exits.EXIT_FAILED
+
+
 def test_resuming_learner_is_a_typed_run_learner_not_a_proxy():
     """ResumingLearner offers what a fleet and the engine use (run.fleet.RunLearner:
     cfg, report, request_stop, actor_exited, learner_restarts, run, close) and forwards

@@ -1,7 +1,7 @@
 """The acting side: the actor client, its sender and weights subscriber, the embeddable
 Agent, the gym actor loop and batched inference.
 
-Imports the wire and rl wings, never the learner wing.
+Imports the wire, envs and rl wings, never the learner wing.
 """
 
 from __future__ import annotations

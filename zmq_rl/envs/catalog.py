@@ -36,25 +36,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = [
-    "FRAME_SKIP",
-    "FRAME_STACK",
-    "GAMES",
-    "MASKED_CARTPOLE",
-    "MINATAR_GAMES",
-    "NOOP_MAX",
-    "SCREEN_SIZE",
-    "AtariUnavailable",
-    "MaskVelocity",
-    "MinAtarFrames",
-    "MinAtarUnavailable",
-    "env_id",
-    "make_atari",
-    "make_masked_cartpole",
-    "make_minatar",
-    "register_game",
-]
-
 SCREEN_SIZE = 84
 FRAME_STACK = 4
 FRAME_SKIP = 4

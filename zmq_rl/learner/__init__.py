@@ -1,7 +1,8 @@
 """The learning side: the learner loop, ingest of experience, membership, learner ranks,
-the run log, checkpoints and evaluation.
+the run log, checkpoints and evaluation, and what they write: the run's report and its
+metric sinks.
 
-Imports the wire and rl wings, never the actor wing.
+Imports the wire, envs and rl wings, never the actor wing.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The wire: bytes, messages, observation/action spaces, sockets and flow control.
 
-The bottom wing: it imports nothing else of zmq_rl (see docs/design.md, the layout).
+The bottom wing: it imports only the ground below it, the settings (and the old-path
+shims); see docs/design.md, the layout.
 """
 
 from __future__ import annotations
