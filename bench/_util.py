@@ -28,7 +28,7 @@ BENCH_VENV_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from tests.ports import free_port_block  # noqa: E402, F401  (used as _util.free_port_block)
+from zmq_rl.wire.ports import free_port_block  # noqa: E402, F401  (used as _util.free_port_block)
 
 
 def add_common_flags(parser: Any) -> None:

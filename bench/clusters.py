@@ -35,11 +35,11 @@ from typing import Any
 import _util  # noqa: F401  (puts the repository on sys.path)
 import psutil
 
-from tests.ports import free_port_block
 from tests.ray_head import RayHead
 from tests.ray_head import skip_reason as ray_skip_reason
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_cluster import skip_reason as slurm_skip_reason
+from zmq_rl.wire.ports import free_port_block
 
 ZMQ_RL = [sys.executable, "-m", "zmq_rl.cli.main"]
 POLL_S = 0.02

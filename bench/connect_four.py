@@ -11,7 +11,7 @@ The settings that meet the target on 2 cores (docs/benchmarks.md §24, 22 min a 
         --extra-args "--actors 2 --num-envs 32 --num-steps 64 --num-epochs 4 \
         --minibatch-size 256 --hidden-sizes 128,128 --factory zmq_rl.rl.boards:drop_game_cnn \
         --learning-rate 3e-4 --ent-coef 0.01 --gamma 0.99 --gae-lambda 0.95 --eval-every 25 \
-        --eval-episodes 40 --eval-opponent zmq_rl.baselines:one_ply_move --opponent-pool 10 \
+        --eval-episodes 40 --eval-opponent zmq_rl.envs.baselines:one_ply_move --opponent-pool 10 \
         --opponent-every 10 --opponent-share 0.5 --opening-moves 6"
 
 or evaluate runs that already exist::
@@ -72,7 +72,7 @@ from _util import _finite, free_port_block, machine_info  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from zmq_rl.baselines import (  # noqa: E402
+from zmq_rl.envs.baselines import (  # noqa: E402
     COLS,
     MOVER,
     OPPONENT,
@@ -96,7 +96,7 @@ MATCHUPS = tuple((opp, first) for opp in OPPONENTS for first in (True, False))
 TARGETS = {"random": 0.95, "one_ply": 0.70}
 
 
-# --- players: zmq_rl.baselines (the learner's --eval-opponent plays them too) --------------
+# --- players: zmq_rl.envs.baselines (the learner's --eval-opponent plays them too) --------------
 
 PLAYERS: dict[str, Move] = {"random": random_move, "one_ply": one_ply_move}
 
@@ -210,7 +210,7 @@ class Tactics:
 
 
 class PolicyPlayer:
-    """A :class:`~zmq_rl.deploy.DeployedPolicy` as a player of :func:`play_games`:
+    """A :class:`~zmq_rl.serving.deploy.DeployedPolicy` as a player of :func:`play_games`:
     ``predict`` on the observation dict (its ``action_mask`` masks the illegal
     columns), deterministic or sampled; a recurrent policy's state is carried
     through a game and reset by :meth:`new_game`."""

@@ -200,7 +200,7 @@ def measure(
                     p.kill()
     if code != 0:
         raise RuntimeError(f"learner exited {code}: {(work / 'learner.log').read_text()[-2000:]}")
-    from zmq_rl.metrics import is_evaluation_row
+    from zmq_rl.learner.metrics import is_evaluation_row
 
     rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").open()]
     metrics = [m for m in rows if not is_evaluation_row(m)]  # update rows

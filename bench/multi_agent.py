@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from zmq_rl.envs import build_env  # noqa: E402
-from zmq_rl.multi_agent import agent_spaces  # noqa: E402
+from zmq_rl.envs.multi_agent import agent_spaces  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 RUNS = ROOT / "runs" / "multi_agent"

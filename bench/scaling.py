@@ -47,7 +47,7 @@ import _util  # noqa: E402
 from learner_ceiling import env_only_rate  # noqa: E402
 from time_to_solve import _timed_lines, _zmq_solved  # noqa: E402
 
-from zmq_rl.metrics import is_evaluation_row  # noqa: E402
+from zmq_rl.learner.metrics import is_evaluation_row  # noqa: E402
 
 BUDGET = 20_000_000
 """Env steps each run may take: far more than any row needs, so the wall cap

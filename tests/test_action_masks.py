@@ -169,7 +169,7 @@ def test_deterministic_action_is_the_argmax_over_allowed_actions():
     unmasked = {**obs, "action_mask": torch.ones(1, 4, dtype=torch.int8)}
     assert policy.act(unmasked, deterministic=True)[0].item() == 2
 
-    from zmq_rl.deploy import DeployedPolicy
+    from zmq_rl.serving.deploy import DeployedPolicy
 
     deployed = DeployedPolicy(policy, obs_space, space)
     one = {"action_mask": np.array([1, 1, 0, 1]), "x": np.zeros(3)}
@@ -187,7 +187,7 @@ def test_deterministic_action_is_the_argmax_over_allowed_actions():
 def test_exported_graph_takes_the_argmax_over_allowed_actions(tmp_path):
     space = gym.spaces.MultiDiscrete([2, 3])
     obs_space, policy = _biased_policy(space, 3)  # component 1's action 1, masked below
-    from zmq_rl.deploy import DeployedPolicy, export_torchscript
+    from zmq_rl.serving.deploy import DeployedPolicy, export_torchscript
 
     deployed = DeployedPolicy(policy, obs_space, space)
     export_torchscript(deployed, tmp_path / "policy.ts")

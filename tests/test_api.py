@@ -162,6 +162,7 @@ def test_run_learner_with_actors_started_from_python(tmp_path: Path) -> None:
             port=port,
             num_actors=2,
             total_env_steps=2 * 1 * 16 * 3,  # 3 updates of 2 actors x 1 env x 16 steps
+            batch_rows=2 * 1 * 16,  # (the learner's own num_envs is 2: not its batch)
             tensorboard=False,
             verbose=False,
             **SMALL,

@@ -91,7 +91,7 @@ def test_preprocessed_pong_frames() -> None:
 def test_nature_cnn_follows_the_policy_interface() -> None:
     torch.manual_seed(0)
     policy = nature_cnn(FRAMES, ACTIONS, PolicyConfig())
-    check_policy_interface(policy, "zmq_rl.cnn:nature_cnn")
+    check_policy_interface(policy, "zmq_rl.rl.cnn:nature_cnn")
     assert isinstance(policy, NatureCNN)
     frames = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
     gen = torch.Generator().manual_seed(1)
@@ -136,7 +136,7 @@ def test_cnn_trains_a_few_updates_on_pong(tmp_path, capsys) -> None:
     argv = [
         "run",
         "--env", SHORT_PONG_ID,
-        "--factory", "zmq_rl.cnn:nature_cnn",
+        "--factory", "zmq_rl.rl.cnn:nature_cnn",
         "--actors", "1",
         "--num-envs", "2",
         "--num-steps", "16",

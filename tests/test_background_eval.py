@@ -114,9 +114,9 @@ def test_the_best_evaluated_policy_is_kept_as_policy_best(tmp_path, background):
     """policy.pt is the final policy; policy-best.pt the one whose evaluation was best,
     byte for byte what was evaluated: evaluating it again (same seed, deterministic)
     gives that evaluation's mean exactly. CartPole-v1, so evaluations differ."""
-    from zmq_rl.deploy import load_policy
     from zmq_rl.learner.evaluation import evaluate_policy
     from zmq_rl.learner.runlog import EVAL_SEED_OFFSET
+    from zmq_rl.serving.deploy import load_policy
 
     cfg = stub_learner_config(
         free_port_block(),
@@ -186,7 +186,7 @@ def test_every_evaluation_lands_in_every_sink_at_the_env_step_it_measured(tmp_pa
     nowhere)."""
     import csv
 
-    from zmq_rl.metrics import MetricsWriter, tensorboard_available
+    from zmq_rl.learner.metrics import MetricsWriter, tensorboard_available
 
     run_dir = tmp_path / "run"
     cfg = stub_learner_config(
@@ -257,7 +257,7 @@ def test_an_evaluation_row_goes_to_tensorboard_and_wandb_at_its_own_step(tmp_pat
     """A background result written after later update rows: TensorBoard gets its
     eval/ scalars (only those) at the step it measured; W&B, whose step only moves
     forward, gets them at its newest step with eval/env_steps as their x axis."""
-    from zmq_rl.metrics import MetricsWriter
+    from zmq_rl.learner.metrics import MetricsWriter
 
     class RecordingWandb:
         def __init__(self) -> None:
@@ -321,6 +321,7 @@ def train_weights(port: int, first_actor: int, **eval_settings) -> list:
         eval_episodes=3,
         total_env_steps=16 * 4 * 8,
         target_return=float("inf"),
+        batch_mode="slots",  # bit-for-bit repeatable: every slot's rows, in key order
         **eval_settings,
     )
     ctx = zmq.Context()

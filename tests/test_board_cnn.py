@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from zmq_rl.baselines import landing_row
 from zmq_rl.config import PolicyConfig
+from zmq_rl.envs.baselines import landing_row
 from zmq_rl.rl.boards import board_cnn, drop_game_cnn, gravity_board_cnn
 from zmq_rl.rl.networks import is_board_space, landing_cells
 from zmq_rl.rl.policy import export_weights, import_weights
@@ -87,7 +87,7 @@ def _stacked_boards(n: int, seed: int) -> np.ndarray:
 
 
 def test_landing_cells_are_where_a_dropped_piece_lands() -> None:
-    """The gravity plane marks, per column, the row ``zmq_rl.baselines.landing_row``
+    """The gravity plane marks, per column, the row ``zmq_rl.envs.baselines.landing_row``
     finds (the scripted players' rule), and nothing in a full column."""
     boards = _stacked_boards(64, 3)
     planes = torch.from_numpy(boards).permute(0, 3, 1, 2).float()
@@ -131,7 +131,7 @@ def test_the_gravity_network_sees_whether_a_threat_is_playable() -> None:
 
 def test_the_drop_game_network_judges_each_column_by_its_landing_cell() -> None:
     """``drop_game_cnn``: column c's logit is the actor MLP on the 7 x 7 cells around
-    the cell ``zmq_rl.baselines.landing_row`` finds for c (pieces, landing plane, ones;
+    the cell ``zmq_rl.envs.baselines.landing_row`` finds for c (pieces, landing plane, ones;
     zeros off the board), the same weights for every column; full columns are never
     chosen; act and evaluate_actions agree; the learner's weights load into an actor's
     build."""

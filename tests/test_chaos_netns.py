@@ -58,9 +58,12 @@ single faulted run's final evaluation is one noisy draw: the faulted 60 s runs g
 0) once in CI, so 0.6 (300) failed a healthy run. 150 is still 7x a random policy
 (about 22) and 16x always pushing one way (9.5): a run that the faults broke (training
 on another run's rows, a resume that lost the policy) stays far below it."""
-KNOWN_DISCARDS = {"actor_dead", "actor_left", "re-registered", "learner_restart", "run_ended"}
+KNOWN_DISCARDS = {
+    "actor_dead", "actor_left", "re-registered", "learner_restart", "run_ended", "stale",
+}  # fmt: skip
 """Reasons the learner discards accepted steps for (docs/protocol.md; learner_restart:
-zmq_rl/learner/checkpoint.py)."""
+zmq_rl/learner/checkpoint.py; stale: rows of a cut or stopped actor that came back
+after the lag bound, docs/design.md section 5.6)."""
 
 
 @pytest.fixture(scope="module")

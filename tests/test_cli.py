@@ -31,7 +31,7 @@ from zmq_rl.cli import learner as learner_cli
 from zmq_rl.cli import main as main_cli
 from zmq_rl.cli.flags import LOG_LEVELS, dump_toml, flag_name, load_toml
 from zmq_rl.config import ActorConfig, LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.metrics import MetricsWriter, tensorboard_available
+from zmq_rl.learner.metrics import MetricsWriter, tensorboard_available
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 180

@@ -13,13 +13,13 @@ import pytest
 
 from zmq_rl.config import (
     ActorConfig,
-    ActorThrottle,
     ConfigError,
     LearnerConfig,
     PolicyConfig,
     PPOConfig,
     replace,
 )
+from zmq_rl.wire.valve import ActorThrottle
 
 # The reference's default AsyncActorLearnerConfig, expressed with one env per actor.
 REF = dict(num_actors=4, num_steps=256, num_envs=1, total_env_steps=200_000)

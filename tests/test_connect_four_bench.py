@@ -23,7 +23,7 @@ with warnings.catch_warnings():  # pettingzoo 1.27 warns on this import (its old
     warnings.simplefilter("ignore", DeprecationWarning)
     from pettingzoo.classic import connect_four_v3
 
-from zmq_rl import baselines as bl  # noqa: E402
+from zmq_rl.envs import baselines as bl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore:The old environment creation API")

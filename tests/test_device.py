@@ -34,7 +34,6 @@ from zmq_rl.cli import learner as learner_cli
 from zmq_rl.cli import main as main_cli
 from zmq_rl.cli.learner import LEARNER_SECTIONS
 from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig
-from zmq_rl.device import resolve_device, to_cpu, to_device
 from zmq_rl.learner.checkpoint import (
     atomic_torch_save,
     checkpoint_files,
@@ -45,8 +44,9 @@ from zmq_rl.learner.checkpoint import (
     save_policy,
     write_checkpoint,
 )
+from zmq_rl.learner.report import LearnerReport
 from zmq_rl.learner.runlog import RunLog
-from zmq_rl.report import LearnerReport
+from zmq_rl.rl.device import resolve_device, to_cpu, to_device
 from zmq_rl.rl.policy import export_weights
 from zmq_rl.rl.rollout import Rollout
 from zmq_rl.rl.trainer import Trainer

@@ -31,7 +31,7 @@ import psutil
 import pytest
 
 from tests.conftest import STUB_ENV_ID, free_port_block
-from zmq_rl.metrics import is_evaluation_row
+from zmq_rl.learner.metrics import is_evaluation_row
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -205,7 +205,7 @@ def wait_line(
 
 def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The complete update rows of ``metrics.jsonl`` so far (evaluations have rows of
-    their own there, :func:`zmq_rl.metrics.is_evaluation_row`)."""
+    their own there, :func:`zmq_rl.learner.metrics.is_evaluation_row`)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
@@ -371,7 +371,9 @@ def test_kill_9_actor_is_declared_dead_and_the_run_finishes(procs, tmp_path, lea
     learner = procs.start(
         "learner",
         learner_argv(
-            learner_port, run_dir, actors=3, budget_updates=100, actor_timeout=ACTOR_TIMEOUT_S
+            # Rows batches do not wait for a dead actor: the budget must outlast its
+            # actor_timeout (two actors, fast stub envs: ~30 updates a second).
+            learner_port, run_dir, actors=3, budget_updates=400, actor_timeout=ACTOR_TIMEOUT_S
         ),
     )
     actors = [procs.start(f"actor{i}", actor_argv(address)) for i in range(3)]
@@ -424,13 +426,18 @@ def test_replacement_actor_starts_from_the_current_version(procs, tmp_path, lear
     """A late joiner's welcome carries the learner's current weights and version, so
     its very first fragment is tagged with that version, not 0. To keep the run from
     ending while the replacement starts (importing torch takes seconds), one member
-    is frozen (SIGSTOP; a long actor_timeout keeps it a member): the learner waits on
-    its rows, so its version stands still until the member is thawed."""
+    is frozen (SIGSTOP; a long actor_timeout keeps it a member): with every slot's
+    rollout (``--batch-mode slots``, whose admission at a broadcast this checks) the
+    learner waits on its rows, so its version stands still until the member is thawed."""
     run_dir = tmp_path / "run"
     address = f"127.0.0.1:{learner_port}"
     learner = procs.start(
         "learner",
-        learner_argv(learner_port, run_dir, actors=2, budget_updates=100, actor_timeout=60),
+        # The slots of every member, of which the frozen one holds the rollout still.
+        learner_argv(
+            learner_port, run_dir, actors=2, budget_updates=100, actor_timeout=60,
+            batch_mode="slots",
+        ),
     )
     actors = [procs.start(f"actor{i}", actor_argv(address)) for i in range(2)]
     wait_update(run_dir, 3, START_S, procs, [learner, *actors])

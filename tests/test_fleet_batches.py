@@ -72,25 +72,55 @@ def rows(actor_id: int, slots: list[int], start: int, length: int, version: int 
 # ------------------------------------------------------------------ the queues
 
 
-def test_oldest_complete_segments_come_first_whatever_slot_they_are_of():
+def test_the_oldest_rows_come_first_whatever_slot_they_are_of():
     queues = SlotQueues()
-    queues.push(rows(0, [0, 1], 0, 4))  # arrival 0: half a segment of actor 0's slots
-    queues.push(rows(1, [0], 0, 8))  # arrival 1: a whole segment of actor 1
-    queues.push(rows(0, [0, 1], 4, 4))  # arrival 2: completes actor 0's first segments
-    queues.push(rows(1, [0], 8, 16))  # arrival 3: two more of actor 1
-    assert queues.oldest_segments([(0, 0), (0, 1), (1, 0)], 8, 3) == [(1, 0), (0, 0), (0, 1)]
-    # A slot's several segments come in stream order, and complete ones only.
-    assert queues.oldest_segments([(0, 0), (0, 1), (1, 0)], 8, 5) == [
-        (1, 0), (0, 0), (0, 1), (1, 0), (1, 0),
+    queues.push(rows(0, [0, 1], 0, 4))  # arrival 0: 4 rows of each of actor 0's slots
+    queues.push(rows(1, [0], 0, 8))  # arrival 1: 8 rows of actor 1
+    queues.push(rows(0, [0, 1], 4, 4))  # arrival 2
+    queues.push(rows(1, [0], 8, 16))  # arrival 3
+    keys = [(0, 0), (0, 1), (1, 0)]
+    # 12 rows: actor 0's first fragment (8 rows), then 4 of actor 1's: a row never waits
+    # behind one that arrived after it, whichever slot it is of.
+    assert queues.oldest_rows(keys, 12, 8) == [((0, 0), 4), ((0, 1), 4), ((1, 0), 4)]
+    # A slot's rows in one batch are cut into columns of at most 8, in stream order.
+    assert queues.oldest_rows(keys, 30, 8) == [
+        ((0, 0), 8), ((0, 1), 8), ((1, 0), 8), ((1, 0), 6),
     ]  # fmt: skip
-    assert queues.oldest_segments([(0, 0), (0, 1), (1, 0)], 8, 6) is None
-    rollout = queues.take([(1, 0), (1, 0)], 8)
+    assert queues.oldest_rows(keys, 41, 8) is None  # 40 rows queued
+    rollout = queues.take([(1, 0), (1, 0)], 8, [8, 6])
     assert rollout.obs[:, 0, 0].tolist() == list(range(8))
-    assert rollout.obs[:, 1, 0].tolist() == list(range(8, 16))
-    # Each column is bootstrapped from the row after it: the next column's first row.
-    assert rollout.bootstrap_obs[:, 0].tolist() == [8.0, 16.0]
-    assert queues.removed((1, 0)) == 16 and queues.rows((1, 0)) == 8
+    # The shorter column's rows come last; the rows before them are not valid.
+    assert rollout.obs[2:, 1, 0].tolist() == list(range(8, 14))
+    assert rollout.valid[:, 0].all() and rollout.valid[:, 1].tolist() == [False] * 2 + [True] * 6
+    assert rollout.env_steps == 14 and rollout.rewards[:2, 1].tolist() == [0.0, 0.0]
+    # Each column is bootstrapped from the row after it.
+    assert rollout.bootstrap_obs[:, 0].tolist() == [8.0, 14.0]
+    assert queues.removed((1, 0)) == 14 and queues.rows((1, 0)) == 10
     assert queues.received((1, 0)) == 24
+
+
+@pytest.mark.parametrize("use_vtrace", [False, True])
+def test_a_shorter_column_gets_the_targets_its_rows_get_in_a_full_one(use_vtrace):
+    """Padding before a column's rows changes none of its targets: GAE and V-trace run
+    backwards from the bootstrap, and the padding rows are episode ends of reward 0."""
+    import torch
+
+    from zmq_rl.config import PolicyConfig
+    from zmq_rl.rl.policy import build_policy
+    from zmq_rl.rl.targets import TargetSettings, rollout_to_batch
+
+    torch.manual_seed(0)
+    policy = build_policy(StubEnv.observation_space, StubEnv.action_space, PolicyConfig())
+    settings = TargetSettings(gamma=0.9, gae_lambda=0.8, use_vtrace=use_vtrace)
+    full, short = SlotQueues(), SlotQueues()
+    for queues in (full, short):
+        queues.push(rows(0, [0], 0, 8))
+    short.take([(0, 0)], 2)  # its first 2 rows went into an earlier batch
+    whole, _ = rollout_to_batch(full.take([(0, 0)], 8), policy, settings)
+    padded, _ = rollout_to_batch(short.take([(0, 0)], 8, [6]), policy, settings)
+    assert padded.advantages.shape == (6,)
+    torch.testing.assert_close(padded.advantages, whole.advantages[2:])
+    torch.testing.assert_close(padded.returns, whole.returns[2:])
 
 
 def test_rows_older_than_the_bound_are_dropped_from_the_front_and_counted_as_used():
@@ -106,7 +136,7 @@ def test_rows_older_than_the_bound_are_dropped_from_the_front_and_counted_as_use
 # ------------------------------------------------------------------ the plan and the valve
 
 
-def test_the_grant_lead_keeps_two_batches_in_the_fleet_and_a_segment_per_slot():
+def test_the_grant_lead_keeps_two_batches_in_the_fleet_and_a_column_per_slot():
     plan = BatchPlan(rows=True, segment=32, segments=8)
     assert plan.grant_lead(4) == 32 * 4  # 4 slots hold 16 segments: two batches
     assert plan.grant_lead(64) == 32  # never less than one segment per slot
@@ -239,8 +269,8 @@ def test_a_row_past_the_lag_bound_is_dropped_counted_and_never_trained_on(
 
 def test_sixteen_actor_processes_train_on_a_batch_that_does_not_grow(tmp_path, learner_port):
     """``zmq-rl run`` with 16 actor processes of one slot and ``--batch-rows 32``: every
-    update takes 4 segments of 8 rows (an every-slot rollout would be 16 x 8 = 128), every
-    actor's rows are trained on, and the budget is spent in 60 updates."""
+    update takes 32 rows (an every-slot rollout would be 16 x 8 = 128), every actor's
+    rows are trained on, and the budget is spent in 60 updates."""
     run_dir = tmp_path / "run"
     argv = [
         sys.executable, "-m", "zmq_rl", "run",
@@ -262,6 +292,9 @@ def test_sixteen_actor_processes_train_on_a_batch_that_does_not_grow(tmp_path, l
         if "batch/rows" in line
     ]
     assert len(updates) == 60
-    assert {(u["batch/rows"], u["batch/columns"]) for u in updates} == {(32.0, 4.0)}
+    assert {u["batch/rows"] for u in updates} == {32.0}
+    # In columns of at most 8 rows: 4 when whole fragments fill it, more when the
+    # oldest rows end a fragment part-way.
+    assert all(4 <= u["batch/columns"] <= 8 for u in updates), updates
     consumed = [s["steps_consumed"] for s in report["actor_stats"].values()]
     assert len(consumed) == 16 and min(consumed) > 0, consumed

@@ -126,12 +126,14 @@ def test_learner_and_two_actor_processes_train_and_shut_down_cleanly(tmp_path, l
     by_steps = sorted(s["steps_sent"] for s in actor_stats)
     summaries = report["actor_stats"].values()
     assert sorted(s["actor/steps_sent"] for s in summaries) == by_steps
+    assert sum(s["steps_consumed"] for s in summaries) == 2048
     for summary in summaries:
         assert summary["said_bye"] is True
         assert summary["num_envs"] == 2
         # Nothing an actor sent was lost on the way, and the learner heard its bye.
         assert summary["steps_received"] == summary["actor/steps_sent"]
-        assert summary["steps_consumed"] == 2048 // 2
+        # Rows batches take the oldest rows of either actor: both contribute.
+        assert summary["steps_consumed"] > 0
         assert summary["steps_received"] >= summary["steps_consumed"]
         assert summary["actor/policy_updates_received"] >= 1
         assert summary["pid"] in {procs["actor0"].pid, procs["actor1"].pid}

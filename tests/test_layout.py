@@ -11,49 +11,47 @@ all the same) and checks three rules:
 - no module outside ``zmq_rl/cli/`` imports ``zmq_rl.cli`` (``python -m zmq_rl``,
   ``__main__``, is the one door into it).
 
-It also checks that the old flat module paths still import (deprecated re-exports,
-docs/api.md) and that importing one wing does not drag in the others.
+It also checks that the old flat module paths still import (deprecated re-exports that
+warn, docs/api.md), that no module stands outside a wing but the face and the ground,
+and that importing one wing does not drag in the others.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+
+from zmq_rl._moved import FORMER_MODULES, MOVED_NAMES, OLD_PATHS, REMOVED_IN
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "zmq_rl"
 
 RANKS: dict[str, int] = {
-    # the base: settings, seeds, the run's report and metric sinks, presets
-    "config": 0,
-
-    "seeding": 0,
-    "report": 0,
-    "sparse_log": 0,
-    "metrics": 0,
-    "presets": 0,
-    "baselines": 0,
+    # the old-path shims: they name the new paths as strings and import nothing of zmq_rl
     "_moved": 0,
+    # the ground: settings, the sparse-log rule, presets
+    "config": 1,
+    "sparse_log": 1,
+    "presets": 1,
     # the wire (bytes, messages, spaces, sockets), the configs' TOML form
-    "wire": 1,
-    "config_toml": 1,
-    # torch placement helpers, multi-agent envs as slots, then the env factory and the
-    # learning maths
-    "device": 2,
-    "multi_agent": 2,
+    "wire": 2,
+    "config_toml": 2,
+    # environments (the factory, registered ids, multi-agent slots, seeds, scripted
+    # players) beside the learning maths (and where torch runs): neither imports the other
     "envs": 3,
     "rl": 3,
     # the two sides of the system: never import each other
     "actor": 4,
     "learner": 4,
-    # products built on one side: serving and deploying a trained policy
-    "serve": 5,
-    "deploy": 5,
+    # products built on both sides: serving and deploying a trained policy
+    "serving": 5,
     # the engine of a run
     "run": 6,
     # the faces: Python API, conformance tool, command line
@@ -64,6 +62,10 @@ RANKS: dict[str, int] = {
     "__main__": 9,
 }
 """Rank of each wing (a sub-package) or top-level module of zmq_rl."""
+
+TOP_LEVEL = {"__init__", "__main__", "_moved", "api", "config", "config_toml", "sparse_log"}
+"""The only modules outside a wing (issue 42): the package and ``python -m zmq_rl``,
+the Python face, the ground the wire stands on, and the old-path shims."""
 
 KNOWN_AGAINST: dict[tuple[str, str], str] = {}
 """Imports against the wings that the seams of issue 27 still have to remove; each one
@@ -182,8 +184,18 @@ def test_the_walker_sees_relative_function_level_and_type_checking_imports(tmp_p
 
 
 def test_every_wing_and_top_level_module_has_a_rank():
-    unplaced = sorted({wing(name) for name in modules()} - set(RANKS))
+    present = {wing(name) for name in modules()}
+    unplaced = sorted(present - set(RANKS))
     assert not unplaced, f"place these in tests/test_layout.py RANKS and docs/design.md: {unplaced}"
+    gone = sorted(set(RANKS) - present)
+    assert not gone, f"no such wing or module any more, so remove it from RANKS: {gone}"
+
+
+def test_every_module_but_the_face_and_the_ground_lives_in_a_wing():
+    """Issue 42: no top-level module besides :data:`TOP_LEVEL`; a new module goes into
+    the wing whose job it does (CONTRIBUTING.md)."""
+    loose = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in TOP_LEVEL)
+    assert not loose, f"move these into a wing (docs/design.md, 'The layout'): {loose}"
 
 
 def test_no_import_cycle_between_modules(edges):
@@ -218,27 +230,80 @@ def test_only_the_cli_imports_the_cli(edges):
     assert not outside, f"modules outside zmq_rl/cli importing it: {outside}"
 
 
-def test_old_module_paths_still_import_as_the_moved_modules():
-    """Deprecated re-exports (docs/api.md): each old path is the very moved module."""
-    from zmq_rl._moved import OLD_PATHS
+def _deprecation(old: str, new: str) -> str:
+    """The warning an old path gives: it names the new path and the removal version."""
+    return rf"^{re.escape(old)} is deprecated, use {re.escape(new)} \(.*{re.escape(REMOVED_IN)}"
 
-    assert len(OLD_PATHS) >= 25
-    for old, new in OLD_PATHS.items():
-        assert importlib.import_module(old) is importlib.import_module(new), old
-    from zmq_rl.client import ActorClient
-    from zmq_rl.protocol import RunSettings
 
-    from zmq_rl.actor import GymActor  # old zmq_rl/actor.py
-    from zmq_rl.learner import Learner  # old zmq_rl/learner.py
-    from zmq_rl.wire import PROTOCOL_VERSION, ProtocolError  # old zmq_rl/wire.py
+@pytest.mark.parametrize("old", sorted(OLD_PATHS))
+def test_each_old_module_path_warns_and_is_the_moved_module(old, monkeypatch):
+    """Deprecated re-exports (docs/api.md): each old path is the very moved module, and
+    its first import warns, naming the new path and the release that removes the old."""
+    new = OLD_PATHS[old]
+    monkeypatch.delitem(sys.modules, old, raising=False)  # so that this import is a first
+    with pytest.warns(DeprecationWarning, match=_deprecation(old, new)) as caught:
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new), old
+    assert caught[0].filename == importlib.__file__  # the importer's frame, not _moved's
 
-    assert GymActor.__module__ == "zmq_rl.actor.gym_actor"
-    assert Learner.__module__ == "zmq_rl.learner.loop"
-    assert ActorClient.__module__ == "zmq_rl.actor.client"
-    assert RunSettings.__module__ == "zmq_rl.wire.protocol"
-    assert ProtocolError.__module__ == "zmq_rl.wire.codec" and PROTOCOL_VERSION >= 2
-    # a factory string written before the layout (config.toml, presets) still resolves
-    assert importlib.import_module("zmq_rl.cnn").nature_cnn.__module__ == "zmq_rl.rl.cnn"
+
+OLD_NAMES = [
+    ("zmq_rl.wire", "ProtocolError", "zmq_rl.wire.codec"),  # old zmq_rl/wire.py
+    ("zmq_rl.wire", "PROTOCOL_VERSION", "zmq_rl.wire.codec"),
+    ("zmq_rl.actor", "GymActor", "zmq_rl.actor.gym_actor"),  # old zmq_rl/actor.py
+    ("zmq_rl.learner", "Learner", "zmq_rl.learner.loop"),  # old zmq_rl/learner.py
+    ("zmq_rl.cli.common", "guard", "zmq_rl.cli.exits"),  # an old path's moved name
+    *((module, name, new) for module, names in MOVED_NAMES.items() for name, new in names.items()),
+]
+
+
+@pytest.mark.parametrize(("module", "name", "new"), OLD_NAMES)
+def test_each_old_name_warns_and_is_the_moved_name(module, name, new):
+    """A name of a former module (``zmq_rl.wire.ProtocolError``) or one that moved out
+    of a module (``zmq_rl.config.ActorThrottle``) is the same object, with a warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the old module path itself (zmq_rl.cli.common)
+        holder = importlib.import_module(module)
+    old = f"{holder.__name__}.{name}"  # zmq_rl.cli.common is zmq_rl.run.common
+    with pytest.warns(DeprecationWarning, match=_deprecation(old, f"{new}.{name}")):
+        value = getattr(holder, name)
+    assert value is getattr(importlib.import_module(new), name)
+
+
+def test_a_wing_still_imports_its_own_modules_without_a_warning():
+    """``from zmq_rl.wire import protocol`` is a submodule, not a name of the former
+    ``zmq_rl/wire.py``; an unknown name is an AttributeError, not a warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from zmq_rl.actor import team
+        from zmq_rl.learner import metrics
+        from zmq_rl.wire import protocol
+
+        assert (protocol.__name__, team.__name__) == ("zmq_rl.wire.protocol", "zmq_rl.actor.team")
+        assert metrics.__name__ == "zmq_rl.learner.metrics"
+        with pytest.raises(AttributeError):
+            importlib.import_module("zmq_rl.config").no_such_name  # noqa: B018
+        with pytest.raises(AttributeError):
+            importlib.import_module("zmq_rl.run.common").no_such_name  # noqa: B018
+
+
+def test_zmq_rl_itself_uses_no_old_path():
+    """Importing every module of zmq_rl by its own path gives no deprecation warning of
+    zmq_rl's (a fresh process: nothing is imported yet)."""
+    names = sorted(n for n in modules() if not n.endswith("__main__"))
+    code = (
+        "import importlib, warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    for name in {names!r}:\n"
+        "        importlib.import_module(name)\n"
+        "print([str(w.message) for w in caught if 'is deprecated, use zmq_rl' in str(w.message)])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
 def test_a_wing_imports_without_the_wings_above_it():
@@ -319,21 +384,22 @@ def test_the_conformance_tool_drives_the_learner_through_public_hooks_only():
 
 
 def test_every_old_module_path_is_in_the_deprecation_note():
-    """docs/api.md, 'Old import paths', lists every old path that still imports."""
-    from zmq_rl._moved import OLD_PATHS
-
+    """docs/api.md, 'Old import paths', lists every old path that still imports, and
+    the release that removes them."""
     text = (ROOT / "docs" / "api.md").read_text()
     note = text[text.index("## Old import paths") :]
-    missing = [old for old in [*OLD_PATHS, "zmq_rl.wire", "zmq_rl.actor", "zmq_rl.learner"]
+    names = [f"{module}.{name}" for module, names in MOVED_NAMES.items() for name in names]
+    missing = [old for old in [*OLD_PATHS, *FORMER_MODULES, *names]
                if f"`{old}`" not in note]  # fmt: skip
     assert not missing, missing
+    assert f"removed in zmq_rl {REMOVED_IN}" in " ".join(note.split())
 
 
 def test_no_class_hides_its_type_behind_a_getattr_proxy():
     """A class that forwards unknown attributes (``__getattr__``) hides the type of what
     it wraps from every caller (cli/local.py's ResumingLearner did): none is left.
     Module-level ``__getattr__`` (lazy imports, PEP 562) is fine, and so is the one
-    deprecation shim: ``deploy.Prediction`` (``predict``'s ``(action, state)``) forwards
+    deprecation shim: ``serving.deploy.Prediction`` (``predict``'s ``(action, state)``) forwards
     the action's array attributes with a FutureWarning while the old return form lasts."""
     proxies = sorted(
         f"{path.relative_to(ROOT)}: {node.name}"
@@ -344,7 +410,7 @@ def test_no_class_hides_its_type_behind_a_getattr_proxy():
             isinstance(item, ast.FunctionDef) and item.name == "__getattr__" for item in node.body
         )
     )
-    assert proxies == ["zmq_rl/deploy.py: Prediction"], proxies
+    assert proxies == ["zmq_rl/serving/deploy.py: Prediction"], proxies
 
 
 

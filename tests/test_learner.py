@@ -49,7 +49,11 @@ OBS_SPACE, ACT_SPACE = StubEnv.observation_space, StubEnv.action_space
 
 
 def learner_config(port: int, **changes: Any) -> LearnerConfig:
+    """Two actors of one stub slot. Every slot's rollout (``batch_mode`` ``slots``):
+    these tests pin its exact per-slot accounting; rows batches have their own
+    (tests/test_fleet_batches.py)."""
     base = dict(
+        batch_mode="slots",
         num_actors=2,
         fragment_length=4,
         total_env_steps=8 * 2 * 3,

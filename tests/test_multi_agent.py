@@ -13,7 +13,7 @@ pytest.importorskip("pettingzoo")
 
 from tests.agent_envs import ComingAndGoing  # noqa: E402
 from zmq_rl.envs import EnvBuildError, build_env, env_shape, make_env  # noqa: E402
-from zmq_rl.multi_agent import AgentSpaceMismatch, ParallelSlots, agent_spaces  # noqa: E402
+from zmq_rl.envs.multi_agent import AgentSpaceMismatch, ParallelSlots, agent_spaces  # noqa: E402
 from zmq_rl.wire.protocol import Fragment, ProtocolError, decode, encode  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def test_pettingzoo_envs_are_named_like_gymnasium_ones():
 
 
 def test_a_turn_based_game_stays_an_aec_env_with_a_slot_per_seat():
-    from zmq_rl.multi_agent import is_turn_based
+    from zmq_rl.envs.multi_agent import is_turn_based
 
     c4 = "pettingzoo.classic.connect_four_v3"
     assert is_turn_based(build_env(c4)) and env_shape(c4).agents_per_env == 2
@@ -229,7 +229,7 @@ def test_turn_based_rows_match_every_move_and_result_and_chain(opponent_share):
     valid only follows a game's end, and a row's next observation is the one its
     slot's next row acted on. With opponent seats (half the games), their moves are
     never rows and every game against one is tallied."""
-    from zmq_rl.multi_agent import TurnSlots
+    from zmq_rl.envs.multi_agent import TurnSlots
 
     envs = [_Counted(build_env("pettingzoo.classic.connect_four_v3")) for _ in range(3)]
     slots = TurnSlots(envs, envs[0].possible_agents, opponent_share, np.random.default_rng(1))
@@ -483,7 +483,8 @@ def test_evaluations_play_the_chosen_opponent():
     spaces = (shape.observation_space, shape.action_space)
     net = build_policy(*spaces, PolicyConfig(hidden_sizes=(16,)))
     vs_random, _ = evaluate_policy(net, c4, 40, seed=3)
-    vs_one_ply, _ = evaluate_policy(net, c4, 40, seed=3, opponent="zmq_rl.baselines:one_ply_move")
+    one_ply = "zmq_rl.envs.baselines:one_ply_move"
+    vs_one_ply, _ = evaluate_policy(net, c4, 40, seed=3, opponent=one_ply)
     assert vs_one_ply < vs_random - 0.4, (vs_one_ply, vs_random)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "policy.pt"
@@ -593,8 +594,8 @@ def test_random_openings_start_games_at_varied_even_depths_and_keep_rows_true():
     rounds: the first seat moves first), those moves are nobody's rows, and the rows
     stay true: every row that wins is a winning move of its observation, every game
     gives one win and one loss row, each mover sees its own pieces in plane 0."""
-    from zmq_rl.baselines import MOVER, OPPONENT, landing_row, winning_moves
-    from zmq_rl.multi_agent import TurnSlots
+    from zmq_rl.envs.baselines import MOVER, OPPONENT, landing_row, winning_moves
+    from zmq_rl.envs.multi_agent import TurnSlots
 
     envs = [build_env("pettingzoo.classic.connect_four_v3") for _ in range(4)]
     slots = TurnSlots(envs, envs[0].possible_agents, rng=np.random.default_rng(3), opening_moves=6)

@@ -270,6 +270,9 @@ def _short_cut(net: Net, tmp: Path) -> dict[str, Any]:
             budget_updates=100,
             host=net.topo.address("l"),
             actor_timeout=8,
+            # Every slot's rollout: the learner waits for the cut actor's rows (what
+            # the stall below checks); rows batches train on with the other actor.
+            batch_mode="slots",
         ),
     )
     actors = [net.start(h, h, actor_argv(net.learner_address())) for h in ("a1", "a2")]

@@ -131,7 +131,7 @@ def test_a_resumed_runs_speed_counts_only_this_sessions_steps() -> None:
 def test_the_summary_shows_no_mean_return_without_an_episode() -> None:
     from rich.console import Console
 
-    from zmq_rl.report import LearnerReport
+    from zmq_rl.learner.report import LearnerReport
 
     outcome = training.TrainingOutcome(training.LearnerConfig())
     outcome.report = LearnerReport()
@@ -239,8 +239,8 @@ def test_the_learners_log_line_and_sps_are_this_sessions(caplog) -> None:
     import logging
 
     from zmq_rl.config import LearnerConfig
+    from zmq_rl.learner.report import LearnerReport
     from zmq_rl.learner.runlog import RunLog
-    from zmq_rl.report import LearnerReport
 
     report = LearnerReport()
     report.env_steps_consumed = 1_000_000  # a resumed run's earlier steps

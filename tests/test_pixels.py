@@ -65,7 +65,7 @@ def test_frames_are_channels_first_uint8_cells(game: str) -> None:
 def test_minatar_cnn_follows_the_policy_interface() -> None:
     env = gym.make("MinAtarBreakout-v1")
     policy = minatar_cnn(env.observation_space, env.action_space, PolicyConfig())
-    check_policy_interface(policy, "zmq_rl.cnn:minatar_cnn")
+    check_policy_interface(policy, "zmq_rl.rl.cnn:minatar_cnn")
     obs = torch.as_tensor(np.stack([env.reset(seed=s)[0] for s in range(3)]))
     action, log_prob, value = policy.act(obs)
     assert action.shape == (3,) and bool((action < env.action_space.n).all())

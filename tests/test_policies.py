@@ -123,7 +123,7 @@ def test_a_map_error_is_one_line_before_any_process_starts(capsys):
     ],
 )
 def test_what_several_policies_cannot_combine_with_is_refused(changes, field, learner_port):
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     with pytest.raises(ConfigError) as err:
         Learner(_roles_config(learner_port, **changes), PPOConfig(num_epochs=1))
@@ -222,7 +222,7 @@ def test_rollout_columns_keep_their_final_observations():
 def test_each_policy_is_published_on_its_own_topic(learner_port, ctx):
     """A SUB subscribed to one policy's topic receives that policy's weights, and
     nothing of the other's (ZeroMQ filters by the topic frame at the publisher)."""
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
     from zmq_rl.wire.protocol import decode_policy_weights, weights_topic
 
     with Learner(_roles_config(learner_port), PPOConfig(num_epochs=1), context=ctx) as learner:
@@ -248,7 +248,7 @@ def test_each_policy_is_published_on_its_own_topic(learner_port, ctx):
 
 def test_an_actor_that_cannot_run_several_policies_is_refused_by_name(learner_port, ctx):
     from zmq_rl.actor.client import ActorClient, LearnerRefused
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     with Learner(_roles_config(learner_port), PPOConfig(num_epochs=1), context=ctx) as learner:
         client = ActorClient(
@@ -267,7 +267,7 @@ def test_an_agent_acts_each_slot_by_its_agents_policy(learner_port, ctx):
     learner's weights and its own width), acts slot s by the policy of agent s % 4,
     and needs slots= to decide rows of several policies."""
     from zmq_rl import Agent
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
 
     cfg = _roles_config(learner_port, policy_hidden_sizes="blue=24")
     with Learner(cfg, PPOConfig(num_epochs=1), context=ctx) as learner:
@@ -390,7 +390,7 @@ def test_the_conformance_tool_fails_a_learner_that_publishes_one_policy_only(
     must) fails it; the feature refusal still passes."""
     import zmq_rl.learner.ingest as ingest_module
     from zmq_rl.conformance.learner import LearnerCheckOptions, check_learner
-    from zmq_rl.learner import Learner
+    from zmq_rl.learner.loop import Learner
     from zmq_rl.wire.protocol import encode, weights_topic
 
     monkeypatch.setattr(

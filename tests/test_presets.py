@@ -258,7 +258,7 @@ def test_atari_preset_is_rl_zoos_ppo_atari() -> None:
         assert (ppo.learning_rate, ppo.anneal_lr) == (2.5e-4, True)
         assert (ppo.clip_range, ppo.anneal_clip_range) == (0.1, True)
         assert (ppo.ent_coef, ppo.vf_coef) == (0.01, 0.5)
-        assert policy.factory == "zmq_rl.cnn:nature_cnn"
+        assert policy.factory == "zmq_rl.rl.cnn:nature_cnn"
         cfg.validate(), ppo.validate(), policy.validate()
     assert preset_for("zmq_rl.envs:AtariBreakout-v0") is None  # not Pong's env
     assert preset_for("other.module:AtariPong-v0") is None

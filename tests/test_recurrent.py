@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from zmq_rl.config import PolicyConfig, PPOConfig
+from zmq_rl.learner.queues import SlotQueues
 from zmq_rl.rl.networks import batch_obs, obs_tensor
 from zmq_rl.rl.policy import FactoryError, build_policy, check_policy_interface, is_recurrent
 from zmq_rl.rl.ppo import PPOTrainer
-from zmq_rl.learner.queues import SlotQueues
 from zmq_rl.rl.targets import TargetSettings, recurrent_batch, sequence_layout
 from zmq_rl.wire.protocol import Fragment
 

@@ -23,7 +23,7 @@ import zmq
 from tests.helpers import STUB_ENV_ID, CheckedBackground, stub_learner_config
 from zmq_rl.actor.inference import InferenceClient, InferenceError, RunOver
 from zmq_rl.config import LearnerConfig, ServeConfig
-from zmq_rl.serve import InferenceServer
+from zmq_rl.serving.serve import InferenceServer
 from zmq_rl.wire.protocol import encode
 
 TIMEOUT = 120.0

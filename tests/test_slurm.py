@@ -18,7 +18,7 @@ import pytest
 from tests.helpers import wait_for
 from tests.ports import free_port_block
 from tests.slurm_cluster import SlurmCluster, skip_reason
-from zmq_rl.metrics import is_evaluation_row
+from zmq_rl.learner.metrics import is_evaluation_row
 
 ROOT = Path(__file__).resolve().parents[1]
 ZMQ_RL = [sys.executable, "-m", "zmq_rl.cli.main"]

@@ -31,7 +31,7 @@ def test_log_sparsely_logs_the_1st_10th_100th_loud_and_the_rest_quiet(caplog, qu
 
 
 @pytest.mark.parametrize(
-    "module", ["actor/client.py", "actor/subscriber.py", "learner/ingest.py", "serve.py"]
+    "module", ["actor/client.py", "actor/subscriber.py", "learner/ingest.py", "serving/serve.py"]
 )
 def test_each_user_logs_through_the_one_helper(module):
     """No private copy of the rule is left (it was written out in four places)."""

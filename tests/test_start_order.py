@@ -20,7 +20,7 @@ from tests.ports import free_port_block
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 from zmq_rl.learner.ingest import bind_ingest_sockets
 from zmq_rl.learner.loop import Learner
-from zmq_rl.report import LearnerReport
+from zmq_rl.learner.report import LearnerReport
 from zmq_rl.run.common import CliFailure
 from zmq_rl.run.session import StartingLearner, train
 

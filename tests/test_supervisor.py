@@ -72,15 +72,22 @@ READY_LINE = "print('actor 0 collecting on 1 x fake', flush=True)"
 
 
 class FakeLearner:
-    """What :class:`LocalActors` uses of a learner: ``cfg``, ``report``, ``request_stop``."""
+    """What :class:`LocalActors` uses of a learner (a :class:`~zmq_rl.run.fleet.FleetLearner`):
+    ``cfg``, ``report``, ``request_stop``, ``actor_exited`` and ``learner_restarts``."""
+
+    learner_restarts = None
 
     def __init__(self, run_dir: str = "") -> None:
         self.cfg = SimpleNamespace(host="127.0.0.1", port=1, run_dir=run_dir)
         self.report = SimpleNamespace(stop_reason="")
         self.stops: list[str] = []
+        self.exited: list[int] = []
 
     def request_stop(self, reason: str) -> None:
         self.stops.append(reason)
+
+    def actor_exited(self, pid: int) -> None:
+        self.exited.append(pid)
 
 
 class ScriptedActors(LocalActors):
@@ -126,6 +133,7 @@ def test_a_killed_actor_is_restarted_with_doubling_backoff_until_exhausted(tmp_p
     assert all(r["exit_code"] == -signal.SIGKILL and r["new_pid"] for r in restarts)
     pids = actors.summary()["actor_pids"]["0"]
     assert len(pids) == 4 and [r["new_pid"] for r in restarts] == pids[1:]
+    assert learner.exited == pids  # each death told to the learner (no actor_timeout wait)
     # Each restart came no sooner than its backoff after the death.
     starts = [r["at_s"] for r in restarts]
     for earlier, later, r in zip(starts, starts[1:], restarts, strict=False):
@@ -680,21 +688,36 @@ def test_resuming_learner_does_not_restart_after_a_stop_request():
     assert learner.learner_restarts == []
 
 
+def test_the_supervisor_reads_the_exit_codes_the_command_line_gives():
+    """run/ raises and cli/ maps to exit codes (cli/exits.py); the supervisor reads an
+    actor command's exit with the same numbers, and a CliFailure exits as a failure."""
+    from zmq_rl.cli import exits
+
+    assert local.CLEAN_EXITS == (0, exits.EXIT_INTERRUPTED)
+    assert local.ACTOR_CONFIG_EXIT == exits.EXIT_CONFIG
+    assert CliFailure("x").code == exits.EXIT_FAILED
+
+
 def test_resuming_learner_is_a_typed_run_learner_not_a_proxy():
     """ResumingLearner offers what a fleet and the engine use (run.fleet.RunLearner:
-    cfg, report, request_stop, run, close) and forwards nothing else."""
+    cfg, report, request_stop, actor_exited, learner_restarts, run, close) and forwards
+    nothing else."""
     assert "__getattr__" not in vars(local.ResumingLearner)
+    exited: list[int] = []
     inner = SimpleNamespace(
         cfg=SimpleNamespace(run_dir=""),
         report=SimpleNamespace(updates_completed=0),
         counters={},
         request_stop=lambda reason: None,
+        actor_exited=exited.append,
         close=lambda: None,
     )
     learner = local.ResumingLearner(inner, max_restarts=1)
     assert learner.cfg is inner.cfg and learner.report is inner.report
     for name in ("request_stop", "run", "close"):
         assert callable(getattr(learner, name))
+    learner.actor_exited(4321)  # the current learner declares that actor dead at once
+    assert exited == [4321] and learner.learner_restarts == []
     with pytest.raises(AttributeError):
         learner.counters  # noqa: B018 - once forwarded by __getattr__, now not
 

@@ -16,12 +16,12 @@ import torch
 from gymnasium import spaces
 
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
+from zmq_rl.learner.queues import SlotQueues
 from zmq_rl.rl.advantages import gae, vtrace
 from zmq_rl.rl.closed_form import ClosedFormSteps
 from zmq_rl.rl.normalization import RewardScaler
 from zmq_rl.rl.policy import build_policy
 from zmq_rl.rl.ppo import PPOTrainer
-from zmq_rl.learner.queues import SlotQueues
 from zmq_rl.rl.rollout import Rollout
 from zmq_rl.rl.targets import TargetSettings, recurrent_batch, rollout_to_batch, sequence_layout
 from zmq_rl.rl.trainer import Trainer

@@ -71,14 +71,14 @@ _EXPORTS: dict[str, str] = {
     "Callback": "api",
     "TrainResult": "api",
     "ActorProcesses": "api",
-    # policies (zmq_rl.deploy)
-    "load_policy": "deploy",
-    "export_policy": "deploy",
-    "DeployedPolicy": "deploy",
-    "Prediction": "deploy",
-    "evaluate_policy": "deploy",
-    "PolicyFileError": "deploy",
-    "EXPORT_FORMATS": "deploy",
+    # policies (zmq_rl.serving.deploy)
+    "load_policy": "serving.deploy",
+    "export_policy": "serving.deploy",
+    "DeployedPolicy": "serving.deploy",
+    "Prediction": "serving.deploy",
+    "evaluate_policy": "serving.deploy",
+    "PolicyFileError": "serving.deploy",
+    "EXPORT_FORMATS": "serving.deploy",
     # embedding (zmq_rl.actor.agent)
     "Agent": "actor.agent",
     "Decision": "actor.agent",
@@ -144,7 +144,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
         train,
     )
     from .config import ActorConfig, ConfigError, LearnerConfig, PolicyConfig, PPOConfig
-    from .deploy import (
+    from .envs import EnvBuildError, EnvShape, build_env, env_shape, make_env
+    from .serving.deploy import (
         EXPORT_FORMATS,
         DeployedPolicy,
         PolicyFileError,
@@ -153,7 +154,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
         export_policy,
         load_policy,
     )
-    from .envs import EnvBuildError, EnvShape, build_env, env_shape, make_env
 
 
 def __getattr__(name: str) -> Any:

@@ -20,7 +20,6 @@ not a crash mid-run).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json as _json
 import math
 import re
@@ -29,12 +28,13 @@ from collections.abc import Mapping
 from dataclasses import InitVar, asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._moved import moved_attribute
+
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
     "ActorConfig",
-    "ActorThrottle",  # noqa: F822 (module __getattr__: imported on first use)
     "ConfigError",
     "LearnerConfig",
     "PPOConfig",
@@ -50,12 +50,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``zmq_rl.config.ActorThrottle``, which moved to :mod:`zmq_rl.wire.valve`, still
-    imports from here (a deprecated path, docs/api.md); imported on first use, so the
-    settings import nothing of the wire."""
-    if name == "ActorThrottle":
-        return importlib.import_module("zmq_rl.wire.valve").ActorThrottle
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """``zmq_rl.config.ActorThrottle``, now :class:`zmq_rl.wire.valve.ActorThrottle`, with
+    a DeprecationWarning (:func:`zmq_rl._moved.moved_attribute`)."""
+    return moved_attribute(__name__, name)
 
 
 OBJECTIVES = ("ppo", "decoupled", "impact")
@@ -748,7 +745,7 @@ class LearnerConfig:
         "random",
         "turn-based games: who plays the other seats in evaluations: random (legal moves), "
         "policy:PATH (a saved policy.pt / policy-best.pt: a chosen snapshot) or a scripted "
-        "player module.path:name, e.g. zmq_rl.baselines:one_ply_move for connect four",
+        "player module.path:name, e.g. zmq_rl.envs.baselines:one_ply_move for connect four",
         metavar="random|policy:PATH|MODULE:NAME",
     )
     eval_in_background: bool = _f(
@@ -1090,7 +1087,7 @@ def replace(cfg: Any, **changes: Any) -> Any:
 class ServeConfig:
     """The inference server: where its learner is, where simulators connect, batching.
 
-    ``zmq-rl serve`` (:mod:`zmq_rl.serve`, docs/inference.md): simulators that cannot
+    ``zmq-rl serve`` (:mod:`zmq_rl.serving.serve`, docs/inference.md): simulators that cannot
     run the policy send observations and get actions."""
 
     learner: str = _f(

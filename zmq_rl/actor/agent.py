@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
-from ..device import import_torch
+from ..rl.device import import_torch
 from ..rl.masking import check_action_mask, mask_key, mask_nvec
 from ..rl.numpy_mlp import NumpyMLP, mlp_dims, rng_of
 from ..rl.weights import WeightsMismatch, policy_config_from
@@ -83,7 +83,7 @@ class PolicyRunner:
     """The learner's network on this side of the wire: built from a welcome, loaded
     with broadcast weights, run on batches of observations (with the recurrent state
     of every row for a policy whose ``state_size`` > 0). Shared by :class:`Agent` and
-    the inference server (:mod:`zmq_rl.serve`).
+    the inference server (:mod:`zmq_rl.serving.serve`).
 
     The plain MLP (:func:`~zmq_rl.rl.numpy_mlp.mlp_dims`) is held and run in numpy
     (:class:`~zmq_rl.rl.numpy_mlp.NumpyMLP`), and torch is not imported: an actor host

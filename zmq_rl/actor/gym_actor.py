@@ -18,12 +18,12 @@ import gymnasium as gym
 import numpy as np
 
 from ..config import ActorConfig
-from ..device import set_compute_threads
 from ..envs import build_env, env_shape, make_env
-from ..multi_agent import ParallelSlots, TurnSlots, agent_spaces, is_turn_based, stacked
+from ..envs.multi_agent import ParallelSlots, TurnSlots, agent_spaces, is_turn_based, stacked
+from ..envs.seeding import env_seeds
+from ..rl.device import set_compute_threads
 from ..rl.masking import ActionMaskError
 from ..rl.weights import WeightsMismatch
-from ..seeding import env_seeds
 from ..wire.protocol import Weights
 from ..wire.spaces import map_value
 from ..wire.transport import CurveClientKeys, load_public_certificate, load_secret_certificate
@@ -226,7 +226,7 @@ class GymActor:
 
     def _collect_agents(self, agent: Agent, env_id: str) -> dict[str, float]:
         """The multi-agent loop: every possible agent of every env copy is a slot
-        (:class:`~zmq_rl.multi_agent.ParallelSlots`); a slot without a live agent
+        (:class:`~zmq_rl.envs.multi_agent.ParallelSlots`); a slot without a live agent
         records a row that is not valid."""
         settings, k = agent.settings, agent.settings.agents_per_env
         if agent.num_envs % k:
@@ -285,7 +285,7 @@ class GymActor:
         """The turn-based loop: rounds of ``agents_per_env`` turns, one batched
         :meth:`Agent.decide` per turn over the envs whose game goes on, the moves' rows
         held until their outcome is known and recorded once per round with
-        :meth:`Agent.record` (:class:`~zmq_rl.multi_agent.TurnSlots`). With an opponent
+        :meth:`Agent.record` (:class:`~zmq_rl.envs.multi_agent.TurnSlots`). With an opponent
         pool (the welcome's ``opponent_pool``), a share of the games seat a frozen
         snapshot (:class:`~zmq_rl.actor.opponents.OpponentPool`), whose moves are not
         recorded."""

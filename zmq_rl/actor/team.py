@@ -18,7 +18,7 @@ Each possible agent is a slot of the :class:`~zmq_rl.actor.agent.Agent` (slot ``
 ``c * len(names) + i`` is agent ``i`` of copy ``c``, and every argument and result is
 a list of mappings, one per copy). An agent that is not in ``act``'s mapping has no
 live agent in its slot: its row is *not valid* (docs/protocol.md section 4.1.4), as
-:class:`~zmq_rl.multi_agent.ParallelSlots` does for PettingZoo envs. ``observe`` takes
+:class:`~zmq_rl.envs.multi_agent.ParallelSlots` does for PettingZoo envs. ``observe`` takes
 what the step returned: the observation of every agent after it (the last one of an
 agent that ended, and the first of one that appeared), each acting agent's reward
 and whether it terminated or was truncated; it returns the observations to act on
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..multi_agent import stacked
+from ..envs.multi_agent import stacked
 from .agent import Agent
 
 __all__ = ["AgentTeam"]

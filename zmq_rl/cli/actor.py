@@ -24,15 +24,8 @@ from collections.abc import Sequence
 
 from zmq_rl.config import ActorConfig, ConfigError
 
-from ..run.common import (
-    EXIT_CONFIG,
-    EXIT_INTERRUPTED,
-    CliFailure,
-    check_env,
-    check_learner_host,
-    guard,
-    setup_logging,
-)
+from ..run.common import CliFailure, check_env, check_learner_host
+from .exits import EXIT_CONFIG, EXIT_INTERRUPTED, guard, setup_logging
 from .flags import (
     CliParser,
     HelpFormatter,

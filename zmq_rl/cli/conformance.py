@@ -13,7 +13,8 @@ __all__ = ["add_conformance_flags", "conformance_from_args"]
 ACTOR_HELP = {
     "env_id": "the learner's env id; the actor must run the same env",
     "host": "address the learner binds (and hands to the actor)",
-    "port": "control port (experience +1, weights +2); 0 = a free block",
+    "port": "control port (experience +1, weights +2); 0 = a free block below the "
+    "ephemeral ports (ZMQ_RL_TEST_PORTS=START-STOP picks in that range)",
     "num_steps": "rows per slot per rollout (= S, steps per broadcast)",
     "fragment_length": "rows per fragment the welcome asks for",
     "max_lead_steps": "L, the valve's lead (>= num_steps)",
@@ -89,7 +90,8 @@ def add_conformance_flags(parser: argparse.ArgumentParser) -> None:
 
 def conformance_from_args(args: argparse.Namespace) -> int:
     """Run the check the arguments name; print the report; 0 if it conforms."""
-    from ..run.common import CliFailure, check_env, setup_logging
+    from ..run.common import CliFailure, check_env
+    from .exits import setup_logging
 
     setup_logging(args.log_level)
 

@@ -1,6 +1,6 @@
 """``zmq-rl eval``: load a saved policy and measure it on fresh episodes.
 
-Loading is :func:`zmq_rl.deploy.load_policy` (errors become one-line CLI failures).
+Loading is :func:`zmq_rl.serving.deploy.load_policy` (errors become one-line CLI failures).
 The learner saves ``policy.pt`` as plain tensors plus the JSON policy config and
 env id (:meth:`zmq_rl.learner.loop.Learner.save_policy`), and its checkpoints
 (``checkpoints/ckpt-N.pt``, :meth:`~zmq_rl.learner.loop.Learner.checkpoint`) hold the
@@ -49,8 +49,8 @@ class LoadedPolicy:
 
 def policy_path(target: str | Path) -> Path:
     """``RUN_DIR`` -> ``RUN_DIR/policy.pt``; a file path is returned as is."""
-    from zmq_rl.deploy import PolicyFileError
-    from zmq_rl.deploy import policy_path as find
+    from zmq_rl.serving.deploy import PolicyFileError
+    from zmq_rl.serving.deploy import policy_path as find
 
     try:
         return find(target)
@@ -61,12 +61,12 @@ def policy_path(target: str | Path) -> Path:
 def load_policy(target: str | Path, env_id: str = "") -> LoadedPolicy:
     """Rebuild the actor-critic saved at ``target``: a run dir, its ``policy.pt``, or
     one of its checkpoints (``checkpoints/ckpt-N.pt``), with
-    :func:`zmq_rl.deploy.load_policy`; a bad file is a :class:`CliFailure`.
+    :func:`zmq_rl.serving.deploy.load_policy`; a bad file is a :class:`CliFailure`.
 
     ``env_id`` overrides the saved env id (e.g. a variant with the same spaces).
     """
-    from zmq_rl.deploy import PolicyFileError
-    from zmq_rl.deploy import load_policy as load
+    from zmq_rl.serving.deploy import PolicyFileError
+    from zmq_rl.serving.deploy import load_policy as load
 
     try:
         deployed = load(target, env_id)
@@ -165,9 +165,9 @@ def _record(loaded: LoadedPolicy, episodes: int, seed: int, video_dir: Path) -> 
     import numpy as np
 
     from zmq_rl.envs import make_env
+    from zmq_rl.envs.seeding import env_seeds
     from zmq_rl.rl.networks import batch_obs, obs_tensor
     from zmq_rl.rl.policy import is_recurrent
-    from zmq_rl.seeding import env_seeds
     from zmq_rl.wire.spaces import env_actions
 
     try:

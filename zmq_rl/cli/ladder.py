@@ -56,10 +56,10 @@ def ladder(
     """The ladder's rows (module docstring), weakest to strongest by Elo;
     ``checkpoints``: a folder of kept checkpoints instead of the run's own (the
     learner keeps its newest three)."""
-    from ..deploy import PolicyFileError, load_policy
     from ..envs import env_shape
     from ..learner.evaluation import evaluate_policy
     from ..learner.self_play import elo_ratings
+    from ..serving.deploy import PolicyFileError, load_policy
 
     run_dir = Path(run_dir)
     paths = _players(run_dir, points, None if checkpoints is None else Path(checkpoints))

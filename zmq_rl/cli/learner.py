@@ -15,7 +15,8 @@ from typing import Any
 from zmq_rl.config import LearnerConfig, PolicyConfig, PPOConfig
 
 from ..config_toml import LEARNER_SECTIONS
-from ..run.common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure, guard, setup_logging
+from ..run.common import CliFailure
+from .exits import EXIT_CONFIG, EXIT_INTERRUPTED, guard, setup_logging
 from .flags import (
     CliParser,
     HelpFormatter,

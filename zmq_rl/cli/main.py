@@ -21,7 +21,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..run.common import EXIT_INTERRUPTED, guard, setup_logging
 from . import ray_launch, slurm  # noqa: F401  (they register the slurm and ray subcommands)
 from .commands import (
     RUN_DEFAULTS,
@@ -32,6 +31,7 @@ from .commands import (
     subcommand,
     subparser,
 )
+from .exits import EXIT_INTERRUPTED, guard, setup_logging
 from .flags import LOG_LEVELS, Section, flag_name, parse_with_config
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .plot import add_plot_flags, plot_from_args
@@ -187,7 +187,7 @@ def _plot_curve(run_dir: Path) -> Path:
         default="random",
         help="turn-based games: who plays the other seats (as zmq-rl run's --eval-opponent): "
         "random legal moves, a saved policy (policy:PATH), or a scripted player such as "
-        "zmq_rl.baselines:one_ply_move",
+        "zmq_rl.envs.baselines:one_ply_move",
     ),
     arg(
         "--video",
@@ -263,7 +263,7 @@ def export_command(args: argparse.Namespace) -> int:
     Discrete, float32 [batch, act_dim] clipped to the bounds for Box); a recurrent
     policy also takes state [batch, state_size] and episode_start [batch] and returns
     next_state. See docs/embedding.md for running the ONNX file from C."""
-    from zmq_rl.deploy import ExportUnavailable, PolicyFileError, export_policy
+    from zmq_rl.serving.deploy import ExportUnavailable, PolicyFileError, export_policy
 
     from ..run.common import CliFailure
 
@@ -398,7 +398,7 @@ def serve_command(args: argparse.Namespace) -> int:
     """Serve actions from the learner's newest weights to attached simulators, batched
     across them, and push their experience to the learner; exit once the learner shut
     the run down and every simulator is gone (see --keep-serving)."""
-    from zmq_rl.serve import serve
+    from zmq_rl.serving.serve import serve
 
     from .flags import build_configs
 

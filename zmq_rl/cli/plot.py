@@ -575,7 +575,7 @@ def plot_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m zmq_rl.cli.plot``: the same as ``zmq-rl plot``."""
-    from ..run.common import guard
+    from .exits import guard
     from .flags import CliParser, HelpFormatter
 
     parser = CliParser(

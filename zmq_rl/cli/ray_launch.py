@@ -32,9 +32,10 @@ from typing import Any
 
 from zmq_rl.config import ConfigError
 
-from ..run.common import EXIT_INTERRUPTED, CliFailure, release_run_dir, setup_logging
+from ..run.common import CliFailure, release_run_dir
 from ..run.fleet import FleetLearner
 from .commands import RUN_DEFAULTS, build_parser, non_negative, subcommand, subparser
+from .exits import EXIT_INTERRUPTED, setup_logging
 from .flags import LOG_LEVELS
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .slurm import console_command

@@ -39,8 +39,9 @@ import zmq
 from ..config import LearnerConfig, PolicyConfig
 from ..learner.ingest import Ingest
 from ..learner.membership import ActorRecord
+from ..learner.report import LearnerReport
 from ..learner.settings import run_settings
-from ..report import LearnerReport
+from ..wire.ports import free_port_block
 from ..wire.protocol import (
     Bye,
     Fragment,
@@ -422,28 +423,6 @@ class ScriptedLearner:
             ingest.send_control(rec.routing_id, Shutdown("conformance run over", self.run_id))
 
 
-def free_port_block(host: str = "127.0.0.1") -> int:
-    """The first of three consecutive free TCP ports (control, experience, weights)."""
-    import random
-    import socket
-
-    for _ in range(200):
-        base = random.randrange(20000, 60000)
-        socks = []
-        try:
-            for port in range(base, base + 3):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind((host, port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of three free ports found")
-
-
 class ActorProcess:
     """The actor command, with the learner address in its environment."""
 
@@ -489,7 +468,7 @@ class Scenario:
         self.command = list(command)
         self.report = report
         self.observer = Observer(options)
-        self.port = options.port or free_port_block(options.host)
+        self.port = options.port or free_port_block(host=options.host)
         self.learner = ScriptedLearner(options, self.observer, self.port)
         self.address = f"{options.host}:{self.port}"
         if options.output:
@@ -820,7 +799,7 @@ class Scenario:
     def mismatch(self) -> None:
         """Run the command again against a learner that answers in protocol 1."""
         opt = self.options
-        port = free_port_block(opt.host)
+        port = free_port_block(host=opt.host)
         address = f"{opt.host}:{port}"
         ctx = zmq.Context.instance()
         router = make_socket(ctx, zmq.ROUTER, SocketOptions(linger_ms=0))

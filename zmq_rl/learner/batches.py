@@ -5,12 +5,13 @@ learner's loop uses (:class:`Batches`):
 
 * :class:`SlotBatches`: ``num_steps`` rows of every member slot, once every one of them
   holds that many (the seed's rollout; the batch grows with the fleet);
-* :class:`RowBatches`: a fixed number of rows in segments of ``num_steps``, the oldest
-  complete segments of whichever slots delivered (IMPALA's and Sample Factory's
-  learner batch): more actors mean more updates per second, never bigger ones. Rows
-  acted by weights older than the lag bound are dropped first, and every actor that
-  announced grants is told after each take how far it may run (its grant: the most the
-  learner has used of any of its slots plus the lead; docs/design.md section 5.6).
+* :class:`RowBatches`: a fixed number of rows, the oldest queued (by the arrival of
+  their fragments) of whichever slots delivered, in columns of at most ``num_steps``
+  consecutive rows of one slot (IMPALA's and Sample Factory's learner batch): more
+  actors mean more updates per second, never bigger ones. Rows acted by weights older
+  than the lag bound are dropped first, and every actor that announced grants is told
+  after each take how far it may run (its grant: the most the learner has used of any
+  of its slots plus the lead; docs/design.md section 5.6).
 
 No sockets of its own: it reads and answers through the learner's
 :class:`~zmq_rl.learner.ingest.Ingest`.
@@ -19,6 +20,7 @@ No sockets of its own: it reads and answers through the learner's
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..rl.rollout import Rollout, SlotKey
@@ -39,7 +41,7 @@ class Batches(Protocol):
 
     def ready(self, rows_left: int) -> bool:
         """Whether the next update's rows are queued (``rows_left``: what the budget
-        still allows; a rows batch may take fewer segments to spend it exactly)."""
+        still allows; a rows batch takes fewer rows to spend it exactly)."""
         ...
 
     def take(self) -> Rollout:
@@ -61,12 +63,18 @@ class SlotBatches:
     """``num_steps`` rows of every member slot, in key order (bit-for-bit repeatable
     for a fixed seed with ``max_lead_steps`` at one cycle)."""
 
-    def __init__(self, ingest: Ingest, segment: int) -> None:
-        self.ingest, self.segment = ingest, segment
+    def __init__(self, ingest: Ingest, segment: int, broadcast: Callable[[], None]) -> None:
+        self.ingest, self.segment, self.broadcast = ingest, segment, broadcast
 
     def ready(self, rows_left: int) -> bool:
-        """Whether every member slot holds ``num_steps`` rows."""
+        """Whether every member slot holds ``num_steps`` rows. With no member left, the
+        registrations that delivered join now, at a fresh version (``broadcast()``, the
+        same weights): their valve counts from ``base_version = version + 1``, so their
+        accounting starts exactly there (docs/design.md section 5.3)."""
         slots = self.ingest.members.member_slots()
+        if not slots and self.ingest.can_admit():
+            self.broadcast()
+            slots = self.ingest.members.member_slots()
         return bool(slots) and self.ingest.queues.ready(slots, self.segment)
 
     def take(self) -> Rollout:
@@ -88,18 +96,22 @@ class SlotBatches:
 
 
 class RowBatches:
-    """``plan.segments`` segments of ``plan.segment`` rows per update, the oldest
-    complete ones of any live slot (:meth:`SlotQueues.oldest_segments
-    <zmq_rl.learner.queues.SlotQueues.oldest_segments>`), and the grants of the actors
-    that follow them. Every registration's rows count from its first fragment: there is
-    no broadcast to wait for before an actor's rows are used."""
+    """``plan.rows_per_update`` rows per update, the oldest of any live slot in columns
+    of at most ``plan.segment`` rows (:meth:`SlotQueues.oldest_rows
+    <zmq_rl.learner.queues.SlotQueues.oldest_rows>`), and the grants of the actors that
+    deliver them. Every registration's rows count from its first fragment: there is no
+    broadcast to wait for before an actor's rows are used."""
 
     def __init__(self, ingest: Ingest, plan: BatchPlan) -> None:
         self.ingest, self.plan = ingest, plan
-        self._columns: list[SlotKey] | None = None
+        self._columns: list[tuple[SlotKey, int]] | None = None
+        self._version = -1  # the version the grants were last raised at
+        self._used: dict[SlotKey, int] = {}  # rows used of each slot at that version
         ingest.admit_at_once = True
         ingest.grant_for = self.first_grant
         ingest.sent_cap = self.sent_cap
+        ingest.on_publish = self.regrant  # grants rise with the weights that prove them
+        ingest.links.grant_valve = (plan.segment, lambda: plan.grant_lead(len(self.live_slots())))
 
     def live_slots(self) -> list[SlotKey]:
         """Every slot of a registration that has not said bye, in key order."""
@@ -123,23 +135,30 @@ class RowBatches:
         proven = max(0, self.ingest.version() - rec.base_version) * settings.steps_per_broadcast
         return proven + settings.max_lead_steps + settings.fragment_length
 
-    def regrant(self) -> None:
-        """Raise each grant actor's grant to the most the learner has used of any of its
-        slots plus the lead (for the live slots now), and tell it in a heartbeat at once
-        when it rose. Never lowers one: an actor keeps the largest it heard."""
+    def regrant(self, dropped: bool = False) -> None:
+        """Raise each grant actor's grant to the most the learner had used of any of its
+        slots when it published its current version (or just now, when ``dropped``
+        rows past the lag bound), plus the lead for the live slots now, and tell it in a
+        heartbeat at once when it rose. Never lowers one: an actor keeps the largest it
+        heard. Grants rise with versions, as the ``S``/``L`` valve's budget does: rows
+        the learner took are proven used only once it trained on them, so an actor
+        records no further ahead of the weights than under that valve."""
         queues, lead = self.ingest.queues, self.plan.grant_lead(len(self.live_slots()))
+        version = self.ingest.version()
+        if version != self._version or dropped:
+            self._version = version
+            self._used = {k: queues.removed(k) for rec in self.ingest.members for k in rec.slots()}
         for rec in self.ingest.members:
             if rec.grant is None or rec.said_bye:
                 continue
-            grant = max(queues.removed(key) for key in rec.slots()) + lead
+            grant = max(self._used.get(key, 0) for key in rec.slots()) + lead
             if grant > rec.grant:
                 rec.grant = grant
                 self.ingest.send_heartbeat(rec)
 
     def ready(self, rows_left: int) -> bool:
         """Drop rows past the lag bound (counted ``discarded/*/stale``), then whether the
-        oldest ``segments`` complete segments (fewer when ``rows_left`` allows fewer,
-        at least one) are queued."""
+        batch's rows (fewer when the budget has only ``rows_left`` left) are queued."""
         live = self.live_slots()
         bound = self.plan.lag_bound(len(live))
         fragments, rows = self.ingest.queues.drop_stale(self.ingest.version() - bound)
@@ -148,30 +167,32 @@ class RowBatches:
             counters["discarded/steps/stale"] += rows
             counters["discarded/fragments/stale"] += fragments
             log.info("dropped %d rows acted more than %d versions ago", rows, bound)
-        self.regrant()
-        count = max(1, min(self.plan.segments, rows_left // self.plan.segment))
-        self._columns = self.ingest.queues.oldest_segments(live, self.plan.segment, count)
+        self.regrant(dropped=rows > 0)
+        rows = max(1, min(self.plan.rows_per_update, rows_left))
+        self._columns = self.ingest.queues.oldest_rows(live, rows, self.plan.segment)
         return self._columns is not None
 
     def take(self) -> Rollout:
-        """The segments :meth:`ready` chose, as ``[num_steps, segments]`` columns (a slot
-        with several in stream order); the grants rise at once, so the actors record the
-        next batch while this one trains."""
+        """The rows :meth:`ready` chose, as ``[num_steps, columns]`` (a slot with several
+        columns in stream order; a shorter column padded before its rows)."""
         assert self._columns is not None, "take() before ready()"
-        rollout = self.ingest.take_rollout(self._columns, self.plan.segment)
+        keys, lengths = zip(*self._columns, strict=True)
+        rollout = self.ingest.take_rollout(list(keys), self.plan.segment, list(lengths))
         self._columns = None
-        self.regrant()
         return rollout
 
     def rows_next(self) -> int:
-        """The fixed batch: ``segments * num_steps`` rows."""
+        """The fixed batch: ``batch_rows`` rows."""
         return self.plan.rows_per_update
 
     def waited_on(self) -> list[SlotKey]:
-        """Every live slot short of one segment (none in particular holds the batch)."""
-        return self.ingest.queues.short_slots(self.live_slots(), self.plan.segment)
+        """Every live slot without a row queued (none in particular holds the batch)."""
+        return self.ingest.queues.short_slots(self.live_slots(), 1)
 
 
-def make_batches(ingest: Ingest, plan: BatchPlan) -> Batches:
-    """The :class:`Batches` of ``plan``."""
-    return RowBatches(ingest, plan) if plan.rows else SlotBatches(ingest, plan.segment)
+def make_batches(ingest: Ingest, plan: BatchPlan, broadcast: Callable[[], None]) -> Batches:
+    """The :class:`Batches` of ``plan`` (``broadcast()`` publishes the next version: every
+    slot's rollout admits waiting registrations with it when no member is left)."""
+    if plan.rows:
+        return RowBatches(ingest, plan)
+    return SlotBatches(ingest, plan.segment, broadcast)

@@ -25,8 +25,8 @@ import torch
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
 from ..config import config_dict as config_dict  # re-exported (it was defined here)
-from ..device import to_cpu
-from ..report import LearnerReport
+from ..rl.device import to_cpu
+from .report import LearnerReport
 
 log = logging.getLogger("zmq_rl.checkpoint")
 

@@ -17,13 +17,13 @@ import gymnasium as gym
 import numpy as np
 
 from ..config import PolicyConfig
-from ..device import import_torch, set_compute_threads
 from ..envs import build_env, env_shape, import_callable
-from ..multi_agent import agent_spaces, is_turn_based
+from ..envs.multi_agent import agent_spaces, is_turn_based
+from ..envs.seeding import env_seeds
+from ..rl.device import import_torch, set_compute_threads
 from ..rl.masking import check_observation_mask
 from ..rl.numpy_mlp import NumpyMLP, mlp_dims, rng_of
 from ..rl.weights import is_recurrent
-from ..seeding import env_seeds
 from ..wire.spaces import batch_obs, env_actions
 
 if TYPE_CHECKING:
@@ -274,7 +274,7 @@ def opponent_player(
       ``policy-<id>.pt``: a chosen snapshot of a run), acting by its mode (sampled
       when ``deterministic`` is False);
     * ``"module.path:name"``: a scripted player, such as connect four's
-      ``zmq_rl.baselines:one_ply_move``.
+      ``zmq_rl.envs.baselines:one_ply_move``.
 
     A network (a :class:`~zmq_rl.rl.policy.Policy`, e.g. a checkpoint's) plays as a
     snapshot does. A file that is no policy of these spaces, or a player that does

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..config import LearnerConfig
-from ..report import LearnerReport
 from ..rl.rollout import SlotKey
 from ..wire.protocol import RunSettings
 from .membership import ActorRecord, Membership
 from .queues import SlotQueues
+from .report import LearnerReport
 
 __all__ = ["PENDING_SILENCE_INTERVALS", "Evictions"]
 

@@ -24,7 +24,6 @@ from typing import Any, Protocol, TypeVar
 import zmq
 
 from ..config import LearnerConfig
-from ..report import LearnerReport
 from ..rl.rollout import Rollout, SlotKey
 from ..sparse_log import log_sparsely
 from ..wire.protocol import (
@@ -45,6 +44,7 @@ from ..wire.protocol import (
 )
 from ..wire.spaces import space_spec
 from ..wire.transport import LearnerSockets, bind_learner_sockets, tcp_endpoint
+from ..wire.valve import slot_cap
 from .evictions import PENDING_SILENCE_INTERVALS, Evictions
 from .links import Links
 from .membership import (
@@ -56,6 +56,7 @@ from .membership import (
     control_refusal,
 )
 from .queues import SlotQueues
+from .report import LearnerReport
 
 __all__ = ["Ingest", "IngestObserver", "RankPart"]
 
@@ -236,17 +237,14 @@ class Ingest:
         self.members = Membership()
         self.limits = MembershipLimits(cfg.max_actors, cfg.max_envs_per_actor, cfg.max_total_envs)
         self.queues = SlotQueues()
-        # An actor that follows the staleness valve never has more than its lead
-        # queued per slot; anything past this (with slack) is a misbehaving peer.
-        self._slot_cap = (
-            cfg.effective_max_lead_steps() + cfg.steps_per_broadcast() + cfg.fragment_length
-        )
+        self._slot_cap = slot_cap(settings)  # past it, a peer ignores its staleness valve
         self.started = False  # training started: later joiners wait for a broadcast
         # Rows batches (learner/batches.py): every registration's rows count at once,
         # and actors that announced grants get one (welcome, heartbeats).
         self.admit_at_once = False
         self.grant_for: Callable[[ActorRecord, Hello], int | None] | None = None
         self.sent_cap: Callable[[ActorRecord], int] | None = None  # the over_lead rule
+        self.on_publish: Callable[[], None] | None = None  # after each broadcast
         self.shutting_down = False
         self.current_weights: Weights | None = None
         self.sent_weights: tuple[Weights, list[Weights]] | None = None  # last on PUB
@@ -295,9 +293,9 @@ class Ingest:
         queued is seen whole). ``forget_slots`` calls made meanwhile are applied after
         the join, because ``work`` owns the trainer's per-slot state. The queues the
         thread fills stay bounded: an actor that obeys its staleness valve has at most
-        ``max_lead_steps + steps_per_broadcast + fragment_length`` rows queued per
-        slot (the ``over_lead`` cap refuses more), and the version that moves the
-        valve changes only outside ``work``.
+        :func:`~zmq_rl.wire.valve.slot_cap` rows queued per slot (the ``over_lead``
+        cap refuses more), and the version that moves the valve changes only outside
+        ``work``.
 
         The time ``work`` takes counts as the learner's busy time (the valve's lead
         advice), as without the thread: rows arrive, but the version does not move."""
@@ -345,6 +343,8 @@ class Ingest:
             self.sent_weights = (first, several)
             self.report.broadcasts_sent += 1
             self.report.last_policy_version = first.version
+            if self.on_publish is not None:
+                self.on_publish()
 
     def discard_queued(self, reason: str) -> None:
         """Drop every queued row, counted as ``discarded/steps/<reason>``."""
@@ -568,6 +568,8 @@ class Ingest:
             f"; its experience goes to learner rank {rec.rank}" if self.world_size > 1 else "",
         )
         self.send_control(routing_id, self._welcome(rec))
+        if self.admit_at_once and self.started:  # rows batches: no broadcast to wait for
+            log.info("actor %d joins the rollout at version %d", rec.actor_id, self.version())
         return rec
 
     def _welcome(self, rec: ActorRecord) -> Welcome:
@@ -634,13 +636,15 @@ class Ingest:
             return self.ranks is not None and self.ranks.delivered_elsewhere(rec)
         return all(self.queues.rows(key) > 0 for key in rec.slots())
 
-    def take_rollout(self, slots: list[SlotKey], num_steps: int) -> Rollout:
-        """Take ``num_steps`` rows of every slot in ``slots`` (all ready) as one rollout
-        and count them consumed for their actors (when taken: an actor may leave while
-        the update runs)."""
-        rollout = self.queues.take(slots, num_steps)
-        for actor_id, _ in rollout.slots:
-            self.members.get(actor_id).steps_consumed += rollout.num_steps
+    def take_rollout(
+        self, slots: list[SlotKey], num_steps: int, lengths: list[int] | None = None
+    ) -> Rollout:
+        """Take ``num_steps`` rows (or ``lengths[b]`` for column ``b``) of every slot in
+        ``slots`` (all queued) as one rollout and count them consumed for their actors
+        (when taken: an actor may leave while the update runs)."""
+        rollout = self.queues.take(slots, num_steps, lengths)
+        for b, (actor_id, _) in enumerate(rollout.slots):
+            self.members.get(actor_id).steps_consumed += lengths[b] if lengths else num_steps
         return rollout
 
     def local_member_slots(self) -> list[SlotKey]:

@@ -68,6 +68,17 @@ class Links:
         self.advice_warnings = 0  # advice given at WARNING (ADVICE_WARNINGS at most)
         self.published_at = 0.0  # when the last broadcast went out
         self.republished = 0  # times it went out again since
+        self.grant_valve: tuple[int, Callable[[], int]] | None = None
+        """Rows batches: the rows per slot one take uses (a segment) and the grants'
+        lead now, which the advice is about instead of ``S`` and ``L``."""
+
+    def valve(self) -> tuple[int, int]:
+        """``(rows per slot a cycle proves, the lead)`` of the valve the advice is
+        about: the welcome's ``S`` and ``L``, or under grants a segment and their lead."""
+        if self.grant_valve is not None:
+            segment, lead = self.grant_valve
+            return segment, lead()
+        return self.settings.steps_per_broadcast, self.settings.max_lead_steps
 
     def pump_started(self, now: float) -> None:
         """A receive loop starts: the time since the previous one was busy time."""
@@ -129,7 +140,7 @@ class Links:
         if link.rtt is None or link.step_rate is None or cycle is None:
             return None
         return fitting_max_lead_steps(
-            steps_per_broadcast=self.settings.steps_per_broadcast,
+            steps_per_broadcast=self.valve()[0],
             fragment_length=self.settings.fragment_length,
             step_rate=link.step_rate,
             round_trip=link.rtt,
@@ -148,13 +159,13 @@ class Links:
         if floor is None or link.step_rate is None or cycle is None:
             return False
         need = fitting_max_lead_steps(
-            steps_per_broadcast=self.settings.steps_per_broadcast,
+            steps_per_broadcast=self.valve()[0],
             fragment_length=1,
             step_rate=link.step_rate,
             round_trip=floor,
             cycle_time=cycle,
         ) - fitting_max_lead_steps(
-            steps_per_broadcast=self.settings.steps_per_broadcast,
+            steps_per_broadcast=self.valve()[0],
             fragment_length=1,
             step_rate=link.step_rate,
             round_trip=0.0,
@@ -170,15 +181,14 @@ class Links:
         link, suggested = rec.link, rec.link.suggested_max_lead_steps
         if (
             rec.actor_id in self.advised
+            or rec.actor_id in self.informed  # one verdict per actor: never a contradiction
             or suggested is None
             or link.paused_samples < ADVICE_MIN_SAMPLES
             or (link.paused_share or 0.0) <= PAUSED_ADVICE_SHARE
         ):
             return
-        current = self.settings.max_lead_steps
+        current = self.valve()[1]
         warn = self.link_bound(rec) and suggested > current + self.settings.fragment_length
-        if not warn and rec.actor_id in self.informed:
-            return
         facts = (
             f"actor {rec.actor_id} ({rec.host} pid {rec.pid}) is held paused by the staleness "
             f"valve {100 * (link.paused_share or 0.0):.0f}% of the time; round trip "

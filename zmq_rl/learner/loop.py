@@ -33,7 +33,6 @@ import zmq
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
 from ..envs import env_shape
-from ..report import LearnerReport
 from ..rl.distributed import LearnerRankLost, RankSpec, rank_spec
 from ..rl.policy import Policy
 from ..rl.policy_set import build_trainer
@@ -48,6 +47,7 @@ from .checkpoint import (
 from .ingest import POLL_MS, Ingest
 from .outputs import BEST_POLICY_FILE, RunFiles
 from .queues import SlotQueues
+from .report import LearnerReport
 from .runlog import RunLog
 from .self_play import self_play_table
 from .settings import (
@@ -79,6 +79,10 @@ class Learner:
     """Runs the loop: receives through its :attr:`ingest` (which holds the sockets, the
     membership and the slot queues) and trains through its :attr:`trainer`, the only
     RL object it holds."""
+
+    learner_restarts: list[dict[str, Any]] | None = None
+    """None: a learner is not resumed after a crash by itself (a run's ResumingLearner
+    lists its restarts; :class:`~zmq_rl.run.fleet.FleetLearner`)."""
 
     def __init__(
         self,
@@ -160,7 +164,7 @@ class Learner:
             sockets=sockets,
         )
         self.members = self.ingest.members
-        self.batches = make_batches(self.ingest, self.batch_plan)
+        self.batches = make_batches(self.ingest, self.batch_plan, self._broadcast)
         self.on_checkpoint: Callable[[Path], None] | None = None
         """Called with the path of every checkpoint written (the Python API's callbacks)."""
         self.files = RunFiles(
@@ -291,9 +295,11 @@ class Learner:
 
     def _budget_spent(self) -> bool:
         """No update that would overrun ``total_env_steps`` starts (but at least one
-        update runs; a rows batch takes fewer segments to spend the last rows)."""
-        rows = self.batch_plan.segment if self.batch_plan.rows else self.batches.rows_next()
-        return self._overruns(rows)
+        update runs; a rows batch takes the last rows, one segment of a multi-agent
+        env's at least, since some rows it takes may not be env steps)."""
+        if self.batch_plan.rows:
+            return self._overruns(self.batch_plan.segment if self.plan_agents else 1)
+        return self._overruns(self.batches.rows_next())
 
     def _overruns(self, rows: int) -> bool:
         return self.report.updates_completed > 0 and (
@@ -353,15 +359,6 @@ class Learner:
         while True:
             if self.batches.ready(cfg.total_env_steps - self.report.env_steps_consumed):
                 return
-            if (
-                not self.batch_plan.rows
-                and not self.members.member_slots()
-                and self.ingest.can_admit()
-            ):
-                # No member left: the waiting actors join now. A fresh version
-                # (same weights) starts their accounting from here, so their
-                # valve, which counts from base_version = version + 1, stays exact.
-                self._broadcast()
             self._check_stop()
             if time.monotonic() > deadline:
                 raise self.starved(self.batches.waited_on())

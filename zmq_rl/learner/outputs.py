@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
-from ..report import LearnerReport
 from ..rl.trainer import PolicyTraining
 from .checkpoint import WriteFailed, atomic_write_bytes, save_learner_checkpoint, save_policy
 from .queues import SlotQueues
+from .report import LearnerReport
 from .self_play import write_self_play_csv
 from .settings import PolicyPlan
 

@@ -19,8 +19,8 @@ unless counted. No sockets here.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -78,19 +78,13 @@ class _SlotQueue:
         self.removed += rows
         return rows, dropped
 
-    def segment_arrivals(self, length: int, most: int) -> list[int]:
-        """The arrival index of the row that completes each of the first ``most``
-        complete segments of ``length`` rows (oldest first)."""
-        out: list[int] = []
-        have, need = -self.cursor, length
+    def arrivals(self) -> Iterator[tuple[int, int]]:
+        """``(arrival, rows)`` of each queued entry, oldest first (the first one's rows
+        after the cursor)."""
+        cursor = self.cursor
         for fragment, _, arrival in self.entries:
-            have += fragment.length
-            while have >= need and len(out) < most:
-                out.append(arrival)
-                need += length
-            if len(out) == most:
-                break
-        return out
+            yield arrival, fragment.length - cursor
+            cursor = 0
 
 
 class SlotQueues:
@@ -132,26 +126,36 @@ class SlotQueues:
         queue = self._queues.get(key)
         return queue.rows + queue.removed if queue else 0
 
-    def oldest_segments(
-        self, slots: list[SlotKey], length: int, count: int
-    ) -> list[SlotKey] | None:
-        """The fixed batch's columns: the ``count`` complete segments of ``length`` rows
-        (counted from each slot's oldest queued row) that completed first, by the arrival
-        of the fragment holding their last row; ties (one fragment's slots, a slot's
-        segments in one fragment) in slot order, then stream order. A slot appears once
-        per segment, its segments in stream order. None while fewer than ``count`` are
-        complete. Oldest first is the fairness rule: a segment never waits behind one
-        that completed after it, so a slow slot is not starved and a fast one takes no
-        more than it delivered."""
-        candidates = [
-            (arrival, key, j)
-            for key in slots
-            if (queue := self._queues.get(key)) is not None and queue.rows >= length
-            for j, arrival in enumerate(queue.segment_arrivals(length, count))
-        ]
-        if len(candidates) < count:
+    def oldest_rows(
+        self, slots: list[SlotKey], rows: int, length: int
+    ) -> list[tuple[SlotKey, int]] | None:
+        """A fixed batch of ``rows`` rows of ``slots``, the oldest by the arrival of their
+        fragments (ties, one fragment's slots: in slot order), as columns ``(slot, n)`` of
+        at most ``length`` consecutive rows of one slot: each slot's rows in the batch,
+        in stream order, cut into full columns and (last) one shorter one. None while
+        fewer than ``rows`` rows are queued. Arrival order is the fairness rule: a row
+        never waits behind one that arrived after it, so a slow slot is not starved (its
+        rows go into the next batch as they come) and a fast one takes no more than it
+        delivered."""
+        queued = [(a, key, n) for key in slots if key in self._queues
+                  for a, n in self._queues[key].arrivals()]  # fmt: skip
+        if sum(n for _, _, n in queued) < rows:
             return None
-        return [key for _, key, _ in heapq.nsmallest(count, candidates)]
+        taken: dict[SlotKey, int] = {}
+        left = rows
+        for _, key, n in sorted(queued, key=lambda entry: entry[:2]):
+            taken[key] = taken.get(key, 0) + min(n, left)
+            left -= min(n, left)
+            if not left:
+                break
+        columns = []
+        for key in sorted(taken, key=lambda k: (self._first_arrival(k), k)):
+            full, rest = divmod(taken[key], length)
+            columns += [(key, length)] * full + ([(key, rest)] if rest else [])
+        return columns
+
+    def _first_arrival(self, key: SlotKey) -> int:
+        return self._queues[key].entries[0][2]
 
     def drop_stale(self, version: int) -> tuple[int, int]:
         """Drop every queued row acted by a version below ``version`` (older than the
@@ -192,17 +196,23 @@ class SlotQueues:
         """Fragments (whole or partly consumed) queued over all slots."""
         return len({id(f) for q in self._queues.values() for f, _, _ in q.entries})
 
-    def take(self, slots: list[SlotKey], num_steps: int) -> Rollout:
+    def take(
+        self, slots: list[SlotKey], num_steps: int, lengths: list[int] | None = None
+    ) -> Rollout:
         """Pop ``num_steps`` rows of every slot into a :class:`Rollout` (a slot named
         twice gives two columns, its next rows in stream order: each column is
-        bootstrapped from the row after it, so targets stay exact).
+        bootstrapped from the row after it, so targets stay exact). ``lengths``: the rows
+        of each column (at most ``num_steps``), written at its last rows; the rows before
+        them are padding, not valid (``Rollout.valid``): a copy of the column's first row
+        with reward 0, which no target, loss or count reads.
 
         Neighbouring rollout columns whose rows come from neighbouring columns of the
         same fragments (an actor's lockstep flushes) are copied as one block: the cost
         is per fragment, not per slot. ``valid`` is assembled from the fragments'
         ``valid`` (a fragment without it: all rows valid) and stays None when every
         row taken is valid."""
-        columns = [self._queues[key].take(num_steps) for key in slots]
+        lengths = lengths or [num_steps] * len(slots)
+        columns = [self._queues[key].take(n) for key, n in zip(slots, lengths, strict=True)]
         first = columns[0][0][0]
         T, B = num_steps, len(slots)
         steps = StepArrays.allocate((T, B), first.obs, first.actions, 2)
@@ -219,7 +229,7 @@ class SlotQueues:
             e = b + 1
             while e < B and _continues(pieces, columns[e], e - b):
                 e += 1
-            t = 0
+            t = T - lengths[b]  # padding before a shorter column (equal in a block)
             for fragment, column, start, stop in pieces:
                 n, cols = stop - start, slice(column, column + e - b)
                 steps.write(
@@ -261,6 +271,11 @@ class SlotQueues:
                 after,
             )
             b = e
+        short = [b for b in range(B) if lengths[b] < T]
+        if short:
+            valid = np.ones((T, B), bool) if valid is None else valid
+            for b in short:
+                _pad(steps, versions, valid, b, T - lengths[b])
         return Rollout(
             **steps.step_arrays(),
             slots=list(slots),
@@ -277,6 +292,18 @@ class SlotQueues:
             state_starts=starts,
             valid=None if valid is None or valid.all() else valid,
         )
+
+
+def _pad(steps: StepArrays, versions: np.ndarray, valid: np.ndarray, b: int, pad: int) -> None:
+    """Rows ``0 .. pad - 1`` of column ``b``: padding before its ``T - pad`` rows, copies
+    of its first row that are not valid, with reward, value and log-prob 0 and no end."""
+    rows = slice(0, pad)
+    steps.write((rows, b), steps.select((slice(pad, pad + 1), b)))
+    for name in ("rewards", "values", "log_probs"):
+        getattr(steps, name)[rows, b] = 0
+    steps.terminated[rows, b] = steps.truncated[rows, b] = False
+    versions[rows, b] = versions[pad, b]
+    valid[rows, b] = False
 
 
 def _continues(

@@ -24,7 +24,6 @@ import torch
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig, replace
 from ..envs import env_shape
-from ..report import LearnerReport
 from ..rl.distributed import (
     Collective,
     LearnerRankLost,
@@ -38,6 +37,7 @@ from ..wire.protocol import Fragment
 from .ingest import POLL_MS, SHUTDOWN_GRACE_S, Ingest
 from .membership import ActorRecord, Membership
 from .queues import SlotQueues
+from .report import LearnerReport
 from .settings import LearnerStarved, StopRequested, run_settings
 
 __all__ = ["LeaderRanks", "RankRouting", "RankZero", "round_outcome", "run_learner_rank"]

@@ -2,7 +2,7 @@
 
 :class:`RunLog` writes what the learner reports as it goes: every update's row to
 ``metrics.jsonl`` and the ``on_update`` hook, the log line (which names the learner's
-device), and deterministic evaluations into the :class:`~zmq_rl.report.LearnerReport`.
+device), and deterministic evaluations into the :class:`~zmq_rl.learner.report.LearnerReport`.
 Every evaluation also becomes an evaluation row (:func:`evaluation_row`), written to
 ``metrics.jsonl`` and the ``on_evaluation`` hook when its result is known, at the
 update, env step and wall time it *measured* (a background evaluation's result
@@ -31,10 +31,10 @@ import numpy as np
 import torch
 
 from ..config import LearnerConfig, PolicyConfig
-from ..metrics import JsonlMetrics, policy_returns_text
-from ..report import LearnerReport
 from ..rl.policy import Policy, export_weights
 from .evaluation import BackgroundEvaluator, evaluate_policy
+from .metrics import JsonlMetrics, policy_returns_text
+from .report import LearnerReport
 
 __all__ = ["BestPolicy", "RunLog", "evaluation_row"]
 
@@ -66,7 +66,7 @@ def evaluation_row(result: dict[str, Any]) -> dict[str, Any]:
     ``env_steps`` and ``wall_seconds`` of the snapshot it measured, ``eval/mean_return``
     and ``eval/std_return`` (and ``reported_at_update`` for a background one). The
     sinks draw its ``eval/`` scalars at its ``env_steps``
-    (:meth:`~zmq_rl.metrics.MetricsWriter.write`)."""
+    (:meth:`~zmq_rl.learner.metrics.MetricsWriter.write`)."""
     row = {
         "update": result["updates"],
         "env_steps": result["env_steps"],

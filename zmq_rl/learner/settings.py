@@ -131,13 +131,15 @@ class BatchPlan:
         return cfg.num_updates(agents_per_env)
 
     def grant_lead(self, live_slots: int) -> int:
-        """The steps per slot a grant allows beyond the most the learner has used of any
-        slot of the actor: ``max_lead_steps`` when set, else enough that the live slots
-        hold two batches (``2 * segments`` segments) and each slot at least one segment.
-        Two batches: the next update's rows are recorded while this one trains."""
+        """The steps per slot a grant allows beyond the most the learner had used of any
+        slot of the actor at its last broadcast: ``max_lead_steps`` when set, else enough
+        that the live slots hold a broadcast cycle and one batch more
+        (``(broadcast_every + 1) * segments`` segments of ``num_steps``), and each slot
+        at least one segment: the next update's rows are recorded while this one
+        trains, as with the ``S``/``L`` valve's default lead of ``2 S``."""
         if self.lead:
             return self.lead
-        per_slot = -(-2 * self.segments // max(1, live_slots))
+        per_slot = -(-(self.broadcast_every + 1) * self.segments // max(1, live_slots))
         return self.segment * max(1, per_slot)
 
     def lag_bound(self, live_slots: int) -> int:

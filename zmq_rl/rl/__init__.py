@@ -1,4 +1,5 @@
-"""The learning maths: advantages, targets, PPO, the trainer, policies and networks.
+"""The learning maths: advantages, targets, PPO, the trainer, policies and networks,
+and where torch runs (device).
 
-No sockets: it imports only the wire wing and the top-level helpers below it.
+No sockets: it imports only the wire wing and the ground below it (config).
 """

@@ -1,9 +1,9 @@
 """A Nature-DQN convolutional actor-critic for image observations (Atari frames).
 
-Use it with ``--factory zmq_rl.cnn:nature_cnn`` (any process builds the same network
+Use it with ``--factory zmq_rl.rl.cnn:nature_cnn`` (any process builds the same network
 from the spaces, as for the built-in MLP)::
 
-    zmq-rl run --env zmq_rl.envs:AtariPong-v0 --factory zmq_rl.cnn:nature_cnn \\
+    zmq-rl run --env zmq_rl.envs:AtariPong-v0 --factory zmq_rl.rl.cnn:nature_cnn \\
         --num-steps 128 --num-envs 8 --num-epochs 4 --minibatch-size 256 \\
         --learning-rate 2.5e-4 --gamma 0.99 --gae-lambda 0.95 --ent-coef 0.01 \\
         --clip-range 0.1 --anneal-clip-range --vf-coef 0.5 --max-grad-norm 0.5
@@ -175,12 +175,12 @@ def _check_spaces(
         or len(observation_space.shape) not in ranks
     ):
         raise ValueError(  # noqa: TRY004
-            f"zmq_rl.cnn:{factory} needs an image Box observation space of shape {shapes}, "
+            f"zmq_rl.rl.cnn:{factory} needs an image Box observation space of shape {shapes}, "
             f"got {observation_space!r}"
         )
     if not isinstance(action_space, gymnasium.spaces.Discrete) or int(action_space.start) != 0:
         raise ValueError(
-            f"zmq_rl.cnn:{factory} needs a Discrete action space starting at 0, "
+            f"zmq_rl.rl.cnn:{factory} needs a Discrete action space starting at 0, "
             f"got {action_space!r}"
         )
 
@@ -188,7 +188,7 @@ def _check_spaces(
 def nature_cnn(
     observation_space: gymnasium.Space, action_space: gymnasium.Space, cfg: PolicyConfig
 ) -> NatureCNN:
-    """The ``--factory zmq_rl.cnn:nature_cnn`` entry point.
+    """The ``--factory zmq_rl.rl.cnn:nature_cnn`` entry point.
 
     ``observation_space`` must be an image ``Box`` of rank 2 or 3; a rank-3 space
     whose last axis is the smallest (``(84, 84, 4)``) is channels-last, otherwise
@@ -202,7 +202,7 @@ def nature_cnn(
     )
     if cfg.normalize_obs:
         raise ValueError(
-            "zmq_rl.cnn:nature_cnn scales pixels by 1/255; turn normalize_obs off "
+            "zmq_rl.rl.cnn:nature_cnn scales pixels by 1/255; turn normalize_obs off "
             "(--no-normalize-obs)"
         )
     shape = tuple(int(d) for d in observation_space.shape)
@@ -227,7 +227,7 @@ def minatar_conv(channels: int) -> nn.Sequential:
 def minatar_cnn(
     observation_space: gymnasium.Space, action_space: gymnasium.Space, cfg: PolicyConfig
 ) -> NatureCNN:
-    """The ``--factory zmq_rl.cnn:minatar_cnn`` entry point: MinAtar's network (Young &
+    """The ``--factory zmq_rl.rl.cnn:minatar_cnn`` entry point: MinAtar's network (Young &
     Tian 2019: conv 16 3x3 stride 1, a 128-unit layer) with a categorical policy head
     and a value head, for ``[C, H, W]`` frames of 0/1 cells (``zmq_rl.envs``'s
     ``MinAtar<Game>-v1``), used as they are (no 1/255 scaling). ``action_space`` must

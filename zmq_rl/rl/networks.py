@@ -668,10 +668,11 @@ class RecurrentActorCritic(nn.Module):
         """Zeros ``[batch, state_size]``: the state an episode starts from."""
         return torch.zeros(batch, self.state_size, device=self.value_head.weight.device)
 
-    def _features(self, obs: Any) -> torch.Tensor:
+    def features(self, obs: Any) -> torch.Tensor:
+        """The trunk's features of an observation batch, ``[N, width]`` (the cell's input)."""
         return self.trunk(self.encoder(obs, self.value_head.weight.dtype))
 
-    def _unroll(
+    def unroll(
         self, x: torch.Tensor, state: torch.Tensor, lengths: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the cell over ``x`` ``[L, N, width]`` from ``state`` ``[N, S]`` in one
@@ -709,8 +710,8 @@ class RecurrentActorCritic(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Act on ``N`` rows from ``state`` ``[N, S]`` (the caller zeroes the rows of
         slots whose episode just began): (action, log_prob, value, next_state)."""
-        x = self._features(obs)
-        h, next_state = self._unroll(x.unsqueeze(0), self._check_state(state, x.shape[0]))
+        x = self.features(obs)
+        h, next_state = self.unroll(x.unsqueeze(0), self._check_state(state, x.shape[0]))
         h = h[0]
         mask = action_mask_of(obs, self.mask_key)
         action, log_prob = self.heads.sample(self.policy_head(h), generator, deterministic, mask)
@@ -733,8 +734,8 @@ class RecurrentActorCritic(nn.Module):
         after each sequence's last real row ``[N, S]``."""
         length, n = actions.shape[:2]
         flat = map_value(lambda x: x.reshape(length * n, *x.shape[2:]), obs)
-        x = self._features(flat).reshape(length, n, -1)
-        h, final = self._unroll(x, self._check_state(state, n), lengths)
+        x = self.features(flat).reshape(length, n, -1)
+        h, final = self.unroll(x, self._check_state(state, n), lengths)
         h = h.reshape(length * n, -1)
         flat_actions = actions.reshape(length * n, *actions.shape[2:])
         mask = action_mask_of(flat, self.mask_key)

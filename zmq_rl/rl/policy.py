@@ -160,7 +160,7 @@ class ActorCritic(nn.Module):
             flat = ((flat - self.obs_mean.to(dtype)) / std).clamp_(-OBS_CLIP, OBS_CLIP)
         return flat
 
-    def _run(self, trunk: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    def run_trunk(self, trunk: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
         """Apply a trunk with ``F.linear`` and the activation function directly.
 
         Equivalent to ``trunk(x)`` but skips ``nn.Module.__call__`` per layer, which
@@ -180,15 +180,16 @@ class ActorCritic(nn.Module):
         x = self.flat_obs(obs)
         head = self.policy_head
         if self.shared_trunk:
-            h = self._run(self.trunk, x)
+            h = self.run_trunk(self.trunk, x)
             return F.linear(h, head.weight, head.bias), self._value_of(h)
-        pi = F.linear(self._run(self.actor_trunk, x), head.weight, head.bias)
-        return pi, self._value_of(self._run(self.critic_trunk, x))
+        pi = F.linear(self.run_trunk(self.actor_trunk, x), head.weight, head.bias)
+        return pi, self._value_of(self.run_trunk(self.critic_trunk, x))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State values ``V(obs)``, ``[B]`` (bootstrap values for the learner)."""
         x = self.flat_obs(obs)
-        return self._value_of(self._run(self.trunk if self.shared_trunk else self.critic_trunk, x))
+        trunk = self.trunk if self.shared_trunk else self.critic_trunk
+        return self._value_of(self.run_trunk(trunk, x))
 
     # -- sampling (actor hot path) ----------------------------------------------------
 

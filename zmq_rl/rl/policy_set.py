@@ -142,10 +142,10 @@ class PolicyTrainers:
                 metrics[f"policy/{pid}/charts/mean_return"] = float(np.mean(recent))
         return UpdateResult(metrics, returns)
 
-    def summary(self, agents: list[str]) -> dict[str, dict[str, Any]]:
+    def summary(self, agents: list[str] | None = None) -> dict[str, dict[str, Any]]:
         """What the report says of each policy: its episodes, mean return of the last
-        100, last metrics, and the ``agents`` (the names of the env's agent indices)
-        it plays."""
+        100, last metrics, and (given ``agents``, the names of the env's agent indices)
+        the agents it plays."""
         out = {}
         for i, pid in enumerate(self.ids):
             returns = self.episode_returns[pid]
@@ -153,8 +153,10 @@ class PolicyTrainers:
                 "episodes_completed": len(returns),
                 "mean_recent_return": float(np.mean(returns[-100:])) if returns else None,
                 "final_stats": self.last_metrics.get(pid, {}),
-                "agents": [a for a, p in zip(agents, self.agent_policy, strict=True) if p == i],
             }
+            if agents is not None:
+                mine = zip(agents, self.agent_policy, strict=True)
+                out[pid]["agents"] = [a for a, p in mine if p == i]
         return out
 
     def state_dict(self) -> dict[str, Any]:

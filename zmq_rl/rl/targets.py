@@ -16,7 +16,7 @@ only valid rows (feed-forward) or valid rows in sequences that never span an
 invalid row (recurrent), so PPO never sees them either.
 
 Devices: the rollout is host arrays. Its tensors are copied to the policy's device
-once (:func:`zmq_rl.device.to_device`), the forward passes the targets need run
+once (:func:`zmq_rl.rl.device.to_device`), the forward passes the targets need run
 there, their outputs (values, log-probs: ``[T, B]`` at most) come back to the host,
 where GAE / V-trace run in numpy (sequential scans over ``T``: cheap on the host,
 kernel-launch bound on a GPU), and the small target arrays go to the device. The
@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..device import to_device
 from ..wire.spaces import Value, map_value
 from .advantages import gae, vtrace
+from .device import to_device
 from .policy import Policy, is_recurrent
 from .ppo import RolloutBatch
 from .rollout import Rollout, SlotKey

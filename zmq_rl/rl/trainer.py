@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
-from ..device import resolve_device, set_compute_threads, to_cpu
 from ..wire.spaces import map_value
+from .device import resolve_device, set_compute_threads, to_cpu
 from .distributed import Collective, DataParallel
 from .normalization import RewardScaler
 from .policy import Policy, build_policy, export_weights

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from ..config import LearnerConfig, PolicyConfig, PPOConfig
 
 if TYPE_CHECKING:
-    from ..deploy import DeployedPolicy
     from ..learner.loop import Learner
-    from ..report import LearnerReport
+    from ..learner.report import LearnerReport
+    from ..serving.deploy import DeployedPolicy
     from .fleet import ActorFleet, FleetLearner, RunLearner
 
 __all__ = ["Callback", "Hooks", "TrainResult", "console_for", "train"]
@@ -71,7 +71,7 @@ class Callback:
 class TrainResult:
     """What a training run produced.
 
-    ``report`` is the learner's :class:`~zmq_rl.report.LearnerReport` (None when
+    ``report`` is the learner's :class:`~zmq_rl.learner.report.LearnerReport` (None when
     the run was aborted by a second Ctrl-C); ``run_dir`` holds config.toml,
     metrics, report.json, policy.pt and checkpoints (None without a run dir).
     """
@@ -104,7 +104,7 @@ class TrainResult:
 
     def load_policy(self) -> DeployedPolicy:
         """The trained policy (:func:`zmq_rl.load_policy` of ``policy.pt``)."""
-        from ..deploy import PolicyFileError, load_policy
+        from ..serving.deploy import PolicyFileError, load_policy
 
         if self.policy_path is None:
             raise PolicyFileError(f"{self.run_dir}: the run wrote no policy.pt")

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from ..config import LearnerConfig
-from ..report import LearnerReport
+from ..learner.report import LearnerReport
 
 __all__ = ["ActorFleet", "FleetLearner", "RunLearner"]
 
@@ -35,6 +35,17 @@ class FleetLearner(Protocol):
 
     def request_stop(self, reason: str) -> None:
         """Ask the run to end soon (an actor failed in a way a restart cannot mend)."""
+        ...
+
+    def actor_exited(self, pid: int) -> None:
+        """An actor process ``pid`` of the fleet exited: its registration is dead now,
+        not after ``actor_timeout``."""
+        ...
+
+    @property
+    def learner_restarts(self) -> list[dict[str, Any]] | None:
+        """The learner's restarts after its crashes (``--resume-on-crash``), for the
+        fleet's report; None when the learner is not resumed after a crash."""
         ...
 
 

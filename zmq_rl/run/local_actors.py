@@ -19,7 +19,7 @@ declares it dead after ``actor_timeout``) and gets the current weights in its
 welcome. What is not restarted, because a restart would run the same command into
 the same error:
 
-* an exit with code 2 (:data:`~zmq_rl.run.common.EXIT_CONFIG`: the actor's own
+* an exit with code 2 (:data:`ACTOR_CONFIG_EXIT`: the actor's own
   configuration error, e.g. a ``--factory`` it cannot load);
 * an exit with an error (code > 0) before the actor ever started collecting (a
   start-up failure: the learner's env or policy cannot be built on this host).
@@ -59,8 +59,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..config import LearnerConfig
-from ..report import LearnerReport
-from .common import EXIT_CONFIG, EXIT_INTERRUPTED, CliFailure
+from ..learner.report import LearnerReport
+from .common import CliFailure
 from .fleet import FleetLearner
 
 if TYPE_CHECKING:
@@ -97,8 +97,13 @@ READY_AFTER_S = 30.0
 has run this long counts as started."""
 LOG_HEADER = "=== zmq-rl run: "
 """Start of the line written into an actor's log before each start of its process."""
-CLEAN_EXITS = (0, EXIT_INTERRUPTED)
-"""Exit codes of an actor that stopped on purpose (not restarted)."""
+CLEAN_EXITS = (0, 130)
+"""Exit codes of an actor that stopped on purpose (not restarted): done, or interrupted
+(the actor command's :data:`~zmq_rl.cli.exits.EXIT_INTERRUPTED`)."""
+ACTOR_CONFIG_EXIT = 2
+"""The exit code of an actor command that stopped on its own configuration error
+(:data:`~zmq_rl.cli.exits.EXIT_CONFIG`): not restarted, the same command would fail
+the same way."""
 STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
@@ -350,9 +355,7 @@ class LocalActors:
         self._update_ready(slot, now)  # the line may have come just before the exit
         assert slot.proc is not None
         pid = slot.proc.pid
-        exited = getattr(self.learner, "actor_exited", None)
-        if exited is not None:  # its registration is dead now, not after actor_timeout
-            exited(pid)
+        self.learner.actor_exited(pid)  # its registration is dead now, not after actor_timeout
         uptime = now - slot.started_at
         why = describe_exit(code)
         slot.last_exit = f"pid {pid} {why}"
@@ -377,7 +380,7 @@ class LocalActors:
             )
             self.exits.append({**record, "action": "not restarted: stopped on purpose"})
             return True
-        if code == EXIT_CONFIG:
+        if code == ACTOR_CONFIG_EXIT:
             reason = "a configuration error, not restarted"
         elif code > 0 and not slot.ready:
             reason = (
@@ -484,9 +487,8 @@ class LocalActors:
             "actor_pids": {str(s.index): s.pids for s in self.slots},
             "failure": self.failure,
         }
-        learner_restarts = getattr(self.learner, "learner_restarts", None)
-        if learner_restarts is not None:
-            out["learner_restarts"] = learner_restarts
+        if self.learner.learner_restarts is not None:
+            out["learner_restarts"] = self.learner.learner_restarts
         return out
 
     def _write_report(self) -> None:
@@ -567,6 +569,10 @@ class ResumingLearner:
         """Ask the current learner to stop; a learner resumed later stops as well."""
         self._stop_reason = reason
         self.current.request_stop(reason)
+
+    def actor_exited(self, pid: int) -> None:
+        """Tell the current learner that an actor process exited."""
+        self.current.actor_exited(pid)
 
     def close(self) -> None:
         """Close the current learner's sockets."""

@@ -28,7 +28,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ..metrics import policy_returns_text
+from ..learner.metrics import policy_returns_text
 
 __all__ = ["TrainingProgress", "format_row"]
 

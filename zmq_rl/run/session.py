@@ -22,7 +22,7 @@ from rich.console import Console
 from zmq_rl.config import ConfigError, LearnerConfig, PolicyConfig, PPOConfig, replace
 
 from ..config_toml import dump_toml
-from ..report import LearnerReport
+from ..learner.report import LearnerReport
 from .common import (
     STOP_SIGNALS,
     CliFailure,
@@ -208,12 +208,12 @@ def train(
     ``preset``: the env preset the configs came from, announced as the first line.
     ``on_update(row)``: called with every update's metrics row after it is recorded
     (the Python API's callbacks). ``wandb_project``: also log the rows to Weights &
-    Biases (:class:`~zmq_rl.metrics.MetricsWriter`; needs a run dir).
+    Biases (:class:`~zmq_rl.learner.metrics.MetricsWriter`; needs a run dir).
     Before the learner binds, a new run's dir is checked: one that holds a run
     already (``resume_command`` is the way the message names to continue it) or
     cannot be created is a :class:`ConfigError`.
     """
-    from zmq_rl.metrics import MetricsWriter, WandbUnavailable, tensorboard_available
+    from zmq_rl.learner.metrics import MetricsWriter, WandbUnavailable, tensorboard_available
 
     if preset:
         console.print(preset_line(preset, cfg), markup=False)
@@ -384,18 +384,17 @@ class StartingLearner:
             self.sockets.close()
 
     def actor_exited(self, pid: int) -> None:
-        """Tell the learner that an actor process exited, when it listens for that
+        """Tell the learner that an actor process exited
         (:meth:`~zmq_rl.learner.loop.Learner.actor_exited`); before it is built no
         actor is registered, so there is nothing to tell."""
-        exited = getattr(self.learner, "actor_exited", None)
-        if exited is not None:
-            exited(pid)
+        if self.learner is not None:
+            self.learner.actor_exited(pid)
 
     @property
     def learner_restarts(self) -> list[dict[str, Any]] | None:
         """The learner's restarts when it resumes after a crash (``--resume-on-crash``:
         a ``ResumingLearner``), else None."""
-        return getattr(self.learner, "learner_restarts", None)
+        return None if self.learner is None else self.learner.learner_restarts
 
 
 @contextlib.contextmanager

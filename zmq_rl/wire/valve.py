@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .protocol import RunSettings
 
 
 @dataclass(frozen=True)
@@ -82,17 +85,25 @@ class ActorThrottle:
 
     @classmethod
     def from_settings(
-        cls, settings: Any, base_version: int, grant: int | None = None
+        cls, settings: RunSettings, base_version: int, grant: int | None = None
     ) -> ActorThrottle:
-        """The valve for an actor welcomed with ``settings`` (a
-        :class:`~zmq_rl.wire.protocol.RunSettings`) whose slots are consumed from
-        ``base_version`` on, or that follows the welcome's ``grant`` (not None)."""
+        """The valve for an actor welcomed with ``settings`` whose slots are consumed
+        from ``base_version`` on, or that follows the welcome's ``grant`` (not None)."""
         return cls(
             steps_per_broadcast=settings.steps_per_broadcast,
             max_lead_steps=settings.max_lead_steps,
             base_version=base_version,
             grant=grant,
         )
+
+
+def slot_cap(settings: RunSettings) -> int:
+    """The most rows an actor that obeys its valve can have queued per slot at the
+    learner: its lead (``max_lead_steps``), the broadcast cycle the learner consumes
+    before the version that proves it moves (``steps_per_broadcast``), and one fragment
+    in flight (``fragment_length``). The learner refuses a fragment past it
+    (``over_lead``): that actor ignores the valve."""
+    return settings.max_lead_steps + settings.steps_per_broadcast + settings.fragment_length
 
 
 def fitting_max_lead_steps(

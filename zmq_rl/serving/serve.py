@@ -29,19 +29,19 @@ import msgpack
 import numpy as np
 import zmq
 
-from .actor.agent import PolicyRunner
-from .actor.client import (
+from ..actor.agent import PolicyRunner
+from ..actor.client import (
     ActorClient,
     BadExperience,
     LearnerLost,
     LearnerRefused,
     LearnerUnreachable,
 )
-from .config import ServeConfig
-from .device import set_compute_threads
-from .rl.masking import ActionMaskError, check_observation_mask
-from .sparse_log import log_sparsely
-from .wire.codec import (
+from ..config import ServeConfig
+from ..rl.device import set_compute_threads
+from ..rl.masking import ActionMaskError, check_observation_mask
+from ..sparse_log import log_sparsely
+from ..wire.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MAX_ENVS_PER_ACTOR,
     PROTOCOL_VERSION,
@@ -53,8 +53,8 @@ from .wire.codec import (
     named_leaves,
     unpack_map,
 )
-from .wire.protocol import Weights
-from .wire.spaces import (
+from ..wire.protocol import Weights
+from ..wire.spaces import (
     Value,
     decode_value,
     encode_value,
@@ -64,11 +64,11 @@ from .wire.spaces import (
     space_spec,
     value_problem,
 )
-from .wire.transport import SocketOptions, make_socket
+from ..wire.transport import SocketOptions, make_socket
 
 __all__ = ["InferenceServer", "RequestError", "decode_request", "pack", "serve"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("zmq_rl.serve")
 
 SERVER_HWM = 10_000
 """Queued messages per simulator connection (a simulator has one request in flight)."""

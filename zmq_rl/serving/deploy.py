@@ -46,12 +46,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .config import PolicyConfig, parse_env_kwargs
-from .learner.checkpoint import config_dict
-from .rl.masking import check_observation_mask
-from .rl.networks import action_mask_of, leaf_paths
-from .rl.policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
-from .wire.spaces import leaves, map_value, wire_dtype
+from ..config import PolicyConfig, parse_env_kwargs
+from ..learner.checkpoint import config_dict
+from ..rl.masking import check_observation_mask
+from ..rl.networks import RecurrentActorCritic, action_mask_of, leaf_paths
+from ..rl.policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
+from ..wire.spaces import leaves, map_value, wire_dtype
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -66,7 +66,7 @@ __all__ = [
     "read_policy_file",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("zmq_rl.deploy")
 
 POLICY_NAME = "policy.pt"
 EXPORT_FORMATS = ("onnx", "torchscript", "safetensors")
@@ -347,7 +347,7 @@ class DeployedPolicy(nn.Module):
             if hasattr(self, "obs_mean"):
                 x = ((x - self.obs_mean) / self.obs_std).clamp(-OBS_CLIP, OBS_CLIP)
             trunk = net.trunk if net.shared_trunk else net.actor_trunk
-            params = F.linear(net._run(trunk, x), net.policy_head.weight, net.policy_head.bias)
+            params = F.linear(net.run_trunk(trunk, x), net.policy_head.weight, net.policy_head.bias)
             action = params.argmax(dim=-1) if self.discrete else params
         else:  # a custom factory's network: its own deterministic act()
             action = net.act(obs, deterministic=True)[0]
@@ -379,8 +379,8 @@ class DeployedPolicy(nn.Module):
         state = state.to(dtype)
         if episode_start is not None:
             state = state * (1.0 - episode_start.to(dtype)).unsqueeze(-1)
-        if hasattr(net, "_features") and hasattr(net, "_unroll"):  # RecurrentActorCritic
-            h, next_state = net._unroll(net._features(obs).unsqueeze(0), state)
+        if isinstance(net, RecurrentActorCritic):
+            h, next_state = net.unroll(net.features(obs).unsqueeze(0), state)
             mask = action_mask_of(obs, getattr(net, "mask_key", None))
             action = net.heads.sample(net.policy_head(h[0]), deterministic=True, mask=mask)[0]
         else:  # a custom factory's recurrent network: its own act_recurrent()
@@ -437,7 +437,7 @@ class DeployedPolicy(nn.Module):
             array = np.asarray(obs, dtype=np.float32)
             single = array.shape == tuple(space.shape or ())
             return torch.from_numpy(array[None] if single else array), single
-        from .actor.agent import coerce_value
+        from ..actor.agent import coerce_value
 
         value = coerce_value(space, obs)
         first_space = leaf_paths(space)[0][1]
@@ -516,7 +516,7 @@ class DeployedPolicy(nn.Module):
     def make_env(self, **make_kwargs: Any) -> gym.Env:
         """The env this policy was trained on (same kwargs and wrappers);
         ``make_kwargs`` such as ``render_mode="human"`` are added."""
-        from .envs import make_env
+        from ..envs import make_env
 
         return make_env(self.env_id, self.env_kwargs, self.wrappers, **make_kwargs)
 
@@ -533,7 +533,7 @@ def load_policy(target: str | Path, env_id: str = "") -> DeployedPolicy:
     or foreign file or weights that do not fit the env, and
     :class:`~zmq_rl.envs.EnvBuildError` when the env cannot be made.
     """
-    from .envs import env_shape
+    from ..envs import env_shape
 
     saved = read_policy_file(target)
     env_id = env_id or saved.env_id
@@ -578,7 +578,7 @@ def evaluate_policy(
     (:meth:`DeployedPolicy.make_env`). Actions come from :meth:`DeployedPolicy.predict`
     (``deterministic``: the mode; False samples), a recurrent policy's state starts
     from zeros each episode. ``seed``: episode ``i`` resets with the ``i``-th of
-    :func:`zmq_rl.seeding.env_seeds` ``(seed, n_eval_episodes)``, the seeds ``zmq-rl
+    :func:`zmq_rl.envs.seeding.env_seeds` ``(seed, n_eval_episodes)``, the seeds ``zmq-rl
     eval --seed`` uses, so the two agree; None resets unseeded.
 
     Returns ``(mean, std)`` of the undiscounted returns (``numpy.std``: population),
@@ -586,9 +586,9 @@ def evaluate_policy(
     int per episode. :class:`~zmq_rl.config.ConfigError` names a bad
     ``n_eval_episodes``; :class:`ValueError` an env whose spaces are not the policy's.
     """
-    from .config import ConfigError
-    from .envs import make_env
-    from .seeding import env_seeds
+    from ..config import ConfigError
+    from ..envs import make_env
+    from ..envs.seeding import env_seeds
 
     if isinstance(n_eval_episodes, bool) or not isinstance(n_eval_episodes, (int, np.integer)):
         raise ConfigError("n_eval_episodes", n_eval_episodes, "must be an integer >= 1")

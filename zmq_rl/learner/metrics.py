@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("zmq_rl.metrics")
 
 __all__ = [
     "JsonlMetrics",

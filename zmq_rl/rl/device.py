@@ -19,8 +19,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .config import check_device_name, resolve_device
-from .wire.spaces import map_value
+from ..config import check_device_name, resolve_device
+from ..wire.spaces import map_value
 
 if TYPE_CHECKING:
     import torch

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from .wire.protocol import StepArrays
-from .wire.spaces import Value, as_value, map_value
+from ..wire.protocol import StepArrays
+from ..wire.spaces import Value, as_value, map_value
 
 __all__ = [
     "AgentSpaceMismatch",
@@ -287,6 +287,50 @@ class SlotRows(StepArrays):
     version: int | None
 
 
+class OpponentSeats:
+    """Who plays the seats of turn-based games besides the policy: in a share
+    (``share``) of the games one seat, drawn uniformly with ``rng`` when the game starts,
+    is an *opponent* that the caller moves by other means (a frozen snapshot of the
+    policy). ``pick()`` names the opponent of each such game (:attr:`opponent_of`, per
+    env), and ``on_result(opponent, outcome)`` hears how it ended for the policy's seat
+    (``"win"``, ``"draw"``, ``"loss"``; counted in :attr:`results`)."""
+
+    def __init__(
+        self,
+        num_envs: int,
+        agents_per_env: int,
+        share: float,
+        rng: np.random.Generator,
+        pick: Callable[[], int],
+        on_result: Callable[[int, str], None],
+    ) -> None:
+        self.agents_per_env = agents_per_env
+        self.share, self.rng = float(share), rng
+        self.pick, self.on_result = pick, on_result
+        self.opponent = np.zeros(num_envs * agents_per_env, bool)  # per slot, this game
+        self.opponent_of = np.full(num_envs, -1, np.int64)  # each game's opponent
+        self.results: dict[str, int] = {"win": 0, "draw": 0, "loss": 0}
+        """Games against an opponent seat, by the result of the policy's seat."""
+
+    def seat(self, e: int) -> None:
+        """Draw whether env ``e``'s new game has an opponent seat, and which."""
+        k = self.agents_per_env
+        self.opponent[e * k : (e + 1) * k] = False
+        if self.share and self.rng.random() < self.share:
+            self.opponent[e * k + int(self.rng.integers(k))] = True
+            self.opponent_of[e] = self.pick()
+
+    def game_over(self, slot: int, reward: float) -> None:
+        """The game of ``slot`` ended with ``reward`` for that (policy's) seat: a result
+        against the game's opponent, if it had one."""
+        k = self.agents_per_env
+        e = slot // k
+        if self.opponent[e * k : (e + 1) * k].any():
+            outcome = "win" if reward > 0 else "loss" if reward < 0 else "draw"
+            self.results[outcome] += 1
+            self.on_result(int(self.opponent_of[e]), outcome)
+
+
 class TurnSlots(_AgentSlots):
     """Turn-based AEC envs (connect four, chess) as ``len(envs) * agents_per_env``
     lockstep slots: slot ``e * agents_per_env + i`` is possible agent ``i`` of env ``e``.
@@ -306,13 +350,10 @@ class TurnSlots(_AgentSlots):
     Agents must take turns in a fixed rotation (every live agent once per
     ``agents_per_env`` turns); ValueError otherwise, naming the env and the agent.
 
-    ``opponent_share``: the share of games in which one seat (drawn uniformly, with
-    ``rng``) is an *opponent*: the caller moves it by other means (a frozen snapshot of
-    the policy) and its rows are never recorded: its slot's rows are not valid for
-    that whole game (it ended its previous game, so that is allowed). ``pick()``
-    names the opponent of each such game when it starts (:attr:`opponent_of`, per
-    env), and ``on_result(opponent, outcome)`` hears how it ended for the policy's
-    seat (``"win"``, ``"draw"``, ``"loss"``).
+    ``opponent_share``, ``pick`` and ``on_result``: the opponent seats
+    (:class:`OpponentSeats`, :attr:`seats`): an opponent seat's rows are never recorded,
+    so its slot's rows are not valid for that whole game (it ended its previous game,
+    so that is allowed).
 
     ``opening_moves``: every game starts with a number of uniformly random legal moves
     drawn from ``0..opening_moves`` (with ``rng``) and rounded down to whole rounds, so
@@ -339,14 +380,26 @@ class TurnSlots(_AgentSlots):
         self.ended = np.ones(self.num_slots, bool)  # the last emitted row ended a game
         self._last_obs: list[Any] = [None] * self.num_slots
         self._over = np.zeros(len(self.envs), bool)  # the env's game ended this round
-        self.opponent_share = float(opponent_share)
         self.rng = rng or np.random.default_rng()
-        self.opponent = np.zeros(self.num_slots, bool)  # seats an opponent plays this game
-        self.opponent_of = np.full(len(self.envs), -1, np.int64)  # each game's opponent
-        self.pick, self.on_result = pick, on_result
-        self.results: dict[str, int] = {"win": 0, "draw": 0, "loss": 0}
-        """Games against an opponent seat, by the result of the policy's seat."""
+        self.seats = OpponentSeats(
+            len(self.envs), self.agents_per_env, opponent_share, self.rng, pick, on_result
+        )
         self.turns = np.zeros(self.num_slots, np.int64)  # moves of each slot this round
+
+    @property
+    def opponent(self) -> np.ndarray:
+        """Per slot: whether an opponent plays that seat in the current game."""
+        return self.seats.opponent
+
+    @property
+    def opponent_of(self) -> np.ndarray:
+        """Per env: the opponent of its current game (when it has an opponent seat)."""
+        return self.seats.opponent_of
+
+    @property
+    def results(self) -> dict[str, int]:
+        """Games against an opponent seat, by the result of the policy's seat."""
+        return self.seats.results
 
     def reset(self, seeds: Sequence[int | None]) -> None:
         """Start every env's first game (``seeds[e]`` for env ``e``)."""
@@ -372,15 +425,7 @@ class TurnSlots(_AgentSlots):
             if any(env.terminations.values()) or any(env.truncations.values()):
                 env.reset()  # the opening ended the game: start it over without one
                 break
-        self._seat_opponent(e)
-
-    def _seat_opponent(self, e: int) -> None:
-        """Draw whether env ``e``'s new game has an opponent seat, and which."""
-        k = self.agents_per_env
-        self.opponent[e * k : (e + 1) * k] = False
-        if self.opponent_share and self.rng.random() < self.opponent_share:
-            self.opponent[e * k + int(self.rng.integers(k))] = True
-            self.opponent_of[e] = self.pick()
+        self.seats.seat(e)
 
     def to_move(self) -> tuple[list[int], list[int], Value | None]:
         """The next turn of the round: ``(envs, slots, observations)`` of the agent to
@@ -409,11 +454,8 @@ class TurnSlots(_AgentSlots):
         if row is None:
             return
         row.reward, row.terminated, row.truncated = reward, term, trunc and not term
-        k = self.agents_per_env
-        if (term or trunc) and self.opponent[slot - slot % k : slot - slot % k + k].any():
-            outcome = "win" if reward > 0 else "loss" if reward < 0 else "draw"
-            self.results[outcome] += 1
-            self.on_result(int(self.opponent_of[slot // k]), outcome)
+        if term or trunc:
+            self.seats.game_over(slot, reward)
         if row.truncated:
             row.final_obs = obs
         self.held[slot] = None
@@ -432,7 +474,7 @@ class TurnSlots(_AgentSlots):
                     "in one round; turn-based envs must let agents take turns in rotation"
                 )
             self.turns[slot] += 1
-            if not self.opponent[slot]:
+            if not self.seats.opponent[slot]:
                 self.held[slot] = _Row(
                     self._last_obs[slot],
                     decided.actions[k],
@@ -465,51 +507,64 @@ class TurnSlots(_AgentSlots):
         """One row of every slot after a round (see the class docstring);
         ``like_actions``: one policy action, for the shape and dtype of the unused
         actions of rows that are not valid."""
-        n = self.num_slots
-        self.turns[:] = 0
-        for e in np.flatnonzero(self._over):  # games that ended start at a round's start
-            self._start_game(e)
-            self.episode_steps[e * self.agents_per_env : (e + 1) * self.agents_per_env] = 0
-        self._over[:] = False
-        rows: list[_Row | None] = []
-        for slot in range(n):
-            if self.final[slot]:
-                rows.append(self.final[slot].popleft())
-            elif self.ended[slot]:
-                rows.append(None)
-            else:
-                raise RuntimeError(f"slot {slot} has no final row after a round (a bug)")
-        valid = np.array([row is not None for row in rows])
-        stand_in = [self._last_obs[slot] for slot in range(n)]
-        obs = [row.obs if row is not None else stand_in[slot] for slot, row in enumerate(rows)]
-        following = [
-            self.final[slot][0].obs
-            if self.final[slot]
-            else self.held[slot].obs
-            if self.held[slot] is not None
-            else stand_in[slot]
-            for slot in range(n)
-        ]
-        final_obs = {
-            slot: row.final_obs
-            for slot, row in enumerate(rows)
-            if row is not None and row.truncated
-        }
-        blank = np.zeros_like(like_actions)
+        self._start_round()
+        slots = range(self.num_slots)
+        rows = [self._take_row(slot) for slot in slots]
+        following = [self._next_obs(slot) for slot in slots]
         for slot, row in enumerate(rows):
             if row is not None:
                 self.ended[slot] = row.terminated or row.truncated
-        versions = [row.version for row in rows if row is not None]
-        return SlotRows(
-            obs=stacked(obs),
-            actions=np.stack([row.action if row is not None else blank for row in rows]),
-            rewards=np.array([row.reward if row else 0.0 for row in rows], np.float32),
-            terminated=np.array([bool(row and row.terminated) for row in rows]),
-            truncated=np.array([bool(row and row.truncated) for row in rows]),
-            values=np.array([row.value if row else 0.0 for row in rows], np.float32),
-            log_probs=np.array([row.log_prob if row else 0.0 for row in rows], np.float32),
-            next_obs=stacked(following),
-            final_obs=final_obs,
-            valid=valid,
-            version=min(versions) if versions else None,
-        )
+        return _slot_rows(rows, self._last_obs, following, like_actions)
+
+    def _start_round(self) -> None:
+        """Start the games that ended in the round just played: a game starts at a
+        round's start."""
+        self.turns[:] = 0
+        for e in np.flatnonzero(self._over):
+            self._start_game(e)
+            self.episode_steps[e * self.agents_per_env : (e + 1) * self.agents_per_env] = 0
+        self._over[:] = False
+
+    def _take_row(self, slot: int) -> _Row | None:
+        """The slot's oldest final row; None (a row that is not valid) when it has none
+        and its agent's last row ended a game."""
+        if self.final[slot]:
+            return self.final[slot].popleft()
+        if self.ended[slot]:
+            return None
+        raise RuntimeError(f"slot {slot} has no final row after a round (a bug)")
+
+    def _next_obs(self, slot: int) -> Any:
+        """What follows the slot's emitted row: its next row's observation (final, else
+        held), else the last observation its agent saw."""
+        if self.final[slot]:
+            return self.final[slot][0].obs
+        held = self.held[slot]
+        return held.obs if held is not None else self._last_obs[slot]
+
+
+def _slot_rows(
+    rows: Sequence[_Row | None], last_obs: Sequence[Any], following: list[Any], like_actions: Any
+) -> SlotRows:
+    """The lockstep arrays of one row per slot; a slot without one (None) gets a row
+    that is not valid: its agent's last observation, zeros, and an action of zeros
+    shaped as ``like_actions``."""
+    blank = np.zeros_like(like_actions)
+    filled = [
+        _Row(obs, blank, 0.0, 0.0, 0) if row is None else row
+        for row, obs in zip(rows, last_obs, strict=True)
+    ]
+    versions = [row.version for row in rows if row is not None]
+    return SlotRows(
+        obs=stacked([row.obs for row in filled]),
+        actions=np.stack([row.action for row in filled]),
+        rewards=np.array([row.reward for row in filled], np.float32),
+        terminated=np.array([row.terminated for row in filled], bool),
+        truncated=np.array([row.truncated for row in filled], bool),
+        values=np.array([row.value for row in filled], np.float32),
+        log_probs=np.array([row.log_prob for row in filled], np.float32),
+        next_obs=stacked(following),
+        final_obs={slot: row.final_obs for slot, row in enumerate(filled) if row.truncated},
+        valid=np.array([row is not None for row in rows]),
+        version=min(versions) if versions else None,
+    )
