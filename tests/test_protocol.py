@@ -91,12 +91,25 @@ def make_weights(version: int = 3) -> Weights:
     )
 
 
+NETWORK = {
+    "hidden_sizes": [64, 64],
+    "activation": "tanh",
+    "shared_trunk": False,
+    "ortho_init": True,
+    "log_std_init": 0.0,
+    "normalize_obs": False,
+    "factory": "",
+    "policy_type": "mlp",
+}
+"""Every key of a welcome's config.policy (each required, docs/protocol.md 4.4)."""
+
+
 def make_run_settings(**changes) -> RunSettings:
     base = dict(
         env_id="CartPole-v1",
         observation_space=spaces.Box(-1.0, 1.0, (4,), np.float32),
         action_space=spaces.Discrete(2),
-        policy={"hidden_sizes": [8, 8]},
+        policy={**NETWORK, "hidden_sizes": [8, 8]},
         num_steps=32,
         broadcast_every=2,
         steps_per_broadcast=64,
