@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 
 import msgpack
@@ -12,6 +13,7 @@ from gymnasium import spaces
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zmq_rl.config import PolicyConfig
 from zmq_rl.wire.protocol import (
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
@@ -91,16 +93,7 @@ def make_weights(version: int = 3) -> Weights:
     )
 
 
-NETWORK = {
-    "hidden_sizes": [64, 64],
-    "activation": "tanh",
-    "shared_trunk": False,
-    "ortho_init": True,
-    "log_std_init": 0.0,
-    "normalize_obs": False,
-    "factory": "",
-    "policy_type": "mlp",
-}
+NETWORK = {**dataclasses.asdict(PolicyConfig()), "hidden_sizes": [64, 64]}
 """Every key of a welcome's config.policy (each required, docs/protocol.md 4.4)."""
 
 

@@ -232,16 +232,15 @@ def _policy_actions(space: Any, lead: tuple[int, ...], rng: np.random.Generator)
 def _allow(observation_space: Any, action_space: Any, obs: Any, actions: np.ndarray) -> None:
     """Set each row's ``action_mask`` entries of the actions it took to 1 (allowed), in
     a run whose actions are masked (docs/protocol.md section 7.2, ``masked_action``)."""
-    from ..rl.masking import mask_key, mask_nvec
+    from ..rl.masking import mask_entries, mask_key, mask_nvec
 
     key = mask_key(observation_space, action_space)
     if key is None:
         return
     nvec = mask_nvec(action_space)
-    rows = int(np.prod(actions.shape[:2]))
-    mask = obs[key].reshape(rows, int(nvec.sum()))
-    chosen = actions.reshape(rows, len(nvec)) + np.concatenate([[0], np.cumsum(nvec)[:-1]])
-    mask[np.arange(rows)[:, None], chosen] = 1
+    chosen = mask_entries(nvec, actions)
+    mask = obs[key].reshape(len(chosen), int(nvec.sum()))
+    mask[np.arange(len(chosen))[:, None], chosen] = 1
 
 
 def _take(value: Any, index: Any) -> Any:

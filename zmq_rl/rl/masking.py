@@ -38,6 +38,7 @@ __all__ = [
     "check_action_mask",
     "check_observation_mask",
     "empty_mask_rows",
+    "mask_entries",
     "masked_action_problem",
     "mask_key",
     "mask_nvec",
@@ -154,6 +155,15 @@ def check_observation_mask(
         check_action_mask(obs[key], mask_nvec(action_space), f"{where}.{key}")
 
 
+def mask_entries(nvec: np.ndarray, actions: np.ndarray) -> np.ndarray:
+    """``[N, K]``: for each of ``N`` rows of policy ``actions`` (0-based, ``K =
+    len(nvec)`` components each), the index in the row's mask of each component's
+    action (its block of the mask starts at the sum of the earlier ``nvec``)."""
+    rows = actions.size // len(nvec)
+    offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
+    return actions.reshape(rows, len(nvec)).astype(np.int64) + offsets
+
+
 def masked_action_problem(
     observation_space: gymnasium.Space,
     action_space: gymnasium.Space,
@@ -175,10 +185,7 @@ def masked_action_problem(
     lead = actions.shape[:2]
     rows = int(np.prod(lead))
     allowed = np.asarray(obs[key]).reshape(rows, int(nvec.sum())) != 0
-    chosen = actions.reshape(rows, len(nvec)).astype(np.int64) + np.concatenate(
-        [[0], np.cumsum(nvec)[:-1]]
-    )
-    bad = ~allowed[np.arange(rows)[:, None], chosen].all(axis=1)
+    bad = ~allowed[np.arange(rows)[:, None], mask_entries(nvec, actions)].all(axis=1)
     if valid is not None:
         bad &= valid.reshape(-1)
     if not bad.any():
