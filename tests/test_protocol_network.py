@@ -84,8 +84,10 @@ def page_log_prob(act_space, params, actions, mask=None) -> np.ndarray:
     if isinstance(act_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         if mask is not None:
             params = np.where(mask.reshape(params.shape) != 0, params, F32_MIN)
-        nvec = [int(act_space.n)] if isinstance(act_space, gym.spaces.Discrete) else list(
-            act_space.nvec.reshape(-1)
+        nvec = (
+            [int(act_space.n)]
+            if isinstance(act_space, gym.spaces.Discrete)
+            else list(act_space.nvec.reshape(-1))
         )
         a = actions.reshape(len(params), -1)
         bounds = np.concatenate([[0], np.cumsum(nvec)])
