@@ -300,13 +300,14 @@ class Fuzzer:
 
 
 class RegisteredPeer:
-    """A raw DEALER + PUSH that registers properly (stub env, one slot) and then
-    sends whatever fragments a test makes; it answers Shutdown with a bye."""
+    """A raw DEALER + PUSH that registers properly (by default on the stub env, one
+    slot; or with ``hello``) and then sends whatever fragments a test makes; it
+    answers Shutdown with a bye."""
 
-    def __init__(self, ctx: zmq.Context, port: int) -> None:
+    def __init__(self, ctx: zmq.Context, port: int, hello: Hello | None = None) -> None:
         self.dealer = raw_socket(ctx, zmq.DEALER, f"tcp://127.0.0.1:{port}")
         self.push = raw_socket(ctx, zmq.PUSH, f"tcp://127.0.0.1:{port + 1}")
-        self.dealer.send(encode(stub_hello()))
+        self.dealer.send(encode(hello or stub_hello()))
         welcome = recv_message(self.dealer, TIMEOUT)
         assert isinstance(welcome, Welcome), welcome
         self.actor_id, self.run_id = welcome.actor_id, welcome.run_id

@@ -504,3 +504,37 @@ def test_send_fragment_names_its_arrays_when_called_wrong(ctx):
     with pytest.raises(RuntimeError, match="register"):  # the right arrays, by name
         client.send_fragment(0, **rows, log_probs=[0.0, 0.0], next_obs=stub_rows(2, 1)[0])
     client.close()
+
+
+def test_what_the_old_registration_queued_never_reaches_the_learner_of_the_new_one(
+    ctx, learner_port
+):
+    """Issue 45 G9: told to register again (a learner restarted on the same ports), the
+    client closes its PUSH with linger 0 before its new hello: the fragments it had
+    queued for the old learner (whose PULL is gone) can only be refused and must not
+    flow to the new PULL while it waits for its welcome (before, the PUSH lingered
+    until the welcome and reconnected to it)."""
+    fake = FakeLearner(ctx, learner_port, bind_pull=False)  # the old learner's PULL: gone
+    client, routing_id = registered_client(ctx, fake)
+    for start in range(0, 18, 6):  # queued in PUSH: nothing takes them
+        rows = stub_rows(start, 6)
+        client.send_fragment(
+            0, rows, np.zeros(6, np.int64), np.ones(6, np.float32), np.zeros(6, bool),
+            np.zeros(6, bool), np.zeros(6, np.float32), np.zeros(6, np.float32), rows[-1],
+        )  # fmt: skip
+    fake.send(routing_id, Refuse("reregister", "the learner restarted"))
+
+    def register_again() -> None:  # as an actor's loop: poll until registered again
+        deadline = time.monotonic() + TIMEOUT
+        while client.registrations < 2 and time.monotonic() < deadline:
+            client.wait_for_weights(0.05)  # (blocks in register() once the refuse is read)
+
+    again = Background(register_again)
+    routing_id, _ = fake.recv_control(Hello)
+    fake.pull.bind(f"tcp://127.0.0.1:{learner_port + 1}")  # the new learner's PULL
+    stale = fake.pull.poll(3000)  # (the PUSH reconnects within its 2 s backoff)
+    fake.welcome(routing_id, 0, weights_of(make_policy(0), 0))
+    again.join()
+    assert again.error is None, repr(again.error)
+    assert not stale, decode(fake.pull.recv())
+    client.close()

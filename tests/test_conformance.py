@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .ports import free_port_block
@@ -44,10 +45,13 @@ KEY_CLAUSES = (
 )
 
 
-def conformance_actor(tmp_path: Path, *command: str, timeout: float = 150) -> tuple[int, dict]:
-    """Run ``zmq-rl conformance actor ... -- command``; its exit code and JSON report."""
+def conformance_actor(
+    tmp_path: Path, *command: str, timeout: float = 150, env: str = ENV, flags: tuple = ()
+) -> tuple[int, dict]:
+    """Run ``zmq-rl conformance actor --env env flags ... -- command``; its exit code and
+    JSON report."""
     report = tmp_path / "report.json"
-    args = [str(BIN / "zmq-rl"), "conformance", "actor", "--env", ENV, *FAST]
+    args = [str(BIN / "zmq-rl"), "conformance", "actor", "--env", env, *FAST, *flags]
     args += ["--json", str(report), "--output", str(tmp_path / "actor.log"), "--", *command]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert report.exists(), done.stdout + done.stderr
@@ -92,6 +96,55 @@ def test_raw_protocol_actor_conforms(tmp_path):
     assert_key_clauses_pass(report)
 
 
+MULTI_AGENT_CLAUSES = ("valid-rows", "action-masks", "policies-feature")
+"""The clauses of multi-agent envs, masked actions and several policies."""
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("env", "flags", "exercised"),
+    [
+        (  # agents that come and go, masked actions, a time limit of 5 cycles
+            "tests.agent_envs:coming_and_going",
+            ("--env-kwargs", "mask=true,max_cycles=5"),
+            ("valid-rows", "action-masks", "truncation"),
+        ),
+        (  # a turn-based game (seats as slots, held moves), a policy per seat
+            "pettingzoo.classic.connect_four_v3",
+            ("--policy-map", "player_0=first,player_1=second"),
+            ("valid-rows", "action-masks", "policies-feature"),
+        ),
+    ],
+    ids=["agents-come-and-go", "turn-based-two-policies"],
+)
+def test_zmq_actor_conforms_on_multi_agent_envs(tmp_path, env, flags, exercised):
+    """Issue 45 N10 / "Also": the tool runs a PettingZoo env (its agents' spaces,
+    agents_per_env slots per copy), with env kwargs and several policies, and judges the
+    multi-agent clauses; zmq-actor (taking the env from the welcome, the learner's number
+    of slots) passes every one. (Its heartbeats may pause while it builds a multi-agent
+    env after its welcome on a loaded machine: issue 44's, hence the slack.)"""
+    command = [str(BIN / "zmq-actor"), "--learner", "{learner}", "--log-level", "warning"]
+    flags = (*flags, "--heartbeat-slack", "6")
+    code, report = conformance_actor(tmp_path, *command, env=env, flags=flags)
+    assert code == 0 and report["passed"], not_passed(tmp_path, report)
+    seen = statuses(report)
+    untimed = {"truncation"} - set(exercised)  # (a game of connect four has no time limit)
+    assert all(seen[c] == "PASS" for c in {*KEY_CLAUSES, *exercised} - untimed), seen
+
+
+@pytest.mark.timeout(200)
+def test_truncation_is_exercised_with_env_kwargs(tmp_path):
+    """Issue 45 G10: CartPole-v1's 500-step limit never truncates a random policy's
+    episodes; ``--env-kwargs max_episode_steps=10`` reaches the actor in the welcome and
+    the truncation clause passes."""
+    command = [str(BIN / "zmq-actor"), "--learner", "{learner}", "--log-level", "warning"]
+    flags = ("--env-kwargs", "max_episode_steps=10")
+    code, report = conformance_actor(tmp_path, *command, env="CartPole-v1", flags=flags)
+    assert code == 0 and report["passed"], not_passed(tmp_path, report)
+    assert statuses(report)["truncation"] == "PASS", report
+    assert all(statuses(report)[c] == "SKIP" for c in MULTI_AGENT_CLAUSES)
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize(
     ("fixture", "clause"),
@@ -101,10 +154,13 @@ def test_raw_protocol_actor_conforms(tmp_path):
         ("actor_blocks_on_sub", "weights-nonblocking"),
         ("actor_ignores_valve", "valve-holds"),
         ("actor_no_bye", "shutdown-bye"),
+        ("actor_breaks_a_mask", "action-masks"),
     ],
 )
 def test_broken_actor_fails_its_clause_and_only_it(tmp_path, fixture, clause):
-    code, report = conformance_actor(tmp_path, sys.executable, "-m", f"tests.fixtures.{fixture}")
+    env = "tests.space_envs:MaskedBandit-v0" if "mask" in fixture else ENV
+    command = (sys.executable, "-m", f"tests.fixtures.{fixture}")
+    code, report = conformance_actor(tmp_path, *command, env=env)
     assert code == 1 and not report["passed"]
     assert failed_musts(report) == {clause}, [
         (c["id"], c["seen"]) for c in report["clauses"] if c["status"] == "FAIL"
@@ -112,8 +168,9 @@ def test_broken_actor_fails_its_clause_and_only_it(tmp_path, fixture, clause):
     assert statuses(report)["registration"] == "PASS"
 
 
-SEVERAL_POLICIES = ("refuse-missing-feature", "policy-topics")
-"""The clauses of a learner of several policies (SKIP against a learner of one)."""
+SEVERAL_POLICIES = ("refuse-part-env-copy", "refuse-missing-feature", "policy-topics")
+"""The clauses of a learner of several policies of a multi-agent env (SKIP against a
+single-agent learner of one policy)."""
 
 
 def conformance_learner(tmp_path: Path, *learner_flags: str, num_envs: int = 2) -> dict:
@@ -156,9 +213,7 @@ def conformance_learner(tmp_path: Path, *learner_flags: str, num_envs: int = 2) 
 
 @pytest.mark.timeout(300)
 def test_zmq_learner_conforms(tmp_path):
-    report = conformance_learner(
-        tmp_path, "--env", "CartPole-v1", "--total-env-steps", "64"
-    )
+    report = conformance_learner(tmp_path, "--env", "CartPole-v1", "--total-env-steps", "64")
     seen = statuses(report)
     assert {c: seen.pop(c) for c in SEVERAL_POLICIES} == dict.fromkeys(SEVERAL_POLICIES, "SKIP")
     assert all(status == "PASS" for status in seen.values()), seen  # shutdown included
@@ -176,3 +231,35 @@ def test_a_learner_of_several_policies_conforms(tmp_path):
     )
     seen = statuses(report)
     assert all(status == "PASS" for status in seen.values()), seen
+
+
+def test_the_valid_rows_clause_judges_across_fragments():
+    """Section 4.1.4 across fragments, which decoding cannot see: a slot whose last row
+    was valid and open must not go on with a row that is not valid; such a row's
+    observation is a stand-in, which contiguity (4.1.1) does not bind."""
+    import gymnasium as gym
+
+    from zmq_rl.conformance.actor import ActorCheckOptions, Observer, Registration
+    from zmq_rl.conformance.vectors import synthetic_fragment
+    from zmq_rl.wire.protocol import Hello
+
+    observer = Observer(ActorCheckOptions())
+    token = bytes(16)
+    reg = Registration(token, 0, 0, 2, 0.0, "run", Hello(-1, "", {}, {}, 2))
+    observer.registrations.append(reg)
+    observer.by_token[token], observer.run_id = reg, "run"
+    spaces = (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2))
+    header = dict(token=token, run_id="run", actor_id=0, version=0, truncated_cells=())
+    first = synthetic_fragment(*spaces, seed=1, seq=0, **header)  # slot 0 ends, slot 1 open
+    first.terminated[-1, 0] = True
+    observer.on_fragment(first, None, 0.0)
+    second = synthetic_fragment(*spaces, seed=2, seq=1, **header)
+    second.valid = np.array([[False, False], [True, True]])
+    second.rewards[0] = 0.0
+    observer.on_fragment(second, None, 0.0)
+    assert observer.problems["valid-rows"] == [
+        "slot 1: seq 1 opens with a row that is not valid after a valid row that did not end "
+        "its episode (in the fragment before)"
+    ]
+    assert "contiguity" not in observer.problems
+    assert observer.not_valid_rows == 2

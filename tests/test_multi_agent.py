@@ -463,6 +463,10 @@ def test_the_snapshot_table_adds_actors_and_rates_by_score():
         "elo_gap": round(400 * np.log10((8.5 + 0.5) / 11 / (1 - (8.5 + 0.5) / 11)), 1),
     }  # fmt: skip
     assert table[0]["elo_gap"] < 0 and table[0]["score"] == 0.0
+    # Issue 45 N14: the keys a learner interprets; a count that does not fit is ignored
+    # (docs/protocol.md 4.8), never a reason to refuse the bye or skew the table.
+    stats["2"] = {"actor/self_play/vs/4/wins": -5.0, "actor/self_play/vs/4/draws": 0.5}
+    assert self_play_table(stats)[1]["games"] == 10
 
 
 def test_evaluations_play_the_chosen_opponent():

@@ -38,6 +38,7 @@ from zmq_rl.rl.policy import (
     import_weights,
     policy_from_welcome,
 )
+from zmq_rl.rl.trainer import Trainer
 
 TIMEOUT = 30.0
 NORM = PolicyConfig(hidden_sizes=(16, 16), normalize_obs=True)
@@ -134,11 +135,24 @@ def test_reward_scaler_against_a_hand_computation() -> None:
     spiky.scale(np.zeros((5000, 2), np.float32), np.zeros((5000, 2), bool), ["a", "b"])
     out = spiky.scale(np.array([[100.0, -100.0]], np.float32), np.zeros((1, 2), bool), ["a", "b"])
     np.testing.assert_array_equal(out, [[10.0, -10.0]])
-    # state() / load() round-trips through JSON-able values.
+    # state() / load() round-trips the statistics through JSON-able values; the slots'
+    # running returns start over (after a resume every slot is a new stream).
     other = RewardScaler(gamma)
     other.load(scaler.state())
-    assert other.count == scaler.count and other.returns == scaler.returns
+    assert other.count == scaler.count and scaler.returns and other.returns == {}
     np.testing.assert_array_equal(other.var, scaler.var)
+
+
+def test_a_slot_forgotten_starts_its_next_stream_from_a_zero_return() -> None:
+    """Issue 45 E7: a slot whose actor left (or registered again) starts a new stream;
+    its reward-scaling return, which scales the training rows, is dropped with its
+    unfinished episode (it ran on into the next registration's rows before)."""
+    cfg = LearnerConfig(num_actors=1, num_envs=1, num_steps=4, normalize_reward=True)
+    trainer = Trainer(cfg, PPOConfig(), PolicyConfig(hidden_sizes=(8,)), OBS_SPACE, DISCRETE)
+    trainer.reward_scaler.observe(np.ones((4, 1)), np.zeros((4, 1), bool), [(0, 0)])
+    trainer.running_return[(0, 0)] = 4.0
+    trainer.forget_slots([(0, 0)])
+    assert (0, 0) not in trainer.reward_scaler.returns and (0, 0) not in trainer.running_return
 
 
 # -- the same transform on both sides -----------------------------------------------------

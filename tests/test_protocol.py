@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 
 import msgpack
@@ -12,6 +13,7 @@ from gymnasium import spaces
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zmq_rl.config import PolicyConfig
 from zmq_rl.wire.protocol import (
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
@@ -91,12 +93,16 @@ def make_weights(version: int = 3) -> Weights:
     )
 
 
+NETWORK = {**dataclasses.asdict(PolicyConfig()), "hidden_sizes": [64, 64]}
+"""Every key of a welcome's config.policy (each required, docs/protocol.md 4.4)."""
+
+
 def make_run_settings(**changes) -> RunSettings:
     base = dict(
         env_id="CartPole-v1",
         observation_space=spaces.Box(-1.0, 1.0, (4,), np.float32),
         action_space=spaces.Discrete(2),
-        policy={"hidden_sizes": [8, 8]},
+        policy={**NETWORK, "hidden_sizes": [8, 8]},
         num_steps=32,
         broadcast_every=2,
         steps_per_broadcast=64,

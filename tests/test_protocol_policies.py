@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
+from tests.test_protocol import NETWORK
 from zmq_rl.wire.protocol import (
     FEATURE_POLICIES,
     POLICY_ID_PATTERN,
@@ -29,8 +30,8 @@ from zmq_rl.wire.protocol import (
 )
 
 TOKEN = bytes(range(16))
-FIRST = {"hidden_sizes": [8, 8], "activation": "tanh"}
-SECOND = {"hidden_sizes": [8, 8], "activation": "relu"}
+FIRST = {**NETWORK, "hidden_sizes": [8, 8], "activation": "tanh"}
+SECOND = {**NETWORK, "hidden_sizes": [8, 8], "activation": "relu"}
 
 
 def settings(**changes) -> RunSettings:

@@ -109,8 +109,11 @@ def _membership(context: dict) -> Membership:
     return members
 
 
-def _run_spaces() -> tuple[gym.Space, gym.Space]:
-    return V._spaces()["box"], gym.spaces.Discrete(2)
+def _run_spaces(context: dict) -> tuple[gym.Space, gym.Space]:
+    """The run's spaces as a vector's context holds them (section 11.1)."""
+    return tuple(
+        space_from_spec(V.from_view(context[k])) for k in ("observation_space", "action_space")
+    )
 
 
 def _admit(members: Membership, fragment: Fragment, context: dict) -> None:
@@ -119,11 +122,12 @@ def _admit(members: Membership, fragment: Fragment, context: dict) -> None:
         "",
         run_id=context["run_id"],
         version=context["published_version"],
-        spaces=_run_spaces(),
+        spaces=_run_spaces(context),
         queued_rows=lambda key: 0,
         slot_cap=10**6,
         now=1.0,
         state_size=context["state_size"],
+        agents_per_env=context["agents_per_env"],
     )
 
 
@@ -153,9 +157,20 @@ def test_invalid_vector_is_rejected_with_its_reason(path):
         members = _membership(vector["context"])
         assert members.sender(ROUTING_ID, message.actor_id, message.token) is None
         assert vector["refuse"] == "reregister"
+        # A heartbeat of another run is what a restart leaves in flight (section 5.6).
+        other_run = message.run_id != vector["context"]["run_id"]
+        assert vector["reason"] == ("other_run" if other_run else "unknown_actor")
     else:
         assert vector["stage"] == "hello"
-        problem = check_hello(Membership(), ROUTING_ID, message, "CartPole-v1", *_run_spaces())
+        context = vector["context"]
+        problem = check_hello(
+            Membership(),
+            ROUTING_ID,
+            message,
+            context["env_id"],
+            *_run_spaces(context),
+            agents_per_env=context["agents_per_env"],
+        )
         assert problem is not None and problem[0] == vector["reason"], problem
 
 
@@ -233,7 +248,7 @@ def test_a_hello_that_does_not_decode_is_answered_bad_hello():
 def test_the_unmutated_base_of_the_admit_vectors_is_admitted():
     """Each admit vector differs from an accepted fragment only by its defect."""
     worked = load(VECTORS / "fragment-cartpole-worked.json")
-    context = V.WORKED_CONTEXT.to_json()
+    context = V.worked_context().to_json()
     members = _membership(context)
     fragment = decode(bytes.fromhex(worked["hex"]))
     _admit(members, fragment, context)
@@ -280,3 +295,75 @@ def test_view_keeps_msgpack_types_apart():
     assert V.pack(V.from_view(view)) == V.pack(
         {"i": 1, "f": 1.0, "b": b"\x01", "inf": float("inf")}
     )
+
+
+def test_valid_vectors_name_the_socket_they_travel_to():
+    """Issue 45 G6: a heartbeat's direction (token required from an actor, forbidden from
+    the learner) is written in the vector, not inferred; every message vector decodes on
+    its socket."""
+    for path in VALID:
+        vector = load(path)
+        if vector["type"] == "space":
+            assert "socket" not in vector
+            continue
+        message = decode(bytes.fromhex(vector["hex"]), SOCKET_TYPES[vector["socket"]])
+        if isinstance(message, Heartbeat):
+            from_learner = vector["socket"] == "actor-control"
+            assert (message.actor_id == -1) == from_learner
+            assert (message.token is None) == from_learner, path.name
+
+
+def test_the_rejoin_hello_vector_is_a_rejoin_as_section_4_3_says():
+    """Issue 45 N2: registering again keeps the previous welcome's num_envs (never 0) and
+    sends the spaces it acts on explicitly."""
+    hello = decode(bytes.fromhex(load(VECTORS / "hello-rejoin.json")["hex"]))
+    assert hello.rejoin_run_id and hello.actor_id >= 0
+    assert hello.num_envs > 0 and hello.observation_space and hello.action_space
+    assert (
+        check_hello(
+            Membership(),
+            ROUTING_ID,
+            hello,
+            "CartPole-v1",
+            *_run_spaces(V.worked_context().to_json()),
+        )
+        is None
+    )
+
+
+def test_every_welcome_vector_carries_every_network_key():
+    """Issue 45 N3 / G3: every key of config.policy is required (section 4.4); the
+    vectors carry policy_type, and a welcome without it is invalid."""
+    from zmq_rl.wire.protocol import POLICY_KEYS
+
+    for path in VALID:
+        vector = load(path)
+        if vector["type"] != "welcome":
+            continue
+        config = V.from_view(vector["view"])["config"]
+        for policy in (config["policy"], *config.get("policies", {}).values()):
+            assert set(POLICY_KEYS) <= set(policy), path.name
+    missing = load(VECTORS / "invalid" / "welcome-policy-key-missing.json")
+    assert "policy_type" in missing["description"] and missing["reason"] == "bad_field"
+
+
+def test_admit_contexts_hold_the_spaces_they_are_checked_against():
+    """Issue 45 N4 / C2: an admit vector's context lists every field section 11.1 names,
+    the run's spaces among them."""
+    keys = {
+        "run_id",
+        "published_version",
+        "actor_id",
+        "token",
+        "num_envs",
+        "next_seq",
+        "state_size",
+        "observation_space",
+        "action_space",
+        "agents_per_env",
+    }
+    admits = [load(p) for p in INVALID if load(p)["stage"] == "admit"]
+    assert {v["reason"] for v in admits} >= {"masked_action", "bad_valid"}
+    for vector in admits:
+        assert set(vector["context"]) == keys, vector["name"]
+        _run_spaces(vector["context"])  # the specs decode

@@ -571,6 +571,7 @@ class LearnerConnection:
         self._poll_control()
         if self.needs_reregister:
             self.link.log_reregister()
+            self.sender.close(linger=0)  # what it queued can only be refused (protocol 5.6)
             welcome = self.register()
             if self._welcome_refused:
                 return None

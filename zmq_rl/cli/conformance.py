@@ -11,7 +11,11 @@ from typing import Any
 __all__ = ["add_conformance_flags", "conformance_from_args"]
 
 ACTOR_HELP = {
-    "env_id": "the learner's env id; the actor must run the same env",
+    "env_id": "the learner's env id (a gymnasium id or a multi-agent PettingZoo env); the "
+    "actor must run the same env",
+    "env_kwargs": "keyword arguments of the env (JSON or key=value,...), also sent in the "
+    "welcome: e.g. max_episode_steps=20 so that the truncation clause is exercised",
+    "policy_map": "several policies: AGENT=POLICY,... as zmq-rl run's --policy-map",
     "host": "address the learner binds (and hands to the actor)",
     "port": "control port (experience +1, weights +2); 0 = a free block below the "
     "ephemeral ports (ZMQ_RL_TEST_PORTS=START-STOP picks in that range)",
@@ -96,7 +100,7 @@ def conformance_from_args(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
 
     if args.target == "actor":
-        check_env(args.env_id)  # a bad id fails up front (and module ids find the cwd)
+        check_env(args.env_id, env_kwargs=args.env_kwargs)  # a bad id fails up front
         from ..conformance.actor import ActorCheckOptions, check_actor
 
         command = list(args.command)

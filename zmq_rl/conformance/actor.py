@@ -41,8 +41,10 @@ from ..learner.ingest import Ingest
 from ..learner.membership import ActorRecord
 from ..learner.report import LearnerReport
 from ..learner.settings import run_settings
+from ..rl.masking import mask_key
 from ..wire.ports import free_port_block
 from ..wire.protocol import (
+    FEATURE_POLICIES,
     Bye,
     Fragment,
     Heartbeat,
@@ -62,6 +64,9 @@ log = logging.getLogger(__name__)
 LEARNER_ENV = "ZMQ_RL_LEARNER"
 """The environment variable that hands the actor under test the learner's address."""
 PUMP_MS = 20
+TURN_HELD_ROWS = 2
+"""Rows per slot of a turn-based game chosen before a release that may arrive after it
+(each seat's held move, and the round the pause interrupted)."""
 CONFIRM_QUIET = 3
 """A pause short of the valve budget fails an actor only once it lasted this many
 times ``quiet``: a pause that ends the check early costs ``quiet``, a failing one
@@ -115,6 +120,26 @@ CLAUSES = {
         ),
         Clause("exit", "5.7", "SHOULD", "the actor stops (its process ends) after its bye"),
         Clause("version-mismatch", "4.5", "MUST", "a reply in protocol 1 stops the actor for good"),
+        Clause(
+            "valid-rows",
+            "4.1.4",
+            "MUST",
+            "multi-agent: a row that is not valid follows its slot's ended agent, also across "
+            "fragments (SKIP for a single-agent env, or if no such row occurred)",
+        ),
+        Clause(
+            "action-masks",
+            "7.2",
+            "MUST",
+            "masked actions: every valid row's action is one its own action_mask allows "
+            "(SKIP for an env without masks)",
+        ),
+        Clause(
+            "policies-feature",
+            "4.9",
+            "MUST",
+            "several policies: the hello announces 'policies' (SKIP for a run of one policy)",
+        ),
     )
 }
 
@@ -124,6 +149,8 @@ class ActorCheckOptions:
     """The scenario's sizes and timeouts (each a ``zmq-rl conformance actor`` flag)."""
 
     env_id: str = "CartPole-v1"
+    env_kwargs: str = ""  # keyword arguments of the env (--env-kwargs), in the welcome too
+    policy_map: str = ""  # several policies (--policy-map AGENT=POLICY,...): docs 4.9
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free block of three ports
     num_steps: int = 8
@@ -164,6 +191,7 @@ class Registration:
     last_version: int = 0
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     last_next: dict[int, Any] = field(default_factory=dict)
+    open_end: dict[int, bool] = field(default_factory=dict)  # slot -> last row valid, not ended
     heartbeats: list[float] = field(default_factory=list)
     fragments: int = 0
     last_fragment_at: float = 0.0
@@ -195,6 +223,8 @@ class Observer:
         self.quiet_since = time.monotonic()
         self.run_id = ""  # the learner's current run
         self.stale_run_fragments = 0
+        self.not_valid_rows = 0
+        self.valid_rows = 0
 
     def problem(self, clause: str, text: str) -> None:
         """Note evidence against ``clause`` (the first few are reported)."""
@@ -231,6 +261,8 @@ class Observer:
             self.problem("version", f"version {fragment.version} > published {self.version}")
         elif reason == "over_lead":
             self.problem("valve-holds", "a fragment was rejected as over_lead")
+        elif reason == "masked_action":
+            self.problem("action-masks", f"seq {fragment.seq} rejected: masked_action")
         elif reason in ("other_run", "unknown_actor") and reg.run_id != self.run_id:
             # Sent to the previous run before the actor learned of the restart: lost, as
             # the page says (its queue reconnected to the new learner).
@@ -258,11 +290,18 @@ class Observer:
             if reason is not None:
                 reg.last_next.pop(slot, None)  # lost rows: the next accepted ones start afresh
             else:
-                if last is not None and not all(
-                    np.array_equal(x, y) for x, y in zip(leaves(first), leaves(last), strict=False)
+                stand_in = fragment.valid is not None and not fragment.valid[0, b]  # (4.1.4)
+                if (
+                    last is not None
+                    and not stand_in
+                    and not all(
+                        np.array_equal(x, y)
+                        for x, y in zip(leaves(first), leaves(last), strict=False)
+                    )
                 ):
                     self.problem("contiguity", f"slot {slot}: seq {fragment.seq} does not continue")
                 reg.last_next[slot] = map_value(lambda a, b=b: np.array(a[b]), fragment.next_obs)
+                self.judge_valid(reg, fragment, b, slot)
             reg.rows[slot] += length
         self.truncated_cells += int(fragment.final_obs_index.shape[0])
         over = int(reg.rows.max()) - self.budget(reg) if reg.rows.size else 0
@@ -273,6 +312,22 @@ class Observer:
                 for slot in fragment.slots.tolist():
                     counts[slot] += length
             self.first_version_after.setdefault(published, fragment.version)
+
+    def judge_valid(self, reg: Registration, fragment: Fragment, b: int, slot: int) -> None:
+        """Section 4.1.4 across fragments (decoding checked it within one): a row that
+        is not valid never follows a valid row of its slot that did not end."""
+        valid = fragment.valid
+        column = np.ones(fragment.length, bool) if valid is None else valid[:, b]
+        ended = fragment.terminated[:, b] | fragment.truncated[:, b]
+        if not column[0] and reg.open_end.get(slot, False):
+            self.problem(
+                "valid-rows",
+                f"slot {slot}: seq {fragment.seq} opens with a row that is not valid after "
+                "a valid row that did not end its episode (in the fragment before)",
+            )
+        self.not_valid_rows += int((~column).sum())
+        self.valid_rows += int(column.sum())
+        reg.open_end[slot] = bool(column[-1] and not ended[-1])
 
     def on_publish(self, version: int, now: float) -> None:
         """The learner broadcast ``version``."""
@@ -322,13 +377,15 @@ class ScriptedLearner:
     (watched by an :class:`IngestWatch`) and a scripted update loop."""
 
     def __init__(self, options: ActorCheckOptions, observer: Observer, port: int) -> None:
-        import gymnasium as gym
-
+        from ..envs import env_shape
+        from ..learner.settings import policy_plan
         from ..rl.policy import build_policy, export_weights
 
         self.options, self.observer = options, observer
         self.cfg = LearnerConfig(
             env_id=options.env_id,
+            env_kwargs=options.env_kwargs,
+            policy_map=options.policy_map,
             host=options.host,
             port=port,
             num_actors=1,
@@ -338,15 +395,27 @@ class ScriptedLearner:
             actor_timeout=600.0,
             starvation_timeout=600.0,
         ).validate()
-        probe = gym.make(options.env_id)
-        spaces = (probe.observation_space, probe.action_space)
-        probe.close()
+        # A gymnasium env or a multi-agent (PettingZoo) one: its agents' shared spaces,
+        # agents_per_env slots per env copy (docs/protocol.md 4.1.4).
+        self.shape = shape = env_shape(options.env_id, options.env_kwargs)
+        spaces = (shape.observation_space, shape.action_space)
         policy_cfg = PolicyConfig().validate()
-        self.tensors = export_weights(build_policy(*spaces, policy_cfg))
+        self.plan = plan = policy_plan(self.cfg, policy_cfg, shape)
+        self.tensors = {  # each policy's ("": the one policy's)
+            pid: export_weights(build_policy(*spaces, config))
+            for pid, config in (plan.configs if plan.several else {"": policy_cfg}).items()
+        }
         self.version = 0
-        self.run_id = ""
-        weights = Weights(version=0, run_id="x" * 12, tensors=self.tensors)
-        settings = run_settings(self.cfg, *spaces, policy_cfg, weights_bytes=len(encode(weights)))
+        self.run_id = "x" * 12  # (for the weights' size; start() gives each run its own)
+        largest = max(len(encode(w)) for w in self._weights())
+        settings = run_settings(
+            self.cfg,
+            *spaces,
+            policy_cfg,
+            weights_bytes=largest,
+            agents_per_env=shape.agents_per_env,
+            plan=plan,
+        )
         self.settings = dataclasses.replace(settings, heartbeat_interval=options.heartbeat_interval)
         self.counters: Counter[str] = Counter()
         self.ingest: Ingest | None = None
@@ -384,12 +453,15 @@ class ScriptedLearner:
             self.ingest.close()
             self.ingest = None
 
-    def current_weights(self) -> Weights:
-        """The current version's weights under the current run id."""
+    def current_weights(self) -> list[Weights]:
+        """The current version's weights under the current run id (one per policy)."""
         return self._weights()
 
-    def _weights(self) -> Weights:
-        return Weights(version=self.version, run_id=self.run_id, tensors=self.tensors)
+    def _weights(self) -> list[Weights]:
+        return [
+            Weights(version=self.version, run_id=self.run_id, tensors=tensors, policy=pid)
+            for pid, tensors in self.tensors.items()
+        ]
 
     def pump(self, train: bool) -> None:
         """Serve the sockets once; with ``train``, take a rollout and broadcast when one
@@ -649,34 +721,44 @@ class Scenario:
             return False
         version = self.learner.version
         ok = self.pump_until(
-            lambda: int(reg.rows.min()) > old_budget or not self.actor.alive(),
+            lambda: (
+                (int(reg.rows.min()) > old_budget and reg.last_version >= version)
+                or not self.actor.alive()
+            ),
             opt.phase_timeout,
             train=False,
         )
         first = obs.first_version_after.get(version)
+        # A turn-based actor holds each seat's move until its outcome is known (docs
+        # multi_agent.md): the moves chosen before the release (the seat's held one, and
+        # the round the pause interrupted) are recorded after it with their version.
+        held = TURN_HELD_ROWS if self.learner.shape.turn_based else 0
+        stale = max(obs.stale_rows.get(version, Counter()).values(), default=0)
         waited = time.monotonic() - published_at
         if not ok or int(reg.rows.min()) <= old_budget:
             self.record(
                 "valve-resume",
                 False,
-                f"no row past the old budget {old_budget} within {opt.phase_timeout:g}s of "
-                f"version {version}",
+                f"no row of version {version} past the old budget {old_budget} within "
+                f"{opt.phase_timeout:g}s of its broadcast",
             )
             return False
         if obs.max_over_budget:
             self.record("valve-resume", None, "not applicable: the actor never paused")
             return True
-        if first is not None and first < version:
+        if first is not None and first < version and stale > held:
             self.record(
                 "valve-resume",
                 False,
-                f"resumed, but its first rows after version {version} carry version {first}",
+                f"resumed, but its first rows after version {version} carry version {first}"
+                + (f" ({stale} row(s) per slot; a turn-based game holds {held})" if held else ""),
             )
             return True
         self.record(
             "valve-resume",
             True,
-            f"version {version} released it within {waited:.2f}s; rows carry version {first}",
+            f"version {version} released it within {waited:.2f}s; "
+            + (f"{stale} held row(s) per slot first" if stale else f"rows carry version {first}"),
         )
         return True
 
@@ -879,8 +961,10 @@ class Scenario:
             self.record(
                 "truncation",
                 None,
-                "no truncated cell in the run (use an env with a shorter time limit)",
+                "no truncated cell in the run (give the env a shorter time limit: e.g. "
+                "--env-kwargs max_episode_steps=20 for a gymnasium id)",
             )
+        self.judge_multi_agent(first)
         if obs.max_over_budget or "valve-holds" in first:
             self.record(
                 "valve-holds",
@@ -908,6 +992,42 @@ class Scenario:
             f"(allowed {pickup}); {len(obs.published)} broadcast(s)"
             + (f", versions {never} unseen before the end" if never else ""),
         )
+
+    def judge_multi_agent(self, first: dict[str, list[str]]) -> None:
+        """The clauses of multi-agent envs, masked actions and several policies."""
+        obs, learner = self.observer, self.learner
+        agents = learner.shape.agents_per_env
+        if agents == 1:
+            self.record("valid-rows", None, "a single-agent env: every row is valid")
+        elif "valid-rows" in first:
+            self.record("valid-rows", False, "; ".join(first["valid-rows"]))
+        else:
+            self.record(
+                "valid-rows",
+                True if obs.not_valid_rows else None,
+                f"{obs.not_valid_rows} row(s) not valid of {agents} agents per env copy, "
+                "each after its slot's agent ended" if obs.not_valid_rows else
+                "no row that is not valid occurred",
+            )  # fmt: skip
+        settings = learner.settings
+        if mask_key(settings.observation_space, settings.action_space) is None:
+            self.record("action-masks", None, "the env's actions are not masked")
+        elif "action-masks" in first:
+            self.record("action-masks", False, "; ".join(first["action-masks"]))
+        else:
+            self.record("action-masks", True, f"{obs.valid_rows} valid row(s), none masked")
+        regs = self.observer.registrations
+        if not learner.plan.several:
+            self.record("policies-feature", None, "a run of one policy")
+        else:  # a hello without it is refused: no registration at all
+            hellos = [h for _, h in obs.hellos]
+            lacking = [h for h in hellos if FEATURE_POLICIES not in h.features]
+            self.record(
+                "policies-feature",
+                bool(hellos) and not lacking,
+                f"{len(hellos)} hello(s), {len(lacking)} without 'policies'; "
+                f"{len(regs)} registration(s)",
+            )
 
     def judge_heartbeats(self) -> None:
         """Gaps between an actor's heartbeats, per registration, outside the restart."""

@@ -93,6 +93,13 @@ CLAUSES = {
             "S rows per slot make the next version: version + 1, the run id, the tensors",
         ),
         Clause(
+            "refuse-part-env-copy",
+            "4.3",
+            "MUST",
+            "a learner of a multi-agent env refuses a hello whose num_envs is not a multiple "
+            "of agents_per_env (bad_hello); SKIP for a single-agent learner",
+        ),
+        Clause(
             "refuse-missing-feature",
             "4.9",
             "MUST",
@@ -203,6 +210,7 @@ class LearnerScenario:
             self.refusals()
             welcome = self.register()
             if welcome is not None:
+                self.part_env_copy_refusal(welcome)
                 self.feature_refusal(welcome)
                 self.stream(welcome)
         finally:
@@ -266,6 +274,14 @@ class LearnerScenario:
             {**beat.to_map(), "proto": PROTOCOL_VERSION, "type": "heartbeat"},
             "reregister",
         )
+
+    def part_env_copy_refusal(self, welcome: Welcome) -> None:
+        """Multi-agent: a hello of one slot more than a whole number of env copies."""
+        agents = welcome.settings.agents_per_env
+        if agents == 1:
+            self.record("refuse-part-env-copy", None, "the learner's env is single-agent")
+            return
+        self.refuse_check("refuse-part-env-copy", _hello(num_envs=agents + 1), "bad_hello")
 
     def feature_refusal(self, welcome: Welcome) -> None:
         """Several policies: a hello without the ``policies`` feature is refused."""
@@ -478,22 +494,27 @@ class LearnerScenario:
                 f"not checked: the learner published {published} before its S rows",
             )
             return
+        s = welcome.settings
         ctx = V.Context(
             welcome.run_id,
             self.version,
             welcome.actor_id,
             welcome.token,
-            welcome.settings.num_envs,
+            s.num_envs,
             self.seq,
-            welcome.settings.state_size,
+            s.state_size,
+            s.observation_space,
+            s.action_space,
+            s.agents_per_env,
         )
         base = {**self.base_fragment(1).to_map(), "proto": PROTOCOL_VERSION, "type": "fragment"}
         good = V.pack(base)
+        mutations = [m for m in V.FRAGMENT_MUTATIONS if m.applies(ctx)]
         frames = [
             ("trailing-bytes", good + b"\x00"),
             ("proto-1", V.pack({**base, "proto": 1})),
             ("unknown-type", V.pack({**base, "type": "fragments"})),
-            *[(m.name, V.mutated_fragment(base, m, ctx)) for m in V.FRAGMENT_MUTATIONS],
+            *[(m.name, V.mutated_fragment(base, m, ctx)) for m in mutations],
         ]
         published = self.try_frames(frames)
         if published:

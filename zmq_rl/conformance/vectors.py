@@ -97,6 +97,8 @@ def to_view(obj: Any) -> Any:
             if array is not None:
                 view["values"] = _values(array)
             return {"$array": view}
+        if not all(isinstance(k, str) for k in obj):  # (JSON keys are strings)
+            raise ValueError("a map key that is not a str has no view")
         return {k: to_view(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_view(v) for v in obj]
@@ -227,6 +229,20 @@ def _policy_actions(space: Any, lead: tuple[int, ...], rng: np.random.Generator)
     return _leaf_sample(space, lead, rng)
 
 
+def _allow(observation_space: Any, action_space: Any, obs: Any, actions: np.ndarray) -> None:
+    """Set each row's ``action_mask`` entries of the actions it took to 1 (allowed), in
+    a run whose actions are masked (docs/protocol.md section 7.2, ``masked_action``)."""
+    from ..rl.masking import mask_entries, mask_key, mask_nvec
+
+    key = mask_key(observation_space, action_space)
+    if key is None:
+        return
+    nvec = mask_nvec(action_space)
+    chosen = mask_entries(nvec, actions)
+    mask = obs[key].reshape(len(chosen), int(nvec.sum()))
+    mask[np.arange(len(chosen))[:, None], chosen] = 1
+
+
 def _take(value: Any, index: Any) -> Any:
     if isinstance(value, dict):
         return {k: _take(v, index) for k, v in value.items()}
@@ -257,7 +273,8 @@ def synthetic_fragment(
     **header: Any,
 ) -> Fragment:
     """A valid fragment of random (seeded) values of the two spaces: ``[length, width]``
-    cells, the given cells truncated (not terminated), each with a final observation."""
+    cells, the given cells truncated (not terminated), each with a final observation.
+    With an ``action_mask`` in the observations, every row's mask allows its action."""
     rng = np.random.default_rng(seed)
     lead = (length, width)
     obs = _sample(observation_space, lead, rng)
@@ -266,9 +283,11 @@ def synthetic_fragment(
         truncated[t, b] = True
     cells = sorted(truncated_cells)
     final = _stack([_sample(observation_space, (), rng) for _ in cells], _take(obs, (0, 0)))
+    actions = _policy_actions(action_space, lead, rng)  # (the draws in the vectors' order)
+    _allow(observation_space, action_space, obs, actions)
     return Fragment(
         obs=obs,
-        actions=_policy_actions(action_space, lead, rng),
+        actions=actions,
         rewards=rng.normal(0, 1, lead).astype(np.float32),
         terminated=np.zeros(lead, bool),
         truncated=truncated,
@@ -398,6 +417,7 @@ def _settings() -> RunSettings:
             "log_std_init": 0.0,
             "normalize_obs": False,
             "factory": "",
+            "policy_type": "mlp",
         },
         num_steps=32,
         broadcast_every=1,
@@ -498,14 +518,15 @@ def _messages() -> list[tuple[str, str, Any]]:
         ),
         (
             "hello-rejoin",
-            "an actor registers again after a learner restart: its id, the old run id, "
-            "empty spaces (take the learner's), num_envs 0 (the learner's default)",
+            "an actor registers again after a learner restart (section 4.3): its id, the "
+            "old run id, the num_envs of its previous welcome (never 0) and the spaces it "
+            "acts on (those of the previous welcome when its first hello sent {})",
             Hello(
                 actor_id=3,
                 env_id="",
-                observation_space={},
-                action_space={},
-                num_envs=0,
+                observation_space=space_spec(obs_space),
+                action_space=space_spec(act_space),
+                num_envs=2,
                 host="sim-host-01",
                 pid=4242,
                 rejoin_run_id="0123456789ab",
@@ -656,8 +677,60 @@ def _messages() -> list[tuple[str, str, Any]]:
             agents,
         )
     )
+    out.extend(_multi_agent_fragments(header))
     out.extend(_policies_messages())
     return out
+
+
+def masked_spaces() -> tuple[Any, Any]:
+    """A masked run's spaces (PettingZoo's convention, docs/protocol.md 3.5): a Dict of
+    an ``action_mask`` (MultiBinary(3), 1 = allowed) and a Box(3), Discrete(3) actions."""
+    from gymnasium import spaces
+
+    obs = spaces.Dict(
+        [("action_mask", spaces.MultiBinary(3)), ("board", spaces.Box(0.0, 1.0, (3,), np.float32))]
+    )
+    return obs, spaces.Discrete(3)
+
+
+def _masked_fragment(seq: int, header: dict[str, Any]) -> Fragment:
+    """Two slots, two rows of the masked run; each row's mask allows its action."""
+    return synthetic_fragment(*masked_spaces(), seed=41, truncated_cells=(), seq=seq, **header)
+
+
+def _turn_based_fragment(header: dict[str, Any]) -> Fragment:
+    """A game of two seats (slots 0 and 1 of one env copy), as the Python actor records
+    it (docs/multi_agent.md "Turn-based games"): row 0 one move of each seat; at row 1
+    seat 0's move wins (+1), seat 1's reply lost (-1), both terminated; row 2 seat 0's
+    first move of the next game, and seat 1 has no move whose outcome is known yet:
+    not valid."""
+    fragment = synthetic_fragment(
+        *masked_spaces(), seed=43, length=3, truncated_cells=(), seq=12, **header
+    )
+    fragment.rewards[:] = np.array([[0.0, 0.0], [1.0, -1.0], [0.0, 0.0]], np.float32)
+    fragment.terminated[1] = True
+    fragment.valid = np.array([[True, True], [True, True], [True, False]])
+    return fragment
+
+
+def _multi_agent_fragments(header: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """The valid fragments of masked and turn-based runs (sections 3.5, 4.1.4)."""
+    return [
+        (
+            "fragment-masked",
+            "a masked run (section 3.5: a Dict observation with an action_mask, "
+            "MultiBinary(3), 1 = allowed; Discrete(3) actions): every row's action is one "
+            "its own mask allows (section 7.2, masked_action)",
+            _masked_fragment(11, header),
+        ),
+        (
+            "fragment-turn-based",
+            "a turn-based game of two seats (welcome agents_per_env 2, masked moves): row "
+            "1 ends the game (seat 0 +1, seat 1 -1, both terminated); at row 2 seat 0 "
+            "opens the next game and seat 1's row is not valid (section 4.1.4)",
+            _turn_based_fragment(header),
+        ),
+    ]
 
 
 def _policies_messages() -> list[tuple[str, str, Any]]:
@@ -704,6 +777,23 @@ def _policies_messages() -> list[tuple[str, str, Any]]:
     ]
 
 
+def receiving_socket(message: Any) -> str:
+    """The socket a valid message vector travels to, named as the invalid vectors name
+    theirs (section 11.1): the learner's ``control`` (hello, an actor's heartbeat, bye)
+    and ``experience``; the actor's ``actor-control`` (welcome, refuse, a learner's
+    heartbeat, shutdown) and ``weights``. A heartbeat's direction is its ``actor_id``:
+    -1 from the learner."""
+    if isinstance(message, Fragment):
+        return "experience"
+    if isinstance(message, Weights):
+        return "weights"
+    if isinstance(message, (Hello, Bye)) or (
+        isinstance(message, Heartbeat) and message.actor_id >= 0
+    ):
+        return "control"
+    return "actor-control"
+
+
 def valid_vectors() -> list[dict[str, Any]]:
     """Every valid vector: name, description, type, size, hex, view."""
     vectors = []
@@ -713,6 +803,7 @@ def valid_vectors() -> list[dict[str, Any]]:
             "name": name,
             "description": description,
             "type": message.TYPE,
+            "socket": receiving_socket(message),
             "size": len(frame),
             "hex": frame.hex(),
         }
@@ -743,7 +834,8 @@ def valid_vectors() -> list[dict[str, Any]]:
 class Context:
     """The learner state an ``admit`` vector is checked against (and, in the learner
     conformance check, the live run's): run id, newest published version, the
-    registration's id, token, slots and expected ``seq``, the run's state size."""
+    registration's id, token, slots and expected ``seq``, the run's state size, its
+    spaces (gymnasium spaces) and its ``agents_per_env`` (docs/protocol.md 11.1)."""
 
     run_id: str
     version: int
@@ -751,10 +843,20 @@ class Context:
     token: bytes
     num_envs: int
     next_seq: int
-    state_size: int = 0
+    state_size: int
+    observation_space: Any
+    action_space: Any
+    agents_per_env: int = 1
+
+    @property
+    def masked(self) -> bool:
+        """Whether the run's actions are masked by an ``action_mask`` observation entry."""
+        from ..rl.masking import mask_key
+
+        return mask_key(self.observation_space, self.action_space) is not None
 
     def to_json(self) -> dict[str, Any]:
-        """The context as the vector files hold it."""
+        """The context as the vector files hold it (the spaces as views of their specs)."""
         return {
             "run_id": self.run_id,
             "published_version": self.version,
@@ -763,10 +865,20 @@ class Context:
             "num_envs": self.num_envs,
             "next_seq": self.next_seq,
             "state_size": self.state_size,
+            "observation_space": to_view(space_spec(self.observation_space)),
+            "action_space": to_view(space_spec(self.action_space)),
+            "agents_per_env": self.agents_per_env,
         }
 
 
-WORKED_CONTEXT = Context(RUN_ID, WORKED_VERSION, 0, TOKEN, 2, WORKED_SEQ)
+def worked_context() -> Context:
+    """The context of the worked fragment (section 10): CartPole, 2 slots, version 15,
+    ``seq`` 249 expected."""
+    from gymnasium import spaces
+
+    return Context(
+        RUN_ID, WORKED_VERSION, 0, TOKEN, 2, WORKED_SEQ, 0, _spaces()["box"], spaces.Discrete(2)
+    )
 
 
 def _leaf_arrays(value: Any) -> list[dict[str, Any]]:
@@ -804,6 +916,9 @@ class Mutation:
     stage: str  # "decode" or "admit"
     reason: str
     apply: Callable[[dict[str, Any], Context], None]
+    applies: Callable[[Context], bool] = lambda ctx: True
+    """Whether the defect is one in a run of this context (a masked action needs a
+    masked run; a row that is not valid is a defect only in a single-agent run)."""
 
 
 def _del(key: str) -> Callable[[dict[str, Any], Context], None]:
@@ -914,6 +1029,40 @@ def _valid_shape(body: dict[str, Any], ctx: Context) -> None:
     body["valid"] = encode_array(np.ones((t, b + 1), bool))
 
 
+def _slots_float(body: dict[str, Any], ctx: Context) -> None:
+    width = body["slots"]["shape"][0]
+    body["slots"] = encode_array(np.arange(width, dtype=np.float32))
+
+
+def _slots_2d(body: dict[str, Any], ctx: Context) -> None:
+    body["slots"]["shape"] = [body["slots"]["shape"][0], 1]
+
+
+def _not_valid_last_row(body: dict[str, Any], ctx: Context) -> None:
+    """A well-formed ``valid`` (section 4.1.4): column 0's last row not valid, reward 0,
+    after a row that terminated (a one-row fragment: its only row). The bases it is
+    applied to truncate nothing in column 0."""
+    t, b = body["rewards"]["shape"]
+    valid = np.ones((t, b), bool)
+    valid[t - 1, 0] = False
+    body["valid"] = encode_array(valid)
+    _set_cell(body["rewards"], (t - 1) * b, _float_bytes(body["rewards"], 0.0))
+    _set_cell(body["terminated"], (t - 1) * b, b"\x00")
+    if t > 1:
+        _set_cell(body["terminated"], (t - 2) * b, b"\x01")
+
+
+def _mask_out_first_action(body: dict[str, Any], ctx: Context) -> None:
+    """Cell (0, 0)'s mask forbids the action it took (of its first component, whose
+    block opens the mask)."""
+    from ..rl.masking import MASK_KEY
+
+    actions = body["actions"]
+    action = int(np.frombuffer(actions["data"], np.dtype(actions["dtype"]).newbyteorder("<"))[0])
+    mask = body["obs"][MASK_KEY]
+    _set_cell(mask, action, np.zeros(1, np.dtype(mask["dtype"])).tobytes())
+
+
 def _wrong_state(body: dict[str, Any], ctx: Context) -> None:
     width = body["slots"]["shape"][0]
     if ctx.state_size:
@@ -933,6 +1082,10 @@ FRAGMENT_MUTATIONS: tuple[Mutation, ...] = (
     Mutation("actor_id-too-large", "actor_id 2^31, past the id range", "decode", "bad_field",
              _set("actor_id", 2**31)),
     Mutation("slots-repeated", "a slot twice in slots", "decode", "bad_field", _repeat_slot),
+    Mutation("slots-float32", "slots as float32 (the field takes int32/int64)", "decode",
+             "bad_dtype", _slots_float),
+    Mutation("slots-2-d", "slots of shape [B, 1] instead of [B]", "decode", "bad_shape",
+             _slots_2d),
     Mutation("final_obs_index-incomplete", "cell (0, 0) truncated without a final_obs entry",
              "decode", "bad_field", _truncate_first_cell),
     Mutation("rewards-not-array", "rewards as a msgpack list of floats", "decode", "bad_array",
@@ -972,6 +1125,11 @@ FRAGMENT_MUTATIONS: tuple[Mutation, ...] = (
              _huge_reward),
     Mutation("actions-wrong-shape", "actions with an extra dimension", "admit",
              "bad_actions", _bad_actions),
+    Mutation("valid-in-single-agent-run", "a well-formed valid marking a row not valid "
+             "(section 4.1.4), sent to a single-agent run", "admit", "bad_valid",
+             _not_valid_last_row, lambda ctx: ctx.agents_per_env == 1),
+    Mutation("masked-action", "cell (0, 0)'s action_mask forbidding the action it took",
+             "admit", "masked_action", _mask_out_first_action, lambda ctx: ctx.masked),
     Mutation("state-mismatch", "a recurrent state the run does not have (or none where "
              "it does)", "admit", "bad_state", _wrong_state),
     Mutation("seq-old", "seq one below the expected one (a duplicate)", "admit", "old_seq",
@@ -1025,7 +1183,14 @@ def _control_invalid() -> list[dict[str, Any]]:
                  "registration's (answered refuse reregister)", pack(
             {**beat, "token": bytes(16), **envelope, "type": "heartbeat"}),
                  "control", "session", "unknown_actor", refuse="reregister",
-                 context=WORKED_CONTEXT),
+                 context=worked_context()),
+        _invalid("heartbeat-other-run", "a heartbeat of another run (queued toward a "
+                 "learner that restarted on these ports, section 5.6): answered refuse "
+                 "reregister, counted control/other_run, not as a reject",
+                 pack({**beat, "run_id": "0123456789ab", "token": bytes(16), **envelope,
+                       "type": "heartbeat"}),
+                 "control", "session", "other_run", refuse="reregister",
+                 context=worked_context(), counter="control/other_run"),
         _invalid("hello-space-mismatch", "a hello whose action space is Discrete(3) where "
                  "the learner runs Discrete(2)", pack({**mismatch, **envelope,
                                                        "type": "hello"}),
@@ -1037,6 +1202,50 @@ def _control_invalid() -> list[dict[str, Any]]:
                  "does not decode, answered refuse bad_hello naming the field",
                  pack({**hello.to_map(), "num_envs": 5000, **envelope, "type": "hello"}),
                  "control", "decode", "bad_field", refuse="bad_hello"),
+        _invalid("hello-features-string", "a hello whose features is the str 'policies', "
+                 "not an array of str: does not decode, answered refuse bad_hello",
+                 pack({**hello.to_map(), "features": FEATURE_POLICIES, **envelope,
+                       "type": "hello"}),
+                 "control", "decode", "bad_field", refuse="bad_hello"),
+        _invalid("hello-num_envs-not-a-multiple", "a hello asking for 3 slots from a run "
+                 "whose agents_per_env is 2 (section 4.3: a whole number of env copies)",
+                 pack({**hello.to_map(), "num_envs": 3, **envelope, "type": "hello"}),
+                 "control", "hello", "bad_hello", refuse="bad_hello", agents_per_env=2),
+        _invalid("map-key-int", "a heartbeat with an int map key (section 3.1: keys are str)",
+                 pack({**beat, 7: 1, **envelope, "type": "heartbeat"}),
+                 "control", "decode", "not_msgpack"),
+        _invalid("map-key-bin", "a bye whose stats map has a bin key",
+                 pack({**Bye(0, TOKEN, {}, -1).to_map(), "stats": {b"steps": 1.0},
+                       **envelope, "type": "bye"}),
+                 "control", "decode", "not_msgpack"),
+    ]  # fmt: skip
+
+
+def _masked_invalid() -> list[dict[str, Any]]:
+    """Fragments of a masked run (the valid vector ``fragment-masked``) whose rows break
+    their own masks: rejected ``masked_action`` (section 7.2)."""
+    import dataclasses
+
+    header = {"actor_id": 0, "version": 3, "run_id": RUN_ID, "token": TOKEN, "sent_at": SENT_AT}
+    context = dataclasses.replace(worked_context(), version=3, next_seq=11)
+    context = dataclasses.replace(
+        context, observation_space=masked_spaces()[0], action_space=masked_spaces()[1]
+    )
+    base = {**_masked_fragment(11, header).to_map(), "proto": PROTOCOL_VERSION, "type": "fragment"}
+    (masked,) = [m for m in FRAGMENT_MUTATIONS if m.name == "masked-action"]
+    empty = unpack(pack(base))
+    mask = empty["obs"]["action_mask"]
+    _set_cell(mask, 0, b"\x00")  # cell (0, 0): every entry 0
+    _set_cell(mask, 1, b"\x00")
+    _set_cell(mask, 2, b"\x00")
+    return [
+        _invalid("fragment-masked-action", "the masked fragment with cell (0, 0)'s "
+                 "action_mask forbidding the action it took", mutated_fragment(
+                     base, masked, context), "experience", "admit", "masked_action",
+                 context=context),
+        _invalid("fragment-mask-allows-nothing", "the masked fragment with cell (0, 0)'s "
+                 "action_mask all 0 (no action allowed)", pack(empty), "experience",
+                 "admit", "masked_action", context=context),
     ]  # fmt: skip
 
 
@@ -1080,7 +1289,14 @@ def _policies_invalid() -> list[dict[str, Any]]:
         num_envs=2,
         features=[FEATURE_POLICIES] * 17,
     )
+
+    def drop_policy_type(body: dict[str, Any]) -> None:
+        for policy in (body["config"]["policy"], *body["config"]["policies"].values()):
+            policy.pop("policy_type")
+
     return [
+        welcome("policy-key-missing", "no policy_type in its networks (section 4.4: every "
+                "key of config.policy is required)", drop_policy_type),
         welcome("policy_map-length", "a policy_map of 3 ids for agents_per_env 2",
                 config("policy_map", ["first", "second", "first"])),
         welcome("policy_map-unknown-id", "policy_map ['first', 'third']: 'third' is not "
@@ -1121,8 +1337,12 @@ def _invalid(
     refuse: str | None = None,
     context: Context | None = None,
     topic: bytes | None = None,
+    counter: str = "",
+    agents_per_env: int = 1,
 ) -> dict[str, Any]:
-    if socket in ACTOR_SOCKETS:
+    if counter:
+        pass
+    elif socket in ACTOR_SOCKETS:
         counter = f"{ACTOR_SOCKETS[socket]}:{reason}"
     elif stage == "hello":
         counter = f"refused/{reason}"
@@ -1147,7 +1367,7 @@ def _invalid(
         out["topic"] = topic.hex()
     out["view"] = view
     if context is not None or stage == "admit":
-        out["context"] = (context or WORKED_CONTEXT).to_json()
+        out["context"] = (context or worked_context()).to_json()
     if stage == "hello":
         from gymnasium import spaces
 
@@ -1155,6 +1375,7 @@ def _invalid(
             "env_id": "CartPole-v1",
             "observation_space": to_view(space_spec(_spaces()["box"])),
             "action_space": to_view(space_spec(spaces.Discrete(2))),
+            "agents_per_env": agents_per_env,
         }
     return out
 
@@ -1164,6 +1385,7 @@ def invalid_vectors() -> list[dict[str, Any]]:
     worked = cartpole_fragment()
     base = {**worked.to_map(), "proto": PROTOCOL_VERSION, "type": "fragment"}
     good = pack(base)
+    context = worked_context()
     out = [
         _invalid("not-msgpack", "the byte 0xc1 (never valid msgpack)", b"\xc1",
                  "experience", "decode", "not_msgpack"),
@@ -1183,17 +1405,20 @@ def invalid_vectors() -> list[dict[str, Any]]:
              "type": "hello"}), "experience", "decode", "unexpected_type"),
     ]  # fmt: skip
     for mutation in FRAGMENT_MUTATIONS:
+        if not mutation.applies(context):
+            continue
         out.append(
             _invalid(
                 f"fragment-{mutation.name}",
                 f"the worked fragment with {mutation.description}",
-                mutated_fragment(base, mutation, WORKED_CONTEXT),
+                mutated_fragment(base, mutation, context),
                 "experience",
                 mutation.stage,
                 mutation.reason,
-                context=WORKED_CONTEXT if mutation.stage == "admit" else None,
+                context=context if mutation.stage == "admit" else None,
             )
         )
+    out.extend(_masked_invalid())
     out.extend(_policies_invalid())
     turn_based = _envelope(_turn_based_welcome())
     turn_based["config"]["opening_moves"] = -1

@@ -384,11 +384,9 @@ class Ingest:
         self.evictions.declare_exited()
         events = dict((poller or self.poller).poll(timeout_ms))
         if self.control in events:
-            self._drain(
-                lambda: self.control.recv_multipart(zmq.NOBLOCK, copy=False), self._on_control
-            )
+            _drain(lambda: self.control.recv_multipart(zmq.NOBLOCK, copy=False), self._on_control)
         if self.experience in events:
-            self._drain(lambda: self.experience.recv(zmq.NOBLOCK, copy=False), self._on_experience)
+            _drain(lambda: self.experience.recv(zmq.NOBLOCK, copy=False), self._on_experience)
         # After reading: a heartbeat echoes the newest one each actor sent (an actor
         # paused for the link resumes on that echo), also right after a long update.
         self._maybe_heartbeat()
@@ -397,17 +395,6 @@ class Ingest:
             for kind, count in list(self.sockets.handshakes.failures.items()):
                 self.counters[f"auth/handshake_failed/{kind}"] = count
         self.links.pump_ended(time.monotonic())
-
-    @staticmethod
-    def _drain(receive: Callable[[], Any], handle: Callable[[Any], None]) -> None:
-        """Handle what ``receive`` returns until it raises zmq.Again or DRAIN_S passed."""
-        end = time.monotonic() + DRAIN_S
-        while time.monotonic() < end:
-            try:
-                message = receive()
-            except zmq.Again:
-                return
-            handle(message)
 
     def _reject(self, where: str, reason: str, detail: str) -> None:
         key = f"rejected/{where}/{reason}"
@@ -460,6 +447,7 @@ class Ingest:
                 sent_cap=self.sent_cap,
                 now=time.monotonic(),
                 state_size=self.settings.state_size,
+                agents_per_env=self.settings.agents_per_env,
             )
         except FragmentRejected as exc:
             if (
@@ -507,7 +495,10 @@ class Ingest:
         if self.observer is not None:
             self.observer.on_control(message, rec)
         if rec is None:
-            self._reject("control", "unknown_actor", f"{message.TYPE} from unregistered peer")
+            if isinstance(message, Heartbeat) and message.run_id != self.run_id:
+                self.counters["control/other_run"] += 1  # left in flight by a restart (5.6)
+            else:
+                self._reject("control", "unknown_actor", f"{message.TYPE} from unregistered peer")
             reason = f"actor {message.actor_id} is not registered in run {self.run_id}"
             self.send_control(routing_id, Refuse("reregister", f"{reason}; say hello again"))
             return
@@ -537,6 +528,7 @@ class Ingest:
             limits=self.limits,
             default_envs=self.settings.num_envs,
             policy_map=self.settings.policy_map,
+            agents_per_env=self.settings.agents_per_env,
         )
         if problem:
             code, reason = problem
@@ -642,9 +634,13 @@ class Ingest:
         """Take ``num_steps`` rows (or ``lengths[b]`` for column ``b``) of every slot in
         ``slots`` (all queued) as one rollout and count them consumed for their actors
         (when taken: an actor may leave while the update runs)."""
+        lengths = lengths or [num_steps] * len(slots)
         rollout = self.queues.take(slots, num_steps, lengths)
+        not_valid = sum(lengths) - rollout.env_steps  # the padding was never received
+        if not_valid:  # received, never trained on (the ledger of protocol 7.3)
+            self.counters["discarded/steps/not_valid"] += not_valid
         for b, (actor_id, _) in enumerate(rollout.slots):
-            self.members.get(actor_id).steps_consumed += lengths[b] if lengths else num_steps
+            self.members.get(actor_id).steps_consumed += lengths[b]
         return rollout
 
     def local_member_slots(self) -> list[SlotKey]:
@@ -704,6 +700,17 @@ class Ingest:
             self.counters[f"discarded/steps/{reason}"] += rows
             self.counters[f"discarded/fragments/{reason}"] += fragments
         self.report.departed_actors.append({**rec.summary(), "left_because": reason})
+
+
+def _drain(receive: Callable[[], Any], handle: Callable[[Any], None]) -> None:
+    """Handle what ``receive`` returns until it raises zmq.Again or DRAIN_S passed."""
+    end = time.monotonic() + DRAIN_S
+    while time.monotonic() < end:
+        try:
+            message = receive()
+        except zmq.Again:
+            return
+        handle(message)
 
 
 def send_weights(socket: zmq.Socket, weights: Weights, several: list[Weights]) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from ..rl.masking import masked_action_problem
 from ..rl.rollout import SlotKey
 from ..wire.codec import MAX_ABS_VALUE as MAX_ABS_VALUE  # re-exported (it was defined here)
 from ..wire.codec import (
@@ -368,6 +369,7 @@ class Membership:
         state_size: int | None = None,
         received_rows: Callable[[SlotKey], int] | None = None,
         sent_cap: Callable[[ActorRecord], int] | None = None,
+        agents_per_env: int | None = None,
     ) -> tuple[ActorRecord, int]:
         """Every check of a decoded fragment against the run and its sender, in one place.
 
@@ -380,8 +382,11 @@ class Membership:
         actor that follows the staleness valve never does) or, with ``sent_cap`` (a
         learner of rows batches), its slots' rows in this registration
         (``received_rows(key)``) past ``sent_cap(rec)``, what its valve lets it record
-        (its grant, or the ``S``/``L`` budget of the learner's version), and carry a recurrent
-        ``state`` exactly when ``state_size`` > 0 (None: not checked). Raises
+        (its grant, or the ``S``/``L`` budget of the learner's version), and carry a
+        recurrent ``state`` exactly when ``state_size`` > 0 (None: not checked), and mark
+        rows not valid only in a multi-agent run (``agents_per_env`` > 1; None: not
+        checked). Every valid row's action must be one its ``action_mask`` allows (a
+        masked run, :func:`~zmq_rl.rl.masking.masked_action_problem`). Raises
         :class:`FragmentRejected`, touching no record; on success records the
         fragment (next ``seq``, last seen, counts) and returns the record and the
         number of sequence numbers skipped before it (lost fragments).
@@ -398,7 +403,9 @@ class Membership:
             raise FragmentRejected(
                 "bad_version", f"version {fragment.version} > the learner's {version}"
             )
-        problem = _fit_problem(fragment, rec, spaces) or _state_problem(fragment, state_size)
+        problem = _fit_problem(fragment, rec, spaces, agents_per_env) or _state_problem(
+            fragment, state_size
+        )
         if problem:
             raise FragmentRejected(*problem)
         if rec.key != sender_key:
@@ -457,10 +464,13 @@ def check_hello(
     limits: MembershipLimits | None = None,
     default_envs: int = 1,
     policy_map: list[str] | None = None,
+    agents_per_env: int = 1,
 ) -> tuple[str, str] | None:
     """Why a hello must be refused, as (refuse code, message naming both sides or the
     limit), or None when it is acceptable. ``policy_map``: a run of several policies
-    refuses an actor that does not announce it can run them (docs/protocol.md 4.9)."""
+    refuses an actor that does not announce it can run them (docs/protocol.md 4.9).
+    ``agents_per_env``: a multi-agent run refuses a ``num_envs`` that is not a whole
+    number of env copies (docs/protocol.md 4.3)."""
     if hello.observation_space or hello.action_space:
         try:
             theirs_obs = space_from_spec(hello.observation_space, "hello.observation_space")
@@ -480,6 +490,11 @@ def check_hello(
         return "duplicate_id", (
             f"actor id {hello.actor_id} is already taken by a live actor on "
             f"{rec.host} pid {rec.pid}; pass another --actor-id or -1"
+        )
+    if hello.num_envs % agents_per_env:
+        return "bad_hello", (
+            f"num_envs {hello.num_envs} is not a multiple of this run's agents_per_env "
+            f"{agents_per_env} (slots per env copy: one per possible agent)"
         )
     if policy_map and FEATURE_POLICIES not in hello.features:
         return "bad_hello", (
@@ -563,8 +578,12 @@ class FragmentRejected(Exception):
         self.reason = reason
 
 
-def _fit_problem(fragment: Fragment, rec: ActorRecord, spaces: RunSpaces) -> tuple[str, str] | None:
-    """Whether a decoded fragment's arrays fit the run's spaces and the actor's slots."""
+def _fit_problem(
+    fragment: Fragment, rec: ActorRecord, spaces: RunSpaces, agents_per_env: int | None
+) -> tuple[str, str] | None:
+    """Whether a decoded fragment's arrays fit the run's spaces and the actor's slots,
+    its ``valid`` rows the run (``agents_per_env``; None: not checked) and its actions
+    their own masks."""
     slots = fragment.slots
     if int(slots.max()) >= rec.num_envs:
         return "bad_slot", f"slot {int(slots.max())} >= actor's num_envs {rec.num_envs}"
@@ -579,6 +598,14 @@ def _fit_problem(fragment: Fragment, rec: ActorRecord, spaces: RunSpaces) -> tup
     problem = action_problem(action_space, fragment.actions)
     if problem:
         return "bad_actions", problem
+    if fragment.valid is not None and agents_per_env == 1:
+        return "bad_valid", (
+            "rows marked not valid, but this run's env is single-agent (its welcome has no "
+            "agents_per_env > 1): every row is an env step"
+        )
+    problem = masked_action_problem(*spaces, fragment.obs, fragment.actions, fragment.valid)
+    if problem:
+        return "masked_action", problem
     return None
 
 

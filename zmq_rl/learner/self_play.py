@@ -38,7 +38,8 @@ def self_play_table(actor_stats: Mapping[str, Mapping[str, Any]]) -> list[dict[s
     for stats in actor_stats.values():
         for key, value in stats.items():
             match = _KEY.fullmatch(key)
-            if match:
+            # (a count that is negative or not whole is ignored: docs/protocol.md 4.8)
+            if match and float(value) >= 0 and float(value).is_integer():
                 row = totals.setdefault(int(match[1]), dict.fromkeys(COLUMNS[2:5], 0.0))
                 row[match[2]] += float(value)
     table = []

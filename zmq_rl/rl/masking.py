@@ -38,6 +38,8 @@ __all__ = [
     "check_action_mask",
     "check_observation_mask",
     "empty_mask_rows",
+    "mask_entries",
+    "masked_action_problem",
     "mask_key",
     "mask_nvec",
     "masked_logits",
@@ -151,3 +153,51 @@ def check_observation_mask(
     key = mask_key(observation_space, action_space)
     if key is not None:
         check_action_mask(obs[key], mask_nvec(action_space), f"{where}.{key}")
+
+
+def mask_entries(nvec: np.ndarray, actions: np.ndarray) -> np.ndarray:
+    """``[N, K]``: for each of ``N`` rows of policy ``actions`` (0-based, ``K =
+    len(nvec)`` components each), the index in the row's mask of each component's
+    action (its block of the mask starts at the sum of the earlier ``nvec``)."""
+    rows = actions.size // len(nvec)
+    offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
+    return actions.reshape(rows, len(nvec)).astype(np.int64) + offsets
+
+
+def masked_action_problem(
+    observation_space: gymnasium.Space,
+    action_space: gymnasium.Space,
+    obs: Any,
+    actions: np.ndarray,
+    valid: np.ndarray | None = None,
+) -> str | None:
+    """Why a fragment's rows break their own ``action_mask`` (docs/protocol.md section
+    7.2, ``masked_action``), or None: in some valid row (``valid`` ``[T, B]``, None: every
+    row) the action (of some component) is one the row's mask forbids, or the mask allows
+    no action at all. ``obs`` is the fragment's observation value (``[T, B, ...]``
+    leaves), ``actions`` its policy actions, in range for ``action_space`` (checked
+    before). None for spaces without a mask (:func:`mask_key`): rows that are not valid
+    took no action and are not checked."""
+    key = mask_key(observation_space, action_space)
+    if key is None:
+        return None
+    nvec = mask_nvec(action_space)
+    lead = actions.shape[:2]
+    rows = int(np.prod(lead))
+    allowed = np.asarray(obs[key]).reshape(rows, int(nvec.sum())) != 0
+    bad = ~allowed[np.arange(rows)[:, None], mask_entries(nvec, actions)].all(axis=1)
+    if valid is not None:
+        bad &= valid.reshape(-1)
+    if not bad.any():
+        return None
+    first = int(np.flatnonzero(bad)[0])
+    t, b = divmod(first, lead[1])
+    what = (
+        "allows no action"
+        if empty_mask_rows(allowed[first], nvec)
+        else f"forbids its action {actions[t, b].tolist()}"
+    )
+    return (
+        f"row {t} of column {b}: its {key} {what} ({int(bad.sum())} such row(s); "
+        "a row's action must be one its own mask allows)"
+    )

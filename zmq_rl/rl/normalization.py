@@ -97,21 +97,14 @@ class RewardScaler:
         return np.clip(rewards / std, -self.clip, self.clip).astype(np.float32)
 
     def state(self) -> dict:
-        """JSON-able state (for checkpoints)."""
-        return {
-            "var": float(self.var),
-            "mean": float(self.mean),
-            "count": self.count,
-            "returns": [
-                [list(k) if isinstance(k, tuple) else k, v] for k, v in self.returns.items()
-            ],
-        }
+        """JSON-able state (for checkpoints): the statistics, not the slots' running
+        returns (a resumed run's slots start new streams, docs/protocol.md 5.6)."""
+        return {"var": float(self.var), "mean": float(self.mean), "count": self.count}
 
     def load(self, state: dict) -> None:
-        """Restore :meth:`state` output."""
+        """Restore :meth:`state` output (an older checkpoint's ``returns`` are ignored);
+        every slot's running return starts from 0."""
         self.mean = np.asarray(state["mean"])
         self.var = np.asarray(state["var"])
         self.count = float(state["count"])
-        self.returns = {
-            tuple(k) if isinstance(k, list) else k: float(v) for k, v in state["returns"]
-        }
+        self.returns = {}

@@ -161,10 +161,13 @@ class Trainer:
         return {}
 
     def forget_slots(self, slots: list[SlotKey]) -> None:
-        """Drop the unfinished episodes of slots that left (their rows are gone)."""
+        """Drop the unfinished episodes of slots that left (their rows are gone) or start
+        a new stream (a new registration): returns, reward-scaling returns, states."""
         for key in slots:
             self.running_return.pop(key, None)
             self.carry_states.pop(key, None)
+            if self.reward_scaler is not None:
+                self.reward_scaler.returns.pop(key, None)
 
     def attach(self, collective: Collective) -> None:
         """Train as one of several data-parallel learner ranks (:mod:`zmq_rl.rl.distributed`):
@@ -292,12 +295,14 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Tensors, numbers and JSON strings only (loads with ``weights_only=True``);
-        every tensor on the CPU, so the checkpoint loads on any device."""
+        every tensor on the CPU, so the checkpoint loads on any device. Nothing of the
+        slots' streams (unfinished episodes, reward-scaling returns, recurrent states):
+        a resumed run has a new run id, so every slot's rows after it are a new
+        registration's, a new stream (docs/protocol.md 5.6)."""
         scaler = self.reward_scaler.state() if self.reward_scaler else None
         return {
             "trainer": to_cpu(self.ppo.state_dict()),
             "version": self.version,
-            "running_reward": json.dumps([[a, b, r] for (a, b), r in self.running_return.items()]),
             "torch_rng": torch.get_rng_state(),
             "reward_scaler": json.dumps(scaler),
         }
@@ -308,9 +313,7 @@ class Trainer:
         state follows its parameters)."""
         self.ppo.load_state_dict(state["trainer"])
         self.version = int(state["version"])
-        self.running_return = {
-            (int(a), int(b)): float(r) for a, b, r in json.loads(state["running_reward"])
-        }
+        self.running_return = {}  # (an older checkpoint's "running_reward" is not a stream)
         torch.set_rng_state(state["torch_rng"])
         scaler_state = json.loads(state.get("reward_scaler", "null"))
         if self.reward_scaler is not None and scaler_state:

@@ -10,6 +10,7 @@ with the same words (docs/protocol.md section 4.2), and never imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -68,8 +69,11 @@ def check_arrays(
 def policy_config_from(settings: RunSettings, policy_id: str = "") -> PolicyConfig:
     """The :class:`PolicyConfig` of a welcome's :class:`~zmq_rl.wire.protocol.RunSettings`
     (its ``policy`` map, or policy ``policy_id``'s of a several-policy run; lists
-    become tuples), validated."""
-    raw = dict(settings.policies[policy_id] if policy_id else settings.policy)
+    become tuples), validated. Keys that are no :class:`PolicyConfig` field are
+    ignored (docs/protocol.md section 4.4: other keys MAY appear)."""
+    known = {f.name for f in dataclasses.fields(PolicyConfig)}
+    chosen = settings.policies[policy_id] if policy_id else settings.policy
+    raw = {key: value for key, value in chosen.items() if key in known}
     if "hidden_sizes" in raw:
         raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
     return PolicyConfig(**raw).validate()

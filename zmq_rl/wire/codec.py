@@ -128,11 +128,21 @@ def decode_array(value: Any, where: str) -> np.ndarray:
     return np.frombuffer(data, dtype=np_dtype).reshape(shape)
 
 
+def _str_keys(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """A decoded msgpack map whose every key is a ``str`` (docs/protocol.md section 3.1);
+    any other key (an int, a bin, ...) makes the frame ``not_msgpack``."""
+    for key, _ in pairs:
+        if type(key) is not str:
+            raise ValueError(f"a map key is a {type(key).__name__} ({key!r}), not a str")
+    return dict(pairs)
+
+
 def unpack_map(frame: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> dict:
     """The msgpack map of one frame, read with every length bounded (no allocation
     larger than the frame can claim); raises :class:`ProtocolError` ``too_large``,
-    ``not_msgpack`` or ``not_a_map``. Shared by every receiver of this protocol family
-    (the learner and actor, and the inference server)."""
+    ``not_msgpack`` (also for a map key, anywhere in the frame, that is not a ``str``)
+    or ``not_a_map``. Shared by every receiver of this protocol family (the learner
+    and actor, and the inference server)."""
     if len(frame) > max_bytes:
         raise ProtocolError("too_large", f"message of {len(frame)} bytes exceeds {max_bytes}")
     try:
@@ -140,6 +150,7 @@ def unpack_map(frame: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_B
             frame,
             raw=False,
             strict_map_key=True,
+            object_pairs_hook=_str_keys,
             use_list=True,
             max_bin_len=max_bytes,
             max_str_len=1 << 20,

@@ -173,6 +173,46 @@ def _choice(value: Any, where: str, choices: Sequence[str]) -> str:
     return str(value)
 
 
+def _bool(value: Any, where: str) -> bool:
+    if type(value) is not bool:
+        raise ProtocolError("bad_field", f"{where}: expected a bool, got {value!r}")
+    return value
+
+
+def _hidden_sizes(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise ProtocolError("bad_field", f"{where}: expected a non-empty list of ints >= 1")
+    return [_int(width, f"{where}[{i}]", 1) for i, width in enumerate(value)]
+
+
+POLICY_KEYS: dict[str, Any] = {
+    "hidden_sizes": _hidden_sizes,
+    "activation": lambda v, where: _choice(v, where, ("tanh", "relu")),
+    "shared_trunk": _bool,
+    "ortho_init": _bool,
+    "log_std_init": _finite_float,
+    "normalize_obs": _bool,
+    "factory": _str,
+    "policy_type": lambda v, where: _choice(v, where, ("mlp", "lstm", "gru")),
+}
+"""Every key of a welcome's ``config.policy`` (and of each ``config.policies`` entry),
+each with its check (docs/protocol.md section 4.4): all required; other keys are
+ignored."""
+
+
+def _policy(value: Any, where: str) -> dict[str, Any]:
+    """A network map of a welcome (``config.policy``, a ``config.policies`` entry):
+    every key of :data:`POLICY_KEYS` present and valid (``bad_field`` naming the first
+    that is not; a non-finite ``log_std_init`` is ``bad_value``); the map is kept as
+    it is, unknown keys included."""
+    body = _map(value, where)
+    for key, check in POLICY_KEYS.items():
+        if key not in body:
+            raise ProtocolError("bad_field", f"{where}.{key}: missing")
+        check(body[key], f"{where}.{key}")
+    return body
+
+
 def check_policy_id(value: Any, where: str) -> str:
     """``value`` when it is a policy id (a str matching :data:`POLICY_ID_PATTERN`);
     else raise ProtocolError ``bad_field`` naming ``where`` and the value."""
@@ -833,7 +873,7 @@ class RunSettings:
         for spec in wrappers:
             if _str(spec, f"{where}.wrappers[]").count(":") != 1:
                 raise ProtocolError("bad_value", f"{where}.wrappers[]: {spec!r} is not module:Name")
-        policy = _map(body["policy"], f"{where}.policy")
+        policy = _policy(body["policy"], f"{where}.policy")
         agents_per_env = _int(
             body.get("agents_per_env", 1), f"{where}.agents_per_env", 1, MAX_ENVS_PER_ACTOR
         )
@@ -910,7 +950,7 @@ def _policies(
     policies: dict[str, dict[str, Any]] = {}
     for pid, config in _map(raw_policies, f"{where}.policies").items():
         check_policy_id(pid, f"{where}.policies")
-        policies[pid] = _map(config, f"{where}.policies.{pid}")
+        policies[pid] = _policy(config, f"{where}.policies.{pid}")
     for i, pid in enumerate(policy_map):
         if pid not in policies:
             raise ProtocolError(
