@@ -1049,6 +1049,14 @@ class ActorConfig:
         "threads for inference: numpy's BLAS and, where the network needs torch, torch's "
         "intra-op threads (the built-in MLP runs in numpy, without torch)",
     )
+    step_envs: str = _f(
+        "auto",
+        "how the actor steps its envs: threads (each env's step in a thread of its own: envs "
+        "whose steps wait, a simulator's tick or a socket, wait together), sequential, or "
+        "auto (times the first steps and takes threads when a step waits more than it "
+        "computes)",
+        choices=("auto", "sequential", "threads"),
+    )
 
     def validate(self) -> ActorConfig:
         """Check every field; return self so calls chain."""
@@ -1059,6 +1067,12 @@ class ActorConfig:
             "must be HOST[:PORT]",
         )
         _non_negative_int(self, "num_envs")
+        _require(
+            self.step_envs in ("auto", "sequential", "threads"),
+            "step_envs",
+            self.step_envs,
+            "must be auto, sequential or threads",
+        )
         for name in ("seed", "actor_id"):
             value = getattr(self, name)
             _require(

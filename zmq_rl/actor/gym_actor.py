@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..config import ActorConfig
-from ..envs import build_env, env_shape, make_env
+from ..envs import EnvStepper, build_env, env_shape, make_env
 from ..envs.multi_agent import ParallelSlots, TurnSlots, agent_spaces, is_turn_based, stacked
 from ..envs.seeding import env_seeds
 from ..rl.device import set_compute_threads
@@ -202,19 +202,19 @@ class GymActor:
         terminated = np.zeros(len(envs), bool)
         truncated = np.zeros(len(envs), bool)
         episode_steps = np.zeros(len(envs), np.int64)  # steps of each slot's episode
+        stepper = EnvStepper(envs, self.cfg.step_envs)
         while not agent.shutdown_requested:
             with _mask_errors_are_the_envs(env_id):
                 actions = agent.act(obs)
             final_obs, next_obs = {}, []
-            for j, env in enumerate(envs):
-                action = actions[j].item() if actions[j].ndim == 0 else actions[j]
-                o, rewards[j], terminated[j], truncated[j], _ = env.step(action)
-                episode_steps[j] += 1
-                if terminated[j] or truncated[j]:
-                    if not terminated[j]:
-                        final_obs[j] = o
-                    o, _ = env.reset()
+            moves = [a.item() if a.ndim == 0 else a for a in actions]
+            for j, (o, rewards[j], terminated[j], truncated[j], last) in enumerate(
+                stepper.step(moves)
+            ):
+                if last is not None and not terminated[j]:
+                    final_obs[j] = last
                 next_obs.append(o)
+            episode_steps += 1
             obs = stack(next_obs)
             try:
                 agent.observe(rewards, terminated, truncated, obs, final_obs)
@@ -222,6 +222,7 @@ class GymActor:
                 ended = terminated | truncated
                 raise self._bad_env_value(exc, env_id, episode_steps, ended) from None
             episode_steps[terminated | truncated] = 0
+        stepper.close()
         return dict(agent.stats)
 
     def _collect_agents(self, agent: Agent, env_id: str) -> dict[str, float]:

@@ -10,7 +10,10 @@ registers.
 - :mod:`~zmq_rl.envs.multi_agent`: PettingZoo envs as slots (ParallelSlots,
   TurnSlots);
 - :mod:`~zmq_rl.envs.seeding`: the seeds of a process's envs (actors and evaluation);
-- :mod:`~zmq_rl.envs.baselines`: scripted players of turn-based games.
+- :mod:`~zmq_rl.envs.baselines`: scripted players of turn-based games;
+- :mod:`~zmq_rl.envs.stepping`: stepping several envs at once, in threads when their
+  steps wait; :mod:`~zmq_rl.envs.waiting`: :class:`StepDelay`, a simulator's wait per
+  step (``--wrapper 'zmq_rl.envs:StepDelay(seconds=0.01)'``).
 
 Imports the wire (multi-agent envs as slots of step arrays) and the settings; beside
 ``rl``, below the actor and the learner (docs/design.md, "The layout").
@@ -38,6 +41,8 @@ from .catalog import (
     register_game,
 )
 from .factory import EnvBuildError, EnvShape, build_env, env_shape, import_callable, make_env
+from .stepping import EnvStepper
+from .waiting import StepDelay
 
 __all__ = [
     "FRAME_SKIP",
@@ -47,9 +52,11 @@ __all__ = [
     "MINATAR_GAMES",
     "NOOP_MAX",
     "SCREEN_SIZE",
+    "StepDelay",
     "AtariUnavailable",
     "EnvBuildError",
     "EnvShape",
+    "EnvStepper",
     "MaskVelocity",
     "MinAtarFrames",
     "MinAtarUnavailable",

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..config import PolicyConfig
-from ..envs import build_env, env_shape, import_callable
+from ..envs import EnvStepper, build_env, env_shape, import_callable
 from ..envs.multi_agent import agent_spaces, is_turn_based
 from ..envs.seeding import env_seeds
 from ..rl.device import import_torch, set_compute_threads
@@ -131,24 +131,33 @@ def _evaluate_envs(
     was_training = getattr(policy, "training", None)  # None: a NumpyMLP (no modes)
     if was_training is not None:
         policy.eval()
+    stepper = EnvStepper(envs)  # envs that wait step together (zmq_rl.envs.stepping)
     try:
         while active:
             raw = [obs[i] for i in active]
             actions = _act(policy, raw, (obs_space, space), state, active, deterministic)
+            moves = [actions[k].item() if scalar else actions[k] for k in range(len(active))]
             still = []
-            for k, i in enumerate(active):
-                action = actions[k].item() if scalar else actions[k]
-                obs[i], reward, terminated, truncated, _ = envs[i].step(action)
+            for i, (o, reward, terminated, truncated, _) in zip(
+                active, stepper.step(moves, active, _step), strict=True
+            ):
+                obs[i] = o
                 returns[i] += float(reward)
                 if not (terminated or truncated):
                     still.append(i)
             active = still
     finally:
+        stepper.close()
         if was_training is not None:
             policy.train(was_training)
         for env in envs:
             env.close()
     return float(returns.mean()), float(returns.std())
+
+
+def _step(env: gym.Env, action: Any) -> tuple[Any, ...]:
+    """One step of an evaluation episode (no reset: an ended episode stops)."""
+    return env.step(action)
 
 
 def _evaluate_agents(
