@@ -29,7 +29,13 @@ import torch
 from torch.optim import optimizer as optimizer_module
 
 from zmq_rl.config import PPOConfig
-from zmq_rl.rl.analytic import AnalyticBatch, batch_arrays, mlp_arrays, mlp_gradients
+from zmq_rl.rl.analytic import (
+    AnalyticBatch,
+    LossSums,
+    batch_arrays,
+    mlp_arrays,
+    mlp_gradients,
+)
 from zmq_rl.rl.policy import ActorCritic
 
 __all__ = ["ClosedFormSteps"]
@@ -117,7 +123,7 @@ class ClosedFormSteps:
 
     # ------------------------------------------------------------------ one step
 
-    def gradients(self, batch: AnalyticBatch, clip_range: float) -> np.ndarray:
+    def gradients(self, batch: AnalyticBatch, clip_range: float) -> LossSums:
         """Write the gradient of ``batch``'s PPO loss into :attr:`flat` (advantages
         normalised here when the config says so) and return
         :func:`~zmq_rl.rl.analytic.mlp_gradients`' row sums of the loss terms."""

@@ -889,15 +889,14 @@ class PPOTrainer:
         sums = tally.sums.numpy()
         with np.errstate(all="ignore"):  # an overflow shows as a non-finite norm
             for start, end in bounds:
-                terms = flat.gradients(flat.part(shuffled, start, end), plan.clip_range)
+                loss = flat.gradients(flat.part(shuffled, start, end), plan.clip_range)
                 tally.steps += 1
                 if not flat.step(self.cfg.max_grad_norm):
                     tally.skipped += 1
                     continue
-                terms /= end - start
-                sums += terms
+                sums += np.array(loss) / (end - start)  # the means, in _MEAN_KEYS' order
                 tally.minibatches += 1
-                if 0.0 < self.cfg.target_kl < terms[3]:  # approx_kl
+                if 0.0 < self.cfg.target_kl < loss.approx_kl / (end - start):
                     tally.stop = True
                     return
 
