@@ -4,9 +4,9 @@ An actor of the built-in MLP (:class:`~zmq_rl.rl.policy.ActorCritic`, what
 :func:`~zmq_rl.rl.policy.build_policy` builds for a flat float ``Box`` observation
 and a ``Discrete`` or 1-D ``Box`` action) samples its actions in numpy already
 (:mod:`zmq_rl.rl.numpy_act`); it imported torch only to build the network and hold
-its parameters. Importing torch costs an actor ~1.4 s of CPU at start-up (on two
-cores, CPU the learner's own start-up needs) and ~190 MB of memory. This module
-knows the network from its config alone:
+its parameters, and importing torch is a large share of an actor's start-up CPU and
+memory (docs/benchmarks.md §23, "Actors and the evaluator without torch"). This
+module knows the network from its config alone:
 
 * :func:`mlp_dims` says whether ``build_policy`` builds the plain MLP for a run's
   spaces and config (``build_policy`` asks it too, so the two cannot disagree);

@@ -411,8 +411,8 @@ class RolloutBatch:
 
 
 def _skip_lazy_dynamo_import() -> None:
-    """Spare the learner's start-up the import of ``torch._dynamo`` (~1.1 s on one
-    core, about a third of a CPU learner's start): torch wraps ``Optimizer``'s
+    """Spare the learner's start-up the import of ``torch._dynamo`` (a large share of a
+    CPU learner's start, docs/benchmarks.md §23): torch wraps ``Optimizer``'s
     ``add_param_group``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` in a
     ``dynamo.disable`` that imports dynamo at its first call, only to keep a
     ``torch.compile`` from tracing into them. zmq_rl compiles nothing, so these are
@@ -427,9 +427,9 @@ def _skip_lazy_dynamo_import() -> None:
 
 
 def _adam_implementation(params: list[nn.Parameter]) -> dict[str, bool]:
-    """Adam's implementation flags: ``fused`` (one kernel updates every parameter; on
-    one CPU thread a 64x64 MLP's step costs a third of the per-tensor loop's) where
-    torch has it for the parameters' device and dtypes, else torch's default; on CUDA
+    """Adam's implementation flags: ``fused`` (one kernel updates every parameter,
+    instead of a loop over the parameters' tensors) where torch has it for the
+    parameters' device and dtypes, else torch's default; on CUDA
     also ``capturable`` (its step counters stay on the device, so the step can be
     captured in a CUDA graph)."""
     devices = {p.device.type for p in params}
