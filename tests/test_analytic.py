@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,17 @@ import torch
 from gymnasium import spaces
 
 from zmq_rl.config import PolicyConfig, PPOConfig
-from zmq_rl.rl.analytic import AnalyticBatch, analytic_support, ppo_gradients
+from zmq_rl.rl import analytic as analytic_module
+from zmq_rl.rl.analytic import (
+    CLOSED_FORM_FIELDS,
+    GRADIENT_FREE_FIELDS,
+    AnalyticBatch,
+    LossSums,
+    analytic_support,
+    ppo_gradients,
+)
 from zmq_rl.rl.closed_form import standardised
+from zmq_rl.rl.loss_terms import MEAN_KEYS
 from zmq_rl.rl.policy import build_policy
 from zmq_rl.rl.ppo import PPOTrainer, RolloutBatch, ppo_loss
 
@@ -154,6 +164,43 @@ def test_support_is_the_plain_mlp_under_ppo():
     assert "float16" in analytic_support(copy.deepcopy(mlp).half(), PPOConfig())
     mlp.policy_head.bias.requires_grad_(False)  # autograd would leave it alone
     assert "frozen" in analytic_support(mlp, PPOConfig())
+
+
+def test_every_ppo_config_field_is_written_down_once():
+    """The closed form's fence: each ``PPOConfig`` field is either implemented by it or
+    leaves the gradient alone, in rl/analytic.py. A field in neither list fails here,
+    so a new field cannot be silently ignored by the closed form."""
+    fields = {field.name for field in dataclasses.fields(PPOConfig)}
+    implemented, gradient_free = set(CLOSED_FORM_FIELDS), set(GRADIENT_FREE_FIELDS)
+    assert not implemented & gradient_free, "a field in both lists"
+    assert not fields - implemented - gradient_free, "write the new field down in rl/analytic.py"
+    assert not (implemented | gradient_free) - fields, "a listed field PPOConfig no longer has"
+
+
+@dataclasses.dataclass(frozen=True)
+class _ConfigWithANewField(PPOConfig):
+    new_knob: float = dataclasses.field(default=0.0, metadata={"help": "a field of tomorrow"})
+
+
+def test_a_config_setting_an_unlisted_field_is_refused_and_logged_once(caplog, monkeypatch):
+    """A field in neither list keeps the closed form when it holds its default; set, it
+    turns it off (the trainer uses autograd), logged once with the field's name."""
+    monkeypatch.setattr(analytic_module, "_logged_fields", set())
+    caplog.set_level(logging.INFO, logger="zmq_rl.analytic")
+    policy = _policy("discrete", dtype=torch.float32)
+    assert analytic_support(policy, _ConfigWithANewField()) is None
+    assert PPOTrainer(policy, _ConfigWithANewField()).flat is not None
+    set_knob = _ConfigWithANewField(new_knob=1.0)
+    assert "new_knob" in analytic_support(policy, set_knob)
+    assert all(PPOTrainer(policy, set_knob).flat is None for _ in range(2))
+    logged = [r for r in caplog.records if r.name == "zmq_rl.analytic"]
+    assert len(logged) == 1 and logged[0].levelno == logging.WARNING
+    assert "new_knob" in logged[0].getMessage()
+
+
+def test_the_loss_sums_are_in_the_trainers_order():
+    """The trainer adds a step's :class:`LossSums` to its means in ``MEAN_KEYS`` order."""
+    assert LossSums._fields == MEAN_KEYS
 
 
 def _rollout_batch(policy, n: int, seed: int) -> RolloutBatch:

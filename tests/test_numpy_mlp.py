@@ -20,7 +20,7 @@ from zmq_rl.actor.agent import PolicyRunner
 from zmq_rl.config import LearnerConfig, PolicyConfig
 from zmq_rl.learner.settings import run_settings
 from zmq_rl.rl.numpy_act import NumpySampler
-from zmq_rl.rl.numpy_mlp import NumpyMLP, mlp_dims, mlp_layout, rng_of
+from zmq_rl.rl.numpy_mlp import NumpyMLP, mlp_dims, mlp_forward, mlp_layout, rng_of
 from zmq_rl.rl.policy import ActorCritic, build_policy, check_weights, export_weights
 from zmq_rl.rl.weights import WeightsMismatch
 from zmq_rl.wire.protocol import Weights, Welcome
@@ -251,3 +251,52 @@ def test_a_torch_module_and_its_numpy_copy_score_alike_and_the_evaluator_has_no_
         assert not _torch_mapped(evaluator._process.pid)
     finally:
         evaluator.close()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("action_space", ACTIONS, ids=["discrete", "box"])
+def test_the_one_numpy_forward_is_the_modules(cfg, action_space):
+    """:func:`mlp_forward`, which the actors sample from and the learner's closed form
+    backpropagates through, gives the module's head outputs and values, and keeps
+    each trunk's input and every layer's output."""
+    mlp, sampler = _loaded_pair(cfg, action_space, seed=5)
+    module = sampler.policy
+    obs = np.random.default_rng(5).normal(0.0, 4.0, (16, 3)).astype(np.float32)
+    actor, critic, got_params, got_value = mlp_forward(mlp.arrays, mlp._flat(obs), mlp.relu)
+    with torch.no_grad():
+        params, value = module(torch.from_numpy(obs))
+        x = module.flat_obs(torch.from_numpy(obs))
+        trunk = module.trunk if cfg.shared_trunk else module.actor_trunk
+        h = trunk(x)
+    np.testing.assert_allclose(got_params, params.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_value, value.numpy(), rtol=1e-5, atol=1e-6)
+    assert len(actor) == len(cfg.hidden_sizes) + 1
+    assert (critic is actor) is cfg.shared_trunk
+    np.testing.assert_allclose(actor[0], x.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(actor[-1], h.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_numpy_mlp_module_imports_and_acts_without_torch():
+    """``rl/numpy_mlp.py`` (the actor's and the evaluator's network, whose forward the
+    learner's closed form shares) works in a process that cannot import torch."""
+    code = NO_TORCH_ACTOR.split("from zmq_rl.cli")[0] + textwrap.dedent(
+        """
+        import numpy as np
+        from gymnasium import spaces
+        from zmq_rl.config import PolicyConfig
+        from zmq_rl.rl.numpy_mlp import NumpyMLP, mlp_dims, rng_of
+
+        cfg = PolicyConfig(normalize_obs=True)
+        box = spaces.Box(-1.0, 1.0, (3,), np.float32)
+        mlp = NumpyMLP(mlp_dims(box, spaces.Discrete(2), cfg), cfg, rng_of(0))
+        actions, log_probs, values = mlp.act(np.zeros((4, 3), np.float32))
+        print(actions.shape, mlp.mode(np.zeros((4, 3), np.float32)).shape)
+        print("torch imported:", "torch" in sys.modules)
+        """
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["(4,) (4,)", "torch imported: False"], done.stdout

@@ -7,9 +7,9 @@ parameter, its gradient and Adam's moments and step counters live in one flat bu
 each (the policy's parameters and the optimiser's state tensors are made views of
 them, so ``state_dict``, checkpoints, broadcasts and a ``torch.optim`` step all see
 the same memory): the norm clip is one dot product and one scale, and Adam is six
-numpy operations over the whole buffer. A 64-row step of the 64 x 64 MLP then costs
-about a quarter of a millisecond on one core, against ~0.65 ms with the same closed
-form in torch ops and ~1.1 ms through autograd (``bench/update_cost.py``).
+numpy operations over the whole buffer, where torch would pay its per-op dispatch on
+every parameter's tensor (``bench/update_cost.py``; the figures in
+docs/benchmarks.md §23).
 
 Reading a number on the CPU costs nothing, so every step is checked: a step whose
 gradient norm is not finite is skipped and counted, and ``target_kl`` reads the
@@ -29,7 +29,13 @@ import torch
 from torch.optim import optimizer as optimizer_module
 
 from zmq_rl.config import PPOConfig
-from zmq_rl.rl.analytic import AnalyticBatch, batch_arrays, mlp_arrays, mlp_gradients
+from zmq_rl.rl.analytic import (
+    AnalyticBatch,
+    LossSums,
+    batch_arrays,
+    mlp_arrays,
+    mlp_gradients,
+)
 from zmq_rl.rl.policy import ActorCritic
 
 __all__ = ["ClosedFormSteps"]
@@ -117,7 +123,7 @@ class ClosedFormSteps:
 
     # ------------------------------------------------------------------ one step
 
-    def gradients(self, batch: AnalyticBatch, clip_range: float) -> np.ndarray:
+    def gradients(self, batch: AnalyticBatch, clip_range: float) -> LossSums:
         """Write the gradient of ``batch``'s PPO loss into :attr:`flat` (advantages
         normalised here when the config says so) and return
         :func:`~zmq_rl.rl.analytic.mlp_gradients`' row sums of the loss terms."""
@@ -153,8 +159,8 @@ class ClosedFormSteps:
     def _start_adam_state(self) -> None:
         """Give the optimiser Adam's initial state (step 0, zero moments) through
         ``load_state_dict``, as its first ``step()`` would have: that call's wrapper
-        imports ``torch._dynamo`` (~1.1 s of a learner's start-up on one core), which a
-        learner that never compiles does not need."""
+        imports ``torch._dynamo`` (a large share of a CPU learner's start-up,
+        docs/benchmarks.md §23), which a learner that never compiles does not need."""
         optimizer = self.optimizer
         state = optimizer.state_dict()
         state["state"] = {
@@ -224,8 +230,8 @@ class ClosedFormSteps:
 def standardised(x: np.ndarray) -> np.ndarray:
     """``(x - mean) / (std + 1e-8)`` with the unbiased std (``torch.std``'s default), as
     the torch update normalises a minibatch's advantages (Schulman et al.'s
-    baselines); a dot product instead of ``np.std``, whose Python wrapper cost a
-    64-row step ~10 us."""
+    baselines); a dot product instead of ``np.std``, whose Python wrapper costs more
+    than the arithmetic on a minibatch's rows (docs/benchmarks.md §23, stop 44)."""
     centred = x - np.add.reduce(x) / x.dtype.type(x.shape[0])
     std = math.sqrt(float(np.dot(centred, centred)) / (x.shape[0] - 1))
     centred /= x.dtype.type(std + 1e-8)

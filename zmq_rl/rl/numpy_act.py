@@ -1,13 +1,12 @@
 """Sampling the MLP actor-critic's actions in numpy: the actor's hot path (issue 28).
 
 An actor's forward runs on a handful of rows (the preset's 8 envs), where torch's
-per-op dispatch, not arithmetic, is the cost: :meth:`ActorCritic.act` on 8 rows of
-LunarLander takes ~58 us on one core, the same forward and sample in numpy on the
-parameters' own memory ~23 us. On two cores that is ~4.5 us of every ~60 us env
-step an actor takes. :class:`NumpySampler` computes exactly what
-:meth:`ActorCritic.act` does (same flattening, observation normalisation and
-clipping, trunks, heads, log-probabilities) from numpy views of the module's
-tensors, which :func:`~zmq_rl.rl.policy.import_weights` updates in place, with
+per-op dispatch, not arithmetic, is the cost, and a numpy call costs a fraction of a
+torch one (``bench/actor_loop.py``; the figures in docs/benchmarks.md §6 and §23).
+:class:`NumpySampler` computes exactly what :meth:`ActorCritic.act` does (same
+flattening, observation normalisation and clipping, trunks, heads,
+log-probabilities) from numpy views of the module's tensors, which
+:func:`~zmq_rl.rl.policy.import_weights` updates in place, with
 :func:`~zmq_rl.rl.numpy_mlp.sample_mlp` (which cites the sampling's math). An actor
 that never needs the torch module holds the same network without torch
 (:class:`~zmq_rl.rl.numpy_mlp.NumpyMLP`).

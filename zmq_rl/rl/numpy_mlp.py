@@ -4,9 +4,9 @@ An actor of the built-in MLP (:class:`~zmq_rl.rl.policy.ActorCritic`, what
 :func:`~zmq_rl.rl.policy.build_policy` builds for a flat float ``Box`` observation
 and a ``Discrete`` or 1-D ``Box`` action) samples its actions in numpy already
 (:mod:`zmq_rl.rl.numpy_act`); it imported torch only to build the network and hold
-its parameters. Importing torch costs an actor ~1.4 s of CPU at start-up (on two
-cores, CPU the learner's own start-up needs) and ~190 MB of memory. This module
-knows the network from its config alone:
+its parameters, and importing torch is a large share of an actor's start-up CPU and
+memory (docs/benchmarks.md §23, "Actors and the evaluator without torch"). This
+module knows the network from its config alone:
 
 * :func:`mlp_dims` says whether ``build_policy`` builds the plain MLP for a run's
   spaces and config (``build_policy`` asks it too, so the two cannot disagree);
@@ -16,7 +16,12 @@ knows the network from its config alone:
 * :class:`NumpyMLP` holds the weights as arrays and samples actions with
   :func:`sample_mlp`, the same computation :class:`~zmq_rl.rl.numpy_act.NumpySampler`
   runs on a torch module's memory: the same weights and seed give the same actions,
-  log-probabilities and values, bit for bit (``tests/test_numpy_mlp.py``).
+  log-probabilities and values, bit for bit (``tests/test_numpy_mlp.py``);
+* :func:`mlp_forward` is the network's one numpy forward pass (:func:`trunk_forward`
+  per trunk, then the heads): the actors sample from it, the learner's closed-form
+  gradients (:mod:`zmq_rl.rl.analytic`) backpropagate through the activations it
+  keeps, and evaluations take the mode from the actor trunk's output
+  (:func:`mode_mlp`).
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ __all__ = [
     "MLPArrays",
     "NumpyMLP",
     "mlp_dims",
+    "mlp_forward",
     "mlp_layout",
     "mode_mlp",
     "sample_mlp",
+    "trunk_forward",
 ]
 
 OBS_NORM_EPS = 1e-8
@@ -125,12 +132,40 @@ def mlp_layout(dims: MLPDims, cfg: PolicyConfig) -> dict[str, tuple[tuple[int, .
     return layout
 
 
-def _trunk(layers: tuple[Layer, ...], x: np.ndarray, relu: bool) -> np.ndarray:
+def trunk_forward(layers: tuple[Layer, ...], x: np.ndarray, relu: bool) -> list[np.ndarray]:
+    """The input ``x`` and every layer's output ``h_k = f(h_{k-1} W_k^T + b_k)`` of one
+    trunk, ``f`` tanh or ReLU (:func:`~zmq_rl.rl.layers.trunk`'s ``Linear`` and
+    activation pairs); its last entry is the trunk's output."""
+    hs = [x]
     for weight, bias in layers:
         x = x @ weight.T
         x += bias
         x = np.maximum(x, 0.0, out=x) if relu else np.tanh(x, out=x)
-    return x
+        hs.append(x)
+    return hs
+
+
+def _policy_head(a: MLPArrays, h: np.ndarray) -> np.ndarray:
+    weight, bias = a.head
+    params = h @ weight.T
+    params += bias
+    return params
+
+
+def mlp_forward(
+    a: MLPArrays, x: np.ndarray, relu: bool
+) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray, np.ndarray]:
+    """:meth:`ActorCritic.forward` in numpy on the trunks' input ``x`` (:func:`flat_obs`
+    or, on the learner, :meth:`ActorCritic.flat_obs`), keeping every activation: the
+    actor trunk's :func:`trunk_forward` list, the critic trunk's (the same list when
+    the trunk is shared), the policy head's output ``[B, n]`` (the logits, or the
+    Gaussian's mean) and the values ``[B]``. A plain tuple, not a named one: every
+    step of an actor builds one."""
+    actor = trunk_forward(a.actor, x, relu)
+    critic = trunk_forward(a.critic, x, relu) if a.critic else actor
+    value = critic[-1] @ a.value[0][0]
+    value += a.value[1][0]
+    return actor, critic, _policy_head(a, actor[-1]), value
 
 
 def flat_obs(
@@ -150,7 +185,8 @@ def flat_obs(
     if norm is not None:
         mean, var = norm
         std = np.sqrt(var + OBS_NORM_EPS).astype(dtype)
-        flat = np.clip((flat - mean.astype(dtype)) / std, -OBS_CLIP, OBS_CLIP)
+        flat = np.maximum((flat - mean.astype(dtype)) / std, -OBS_CLIP)
+        flat = np.minimum(flat, OBS_CLIP, out=flat)  # np.clip's math, without its wrapper
     return flat
 
 
@@ -168,29 +204,23 @@ def sample_mlp(
       sigma - d log sqrt(2 pi)``.
     """
     dtype = a.head[0].dtype
-    h = _trunk(a.actor, x, relu)
-    params = h @ a.head[0].T
-    params += a.head[1]
-    if a.critic:
-        h = _trunk(a.critic, x, relu)
-    value = h @ a.value[0][0]
-    value += a.value[1][0]
+    _, _, params, value = mlp_forward(a, x, relu)
     if a.log_std is None:
-        z = params - params.max(axis=1, keepdims=True)
+        z = np.subtract(params, np.maximum.reduce(params, axis=1, keepdims=True), out=params)
         # Gumbel-max: argmax(z - log E), E ~ Exp(1). A float32 draw of exactly 0
         # (about one in 2^24) is raised to the smallest normal float, so its action
         # still wins and numpy warns of no log(0) in the actor's log.
         gumbel = rng.standard_exponential(z.shape, dtype=dtype)
         np.maximum(gumbel, _TINY[dtype], out=gumbel)
         np.log(gumbel, out=gumbel)
-        action = (z - gumbel).argmax(axis=1)
+        action = np.subtract(z, gumbel, out=gumbel).argmax(axis=1)
         rows = np.arange(len(action))
-        log_prob = z[rows, action] - np.log(np.exp(z).sum(axis=1))
-        return action.astype(np.int64), log_prob, value
+        log_prob = z[rows, action] - np.log(np.add.reduce(np.exp(z), axis=1))
+        return action.astype(np.int64, copy=False), log_prob, value
     noise = rng.standard_normal(params.shape, dtype=dtype)
     action = params + np.exp(a.log_std) * noise
-    log_norm = a.log_std.sum() + _LOG_SQRT_2PI * params.shape[1]
-    log_prob = (-0.5 * np.square(noise).sum(axis=1) - log_norm).astype(dtype)
+    log_norm = np.add.reduce(a.log_std) + _LOG_SQRT_2PI * params.shape[1]
+    log_prob = (-0.5 * np.add.reduce(np.square(noise), axis=1) - log_norm).astype(dtype)
     return action, log_prob, value
 
 
@@ -198,8 +228,7 @@ def mode_mlp(a: MLPArrays, x: np.ndarray, relu: bool) -> np.ndarray:
     """:meth:`ActorCritic.act` with ``deterministic`` in numpy on the trunks' input
     ``x``: the mode of the policy, the argmax of the logits (int64 ``[B]``) or the
     Gaussian mean (``[B, d]``). What deterministic evaluations play."""
-    params = _trunk(a.actor, x, relu) @ a.head[0].T
-    params += a.head[1]
+    params = _policy_head(a, trunk_forward(a.actor, x, relu)[-1])
     return params.argmax(axis=1).astype(np.int64) if a.log_std is None else params
 
 

@@ -45,12 +45,149 @@ __all__ = [
     "PPOLoss",
     "PPOTrainer",
     "RolloutBatch",
+    "clipped_surrogate",
     "decoupled_ppo_loss",
     "explained_variance",
     "impact_loss",
     "objective_loss",
     "ppo_loss",
 ]
+
+
+class LossInputs(NamedTuple):
+    """One minibatch's tensors as every objective takes them.
+
+    ``log_prob``, ``entropy`` and ``value`` come from the policy being trained (with
+    grad); the others are constants of the batch: ``old_log_prob`` (the behaviour
+    policy's), ``centre`` (the trust region's centre for ``decoupled`` / ``impact``,
+    None for ``ppo``), ``old_value``, ``returns`` and ``advantages`` (already
+    normalised when the config says so).
+    """
+
+    log_prob: torch.Tensor
+    entropy: torch.Tensor
+    value: torch.Tensor
+    old_log_prob: torch.Tensor
+    centre: torch.Tensor | None
+    old_value: torch.Tensor
+    returns: torch.Tensor
+    advantages: torch.Tensor
+
+
+class _ValueAndEntropy(NamedTuple):
+    """How eq. 9 adds the value loss and the entropy bonus to a policy surrogate."""
+
+    clip_value_loss: bool
+    value_clip_range: float
+    vf_coef: float
+    ent_coef: float
+
+
+class _Surrogate(NamedTuple):
+    """An objective's policy loss (with grad) and its detached diagnostics' inputs:
+    the log-ratio to the trust region's centre (for ``approx_kl``) and the clip
+    fraction."""
+
+    policy_loss: torch.Tensor
+    log_ratio: torch.Tensor
+    clip_fraction: torch.Tensor
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    low: float | torch.Tensor,
+    high: float | torch.Tensor,
+) -> torch.Tensor:
+    """``min(r * A, clip(r, low, high) * A)`` per row: the term of PPO's clipped
+    surrogate objective (Schulman et al. 2017, eq. 7, band ``[1 - eps, 1 + eps]``) that
+    every objective here averages, IMPACT's with its band ``[rho (1 - eps), rho (1 +
+    eps)]``."""
+    return torch.min(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
+
+
+def _clipped_around(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float,
+    weight: torch.Tensor | None,
+) -> _Surrogate:
+    """The clipped surrogate of ``r = exp(log_ratio)``, the ratio to the trust region's
+    centre, in the band ``[1 - eps, 1 + eps]``, each row weighted by ``weight`` (a
+    constant) when given."""
+    ratio = log_ratio.exp()
+    surrogate = clipped_surrogate(ratio, advantages, 1.0 - clip_range, 1.0 + clip_range)
+    policy_loss = -(surrogate if weight is None else weight * surrogate).mean()
+    with torch.no_grad():
+        clip_fraction = ((ratio - 1.0).abs() > clip_range).to(ratio.dtype).mean()
+    return _Surrogate(policy_loss, log_ratio, clip_fraction)
+
+
+def _ppo_surrogate(i: LossInputs, clip_range: float, rho_bar: float) -> _Surrogate:
+    """:func:`ppo_loss`'s policy loss: clipped around the behaviour policy (``rho_bar``
+    unused)."""
+    return _clipped_around(i.log_prob - i.old_log_prob, i.advantages, clip_range, None)
+
+
+def _decoupled_surrogate(i: LossInputs, clip_range: float, rho_bar: float) -> _Surrogate:
+    """:func:`decoupled_ppo_loss`'s policy loss: clipped around the proximal policy
+    (``i.centre``), weighted by its truncated ratio to the behaviour policy."""
+    assert i.centre is not None
+    with torch.no_grad():
+        weight = torch.clamp((i.centre - i.old_log_prob).exp(), max=rho_bar)
+    return _clipped_around(i.log_prob - i.centre, i.advantages, clip_range, weight)
+
+
+def _impact_surrogate(i: LossInputs, clip_range: float, rho_bar: float) -> _Surrogate:
+    """:func:`impact_loss`'s policy loss: the ratio to the behaviour policy, clipped
+    around the target network's (``i.centre``) truncated ratio to it."""
+    assert i.centre is not None
+    ratio = (i.log_prob - i.old_log_prob).exp()
+    with torch.no_grad():
+        rho = torch.clamp((i.centre - i.old_log_prob).exp(), max=rho_bar)
+    low, high = rho * (1.0 - clip_range), rho * (1.0 + clip_range)
+    policy_loss = -clipped_surrogate(ratio, i.advantages, low, high).mean()
+    with torch.no_grad():
+        clip_fraction = ((ratio < low) | (ratio > high)).to(ratio.dtype).mean()
+    return _Surrogate(policy_loss, i.log_prob - i.centre, clip_fraction)
+
+
+_SURROGATES = {
+    "ppo": _ppo_surrogate,
+    "decoupled": _decoupled_surrogate,
+    "impact": _impact_surrogate,
+}
+"""``PPOConfig.objective`` -> its policy surrogate."""
+
+
+def _total_loss(s: _Surrogate, i: LossInputs, terms: _ValueAndEntropy) -> PPOLoss:
+    """Eq. 9 negated around a policy surrogate: the value loss (plain or clipped),
+    the entropy bonus, the total and ``approx_kl`` (k3 of the log-ratio to the trust
+    region's centre)."""
+    squared = (i.value - i.returns).square()
+    if terms.clip_value_loss:
+        c = terms.value_clip_range
+        v_clipped = i.old_value + torch.clamp(i.value - i.old_value, -c, c)
+        squared = torch.max(squared, (v_clipped - i.returns).square())
+    value_loss = 0.5 * squared.mean()
+
+    entropy_mean = i.entropy.mean()
+    total = s.policy_loss - terms.ent_coef * entropy_mean + terms.vf_coef * value_loss
+    with torch.no_grad():
+        ratio = s.log_ratio.exp()
+        approx_kl = ((ratio - 1.0) - s.log_ratio).mean()
+    return PPOLoss(total, s.policy_loss, value_loss, entropy_mean, approx_kl, s.clip_fraction)
+
+
+def _loss(
+    objective: str,
+    inputs: LossInputs,
+    clip_range: float,
+    rho_bar: float,
+    terms: _ValueAndEntropy,
+) -> PPOLoss:
+    """``objective``'s loss: its surrogate (:data:`_SURROGATES`) in eq. 9."""
+    return _total_loss(_SURROGATES[objective](inputs, clip_range, rho_bar), inputs, terms)
 
 
 def ppo_loss(
@@ -72,7 +209,7 @@ def ppo_loss(
 
     With the probability ratio ``r = exp(log_prob - old_log_prob)`` and advantages
     ``A`` (already normalised if wanted), the policy loss is the negated clipped
-    surrogate of eq. 7::
+    surrogate of eq. 7 (:func:`clipped_surrogate`)::
 
         L^CLIP = mean(min(r * A, clip(r, 1 - eps, 1 + eps) * A)),  policy_loss = -L^CLIP
 
@@ -85,56 +222,11 @@ def ppo_loss(
     vf_coef * value_loss``. ``approx_kl`` and ``clip_fraction`` are detached
     diagnostics (see :class:`PPOLoss`).
     """
-    log_ratio = log_prob - old_log_prob
-    ratio = log_ratio.exp()
-    surrogate = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range) * advantages
-    policy_loss = -torch.min(surrogate, clipped).mean()
-    with torch.no_grad():
-        clip_fraction = ((ratio - 1.0).abs() > clip_range).to(ratio.dtype).mean()
-    return _combine(
-        policy_loss,
-        log_ratio,
-        clip_fraction,
-        value,
-        old_value,
-        returns,
-        entropy,
-        clip_value_loss=clip_value_loss,
-        value_clip_range=value_clip_range,
-        vf_coef=vf_coef,
-        ent_coef=ent_coef,
+    terms = _ValueAndEntropy(clip_value_loss, value_clip_range, vf_coef, ent_coef)
+    inputs = LossInputs(
+        log_prob, entropy, value, old_log_prob, None, old_value, returns, advantages
     )
-
-
-def _combine(
-    policy_loss: torch.Tensor,
-    log_ratio: torch.Tensor,
-    clip_fraction: torch.Tensor,
-    value: torch.Tensor,
-    old_value: torch.Tensor,
-    returns: torch.Tensor,
-    entropy: torch.Tensor,
-    *,
-    clip_value_loss: bool,
-    value_clip_range: float,
-    vf_coef: float,
-    ent_coef: float,
-) -> PPOLoss:
-    """Value loss, entropy, eq. 9's total and ``approx_kl`` (k3 of ``log_ratio``, the
-    log-ratio to the trust region's centre) around a policy loss."""
-    squared = (value - returns).square()
-    if clip_value_loss:
-        v_clipped = old_value + torch.clamp(value - old_value, -value_clip_range, value_clip_range)
-        squared = torch.max(squared, (v_clipped - returns).square())
-    value_loss = 0.5 * squared.mean()
-
-    entropy_mean = entropy.mean()
-    total = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
-    with torch.no_grad():
-        ratio = log_ratio.exp()
-        approx_kl = ((ratio - 1.0) - log_ratio).mean()
-    return PPOLoss(total, policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction)
+    return _loss("ppo", inputs, clip_range, math.inf, terms)
 
 
 def decoupled_ppo_loss(
@@ -175,28 +267,10 @@ def decoupled_ppo_loss(
     :func:`ppo_loss`; ``approx_kl`` and ``clip_fraction`` are measured against
     ``pi_prox`` (the trust region's centre).
     """
-    log_ratio = log_prob - prox_log_prob
-    ratio = log_ratio.exp()
-    with torch.no_grad():
-        weight = torch.clamp((prox_log_prob - behaviour_log_prob).exp(), max=rho_bar)
-    surrogate = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range) * advantages
-    policy_loss = -(weight * torch.min(surrogate, clipped)).mean()
-    with torch.no_grad():
-        clip_fraction = ((ratio - 1.0).abs() > clip_range).to(ratio.dtype).mean()
-    return _combine(
-        policy_loss,
-        log_ratio,
-        clip_fraction,
-        value,
-        old_value,
-        returns,
-        entropy,
-        clip_value_loss=clip_value_loss,
-        value_clip_range=value_clip_range,
-        vf_coef=vf_coef,
-        ent_coef=ent_coef,
-    )
+    terms = _ValueAndEntropy(clip_value_loss, value_clip_range, vf_coef, ent_coef)
+    centre, behaviour = prox_log_prob, behaviour_log_prob
+    inputs = LossInputs(log_prob, entropy, value, behaviour, centre, old_value, returns, advantages)
+    return _loss("decoupled", inputs, clip_range, rho_bar, terms)
 
 
 def impact_loss(
@@ -236,28 +310,18 @@ def impact_loss(
     against ``pi_target`` and ``clip_fraction`` is the fraction of ``r`` outside
     ``[rho (1 - eps), rho (1 + eps)]``.
     """
-    ratio = (log_prob - behaviour_log_prob).exp()
-    with torch.no_grad():
-        rho = torch.clamp((target_log_prob - behaviour_log_prob).exp(), max=rho_bar)
-    low, high = rho * (1.0 - clip_range), rho * (1.0 + clip_range)
-    surrogate = ratio * advantages
-    clipped = torch.clamp(ratio, low, high) * advantages
-    policy_loss = -torch.min(surrogate, clipped).mean()
-    with torch.no_grad():
-        clip_fraction = ((ratio < low) | (ratio > high)).to(ratio.dtype).mean()
-    return _combine(
-        policy_loss,
-        log_prob - target_log_prob,
-        clip_fraction,
-        value,
-        old_value,
-        returns,
-        entropy,
-        clip_value_loss=clip_value_loss,
-        value_clip_range=value_clip_range,
-        vf_coef=vf_coef,
-        ent_coef=ent_coef,
-    )
+    terms = _ValueAndEntropy(clip_value_loss, value_clip_range, vf_coef, ent_coef)
+    centre, behaviour = target_log_prob, behaviour_log_prob
+    inputs = LossInputs(log_prob, entropy, value, behaviour, centre, old_value, returns, advantages)
+    return _loss("impact", inputs, clip_range, rho_bar, terms)
+
+
+def objective_loss(inputs: LossInputs, cfg: PPOConfig, clip_range: float) -> PPOLoss:
+    """``cfg.objective``'s loss on one minibatch (:func:`ppo_loss`,
+    :func:`decoupled_ppo_loss` or :func:`impact_loss`), with ``clip_range`` for the
+    ratio and (when ``clip_value_loss``) the value clip."""
+    terms = _ValueAndEntropy(cfg.clip_value_loss, clip_range, cfg.vf_coef, cfg.ent_coef)
+    return _loss(cfg.objective, inputs, clip_range, cfg.objective_rho_bar, terms)
 
 
 def explained_variance(prediction: torch.Tensor, target: torch.Tensor) -> float:
@@ -346,53 +410,9 @@ class RolloutBatch:
                 raise ValueError(f"{name} has shape {shape}, expected {lead}")
 
 
-class LossInputs(NamedTuple):
-    """One minibatch's tensors as every objective takes them.
-
-    ``log_prob``, ``entropy`` and ``value`` come from the policy being trained (with
-    grad); the others are constants of the batch: ``old_log_prob`` (the behaviour
-    policy's), ``centre`` (the trust region's centre for ``decoupled`` / ``impact``,
-    None for ``ppo``), ``old_value``, ``returns`` and ``advantages`` (already
-    normalised when the config says so).
-    """
-
-    log_prob: torch.Tensor
-    entropy: torch.Tensor
-    value: torch.Tensor
-    old_log_prob: torch.Tensor
-    centre: torch.Tensor | None
-    old_value: torch.Tensor
-    returns: torch.Tensor
-    advantages: torch.Tensor
-
-
-def objective_loss(inputs: LossInputs, cfg: PPOConfig, clip_range: float) -> PPOLoss:
-    """``cfg.objective``'s loss on one minibatch: :func:`ppo_loss`,
-    :func:`decoupled_ppo_loss` or :func:`impact_loss`, with ``clip_range`` for the
-    ratio and (when ``clip_value_loss``) the value clip."""
-    i = inputs
-    common = dict(
-        clip_value_loss=cfg.clip_value_loss,
-        value_clip_range=clip_range,
-        vf_coef=cfg.vf_coef,
-        ent_coef=cfg.ent_coef,
-    )
-    if cfg.objective == "ppo":
-        return ppo_loss(
-            i.log_prob, i.old_log_prob, i.advantages, i.value, i.old_value, i.returns,
-            i.entropy, clip_range=clip_range, **common,
-        )  # fmt: skip
-    assert i.centre is not None
-    objective = decoupled_ppo_loss if cfg.objective == "decoupled" else impact_loss
-    return objective(
-        i.log_prob, i.centre, i.old_log_prob, i.advantages, i.value, i.old_value, i.returns,
-        i.entropy, clip_range=clip_range, rho_bar=cfg.objective_rho_bar, **common,
-    )  # fmt: skip
-
-
 def _skip_lazy_dynamo_import() -> None:
-    """Spare the learner's start-up the import of ``torch._dynamo`` (~1.1 s on one
-    core, about a third of a CPU learner's start): torch wraps ``Optimizer``'s
+    """Spare the learner's start-up the import of ``torch._dynamo`` (a large share of a
+    CPU learner's start, docs/benchmarks.md §23): torch wraps ``Optimizer``'s
     ``add_param_group``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` in a
     ``dynamo.disable`` that imports dynamo at its first call, only to keep a
     ``torch.compile`` from tracing into them. zmq_rl compiles nothing, so these are
@@ -407,9 +427,9 @@ def _skip_lazy_dynamo_import() -> None:
 
 
 def _adam_implementation(params: list[nn.Parameter]) -> dict[str, bool]:
-    """Adam's implementation flags: ``fused`` (one kernel updates every parameter; on
-    one CPU thread a 64x64 MLP's step costs a third of the per-tensor loop's) where
-    torch has it for the parameters' device and dtypes, else torch's default; on CUDA
+    """Adam's implementation flags: ``fused`` (one kernel updates every parameter,
+    instead of a loop over the parameters' tensors) where torch has it for the
+    parameters' device and dtypes, else torch's default; on CUDA
     also ``capturable`` (its step counters stay on the device, so the step can be
     captured in a CUDA graph)."""
     devices = {p.device.type for p in params}
@@ -869,15 +889,14 @@ class PPOTrainer:
         sums = tally.sums.numpy()
         with np.errstate(all="ignore"):  # an overflow shows as a non-finite norm
             for start, end in bounds:
-                terms = flat.gradients(flat.part(shuffled, start, end), plan.clip_range)
+                loss = flat.gradients(flat.part(shuffled, start, end), plan.clip_range)
                 tally.steps += 1
                 if not flat.step(self.cfg.max_grad_norm):
                     tally.skipped += 1
                     continue
-                terms /= end - start
-                sums += terms
+                sums += np.array(loss) / (end - start)  # the means, in _MEAN_KEYS' order
                 tally.minibatches += 1
-                if 0.0 < self.cfg.target_kl < terms[3]:  # approx_kl
+                if 0.0 < self.cfg.target_kl < loss.approx_kl / (end - start):
                     tally.stop = True
                     return
 
