@@ -87,9 +87,10 @@ def run_one(
     cap: float,
     flags: list[str],
     cpus: list[int],
+    extra_paths: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """One ``zmq-rl run`` of ``tree`` to the target (pinned to ``cpus`` when given):
-    its timing and run figures."""
+    """One ``zmq-rl run`` of ``tree`` to the target (pinned to ``cpus`` when given;
+    ``extra_paths`` on its ``PYTHONPATH`` after the tree): its timing and run figures."""
     work = tempfile.mkdtemp(prefix="scaling-")
     run_dir = Path(work) / "run"
     pin = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
@@ -107,7 +108,7 @@ def run_one(
         work,
         solved,
         stop_after_solve=True,
-        extra_env={"PYTHONPATH": _util.python_path(tree)},
+        extra_env={"PYTHONPATH": os.pathsep.join([_util.python_path(tree), *extra_paths])},
     )
     solve_s = next((at for at, line in lines if solved(line)), math.inf)
     report = (
@@ -127,9 +128,12 @@ def run_one(
     paused = [
         m["links/valve_paused_share_mean"] for m in metrics if "links/valve_paused_share_mean" in m
     ]
+    lags = [m["charts/policy_lag_mean"] for m in metrics if "charts/policy_lag_mean" in m]
     return {
         "actors": actors,
         "seed": seed,
+        "policy_lag_mean": statistics.mean(lags) if lags else math.nan,
+        "updates_at_score": hit["updates"] if hit and "updates" in hit else None,
         "solved": math.isfinite(solve_s),
         "time_to_score_s": solve_s,
         "steps_at_score": hit["env_steps"] if hit else None,

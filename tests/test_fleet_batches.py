@@ -298,3 +298,22 @@ def test_sixteen_actor_processes_train_on_a_batch_that_does_not_grow(tmp_path, l
     assert all(4 <= u["batch/columns"] <= 8 for u in updates), updates
     consumed = [s["steps_consumed"] for s in report["actor_stats"].values()]
     assert len(consumed) == 16 and min(consumed) > 0, consumed
+
+
+def test_a_checkpoint_from_before_batch_mode_resumes_with_every_slots_rollout(tmp_path):
+    """A run checkpointed before rows batches existed goes on the way it trained."""
+    from zmq_rl.config import PolicyConfig, config_dict
+    from zmq_rl.learner.checkpoint import checkpoint_configs
+
+    old = config_dict(LearnerConfig())
+    for name in ("batch_mode", "batch_rows", "max_policy_lag"):
+        del old[name]
+    state = {
+        "learner_config": json.dumps(old),
+        "ppo_config": json.dumps(config_dict(PPOConfig())),
+        "policy_config": json.dumps(config_dict(PolicyConfig())),
+    }
+    cfg, _, _ = checkpoint_configs(state, tmp_path / "ckpt.pt", tmp_path)
+    assert cfg.batch_mode == "slots"
+    state["learner_config"] = json.dumps(config_dict(LearnerConfig()))
+    assert checkpoint_configs(state, tmp_path / "ckpt.pt", tmp_path)[0].batch_mode == "auto"

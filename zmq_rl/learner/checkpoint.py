@@ -100,8 +100,10 @@ def checkpoint_configs(
     state: dict[str, Any], path: Path, run_dir: str | Path, **learner_overrides: Any
 ) -> tuple[LearnerConfig, PPOConfig, PolicyConfig]:
     """The configs a checkpoint was written with (``learner_overrides`` applied,
-    ``run_dir`` set to where it is now), validated."""
+    ``run_dir`` set to where it is now), validated. A checkpoint written before
+    ``batch_mode`` existed resumes with every slot's rollout, the way it trained."""
     raw = json.loads(state["learner_config"])
+    raw.setdefault("batch_mode", "slots")
     raw.update(learner_overrides, run_dir=str(run_dir))
     policy_raw = json.loads(state["policy_config"])
     policy_raw["hidden_sizes"] = tuple(policy_raw["hidden_sizes"])
