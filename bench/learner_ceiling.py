@@ -147,7 +147,9 @@ def measure(
 
     learner_cfg, _, _ = make_configs(config=f"preset:{env}")
     num_envs = learner_cfg.num_envs
-    rows_per_update = actors * num_envs * learner_cfg.num_steps
+    # Every slot's rollout grows with the replayers; a rows batch is the preset's
+    # batch_rows whatever they are (a tree from before rows batches: the former).
+    rows_per_update = max(actors * num_envs * learner_cfg.num_steps, learner_cfg.batch_rows)
     port = _util.free_port_block(4)
     work = Path(tempfile.mkdtemp(prefix="ceiling-"))
     cmd = [
@@ -214,7 +216,8 @@ def measure(
     ]
     return {
         "actors": actors,
-        "rows_per_update": rows_per_update,
+        "rows_per_update": (last["env_steps"] - first["env_steps"])
+        / max(1, len(metrics) - warmup - 1),
         "updates": len(metrics) - warmup - 1,
         "steps_per_s": (last["env_steps"] - first["env_steps"]) / span,
         "learner_busy_share": busy / span,

@@ -110,6 +110,21 @@ def run_one(
         stop_after_solve=True,
         extra_env={"PYTHONPATH": os.pathsep.join([_util.python_path(tree), *extra_paths])},
     )
+    return run_figures(run_dir, lines, solved, target, actors, seed, code)
+
+
+def run_figures(
+    run_dir: Path,
+    lines: list[tuple[float, str]],
+    solved: Any,
+    target: float,
+    actors: int,
+    seed: int,
+    code: int,
+) -> dict[str, Any]:
+    """The figures of one run to the score: its learner's output ``lines`` (seconds since
+    launch, line), ``solved(line)`` for the line at the score, and its run dir's
+    ``report.json`` and ``metrics.jsonl``."""
     solve_s = next((at for at, line in lines if solved(line)), math.inf)
     report = (
         json.loads((run_dir / "report.json").read_text())

@@ -39,6 +39,7 @@ SCRIPTS = (
     "learner_ranks",
     "learner_ceiling",
     "scaling",
+    "fleet",
     "update_cost",
     "policies",
 )
@@ -344,11 +345,11 @@ def test_learner_ranks_smoke(smoke: SmokeRuns) -> None:
 
 
 def test_learner_ceiling_smoke(smoke: SmokeRuns) -> None:
-    """The ceiling row: a real learner fed by one replayer at the preset's rollout
-    (1 actor x 8 envs x 256 steps), its busy share a share, the env-only rate beside."""
+    """The ceiling row: a real learner fed by one replayer (8 envs) at the preset's batch
+    (4,096 rows, whatever the actors), its busy share a share, the env-only rate beside."""
     data = smoke.result("learner_ceiling")
     (row,) = data["rows"]
-    assert row["actors"] == 1 and row["rows_per_update"] == 8 * 256
+    assert row["actors"] == 1 and row["rows_per_update"] == 4096
     assert row["steps_per_s"] > 0 and row["updates"] >= 2, row
     assert 0.0 < row["learner_busy_share"] <= 1.05, row
     assert data["env_only_steps_per_s"] > 0
@@ -364,6 +365,24 @@ def test_scaling_smoke(smoke: SmokeRuns) -> None:
     assert row["env_only_s"] == pytest.approx(env_only)
     assert row["ratio"] == pytest.approx(row["time_to_score_s"] / env_only)
     assert 0.0 < row["learner_busy_share"] <= 1.05, row
+
+
+def test_fleet_smoke(smoke: SmokeRuns) -> None:
+    """CartPole whose steps wait 2 ms, 1 and 2 actors to the smoke target: each row solved
+    (or the cap on a loaded machine), with the figures the table is made of."""
+    import fleet
+
+    data = smoke.result("fleet")
+    assert data["wait_ms"] == 2.0 and [r["actors"] for r in data["rows"]] == [1, 2]
+    for row in data["rows"]:
+        assert row["solved"] or row["time_to_score_s"] is None, row  # null: the cap
+        if row["solved"]:
+            assert row["steps_at_score"] > 0 and 0 < row["learner_busy_share"] <= 1.05, row
+    lines = fleet.table(data["rows"], [1, 2])
+    assert [line[1] for line in lines] == [1, 2] and lines[0][4] == "1.00"
+    assert fleet.wait_flags(10, Path(fleet.BENCH).parent) == [
+        "--wrapper", "zmq_rl.envs:StepDelay(seconds=0.01)",
+    ]  # fmt: skip
 
 
 def test_update_cost_smoke(smoke: SmokeRuns) -> None:

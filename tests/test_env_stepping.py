@@ -55,7 +55,7 @@ def test_threads_step_every_env_at_once_and_return_in_order():
     for env in envs:
         env.reset()
     with EnvStepper(envs, "threads") as stepper:
-        for step in range(1, 4):
+        for _ in range(3):
             out = stepper.step([0, 1, 0, 1])
             assert [float(r) for _, r, *_ in out] == [0.0, 1.0, 0.0, 1.0]
         # An episode's end resets the env and hands back its last observation.

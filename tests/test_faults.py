@@ -31,6 +31,7 @@ import psutil
 import pytest
 
 from tests.conftest import STUB_ENV_ID, free_port_block
+from tests.netns import SLOW_ENV_ID
 from zmq_rl.learner.metrics import is_evaluation_row
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -370,13 +371,15 @@ def test_kill_9_actor_is_declared_dead_and_the_run_finishes(procs, tmp_path, lea
     address = f"127.0.0.1:{learner_port}"
     learner = procs.start(
         "learner",
+        # Rows batches do not wait for a dead actor, so the run must outlast its
+        # actor_timeout: envs that take 20 ms a step (two survivors: ~2 updates a
+        # second, ~10 s after the kill).
         learner_argv(
-            # Rows batches do not wait for a dead actor: the budget must outlast its
-            # actor_timeout (two actors, fast stub envs: ~30 updates a second).
-            learner_port, run_dir, actors=3, budget_updates=400, actor_timeout=ACTOR_TIMEOUT_S
+            learner_port, run_dir, actors=3, budget_updates=25, actor_timeout=ACTOR_TIMEOUT_S,
+            env=SLOW_ENV_ID,
         ),
     )
-    actors = [procs.start(f"actor{i}", actor_argv(address)) for i in range(3)]
+    actors = [procs.start(f"actor{i}", actor_argv(address, env=SLOW_ENV_ID)) for i in range(3)]
     wait_update(run_dir, 3, START_S, procs, [learner, *actors])
     victim, survivors = actors[1], [actors[0], actors[2]]
     victim_id = int(wait_until(lambda: registered(victim), 5, "the victim's id", procs).group(1))

@@ -39,8 +39,8 @@ class SlowStubEnv(StubEnv):
         return super().step(action)
 
 
-if "SlowStub-v0" not in gym.registry:
-    gym.register("SlowStub-v0", entry_point=SlowStubEnv, disable_env_checker=True)
+if "FleetSlowStub-v0" not in gym.registry:
+    gym.register("FleetSlowStub-v0", entry_point=SlowStubEnv, disable_env_checker=True)
 
 
 def rows(actor_id: int, slots: list[int], start: int, length: int, version: int = 0) -> Fragment:
@@ -136,13 +136,16 @@ def test_rows_older_than_the_bound_are_dropped_from_the_front_and_counted_as_use
 # ------------------------------------------------------------------ the plan and the valve
 
 
-def test_the_grant_lead_keeps_two_batches_in_the_fleet_and_a_column_per_slot():
-    plan = BatchPlan(rows=True, segment=32, segments=8)
-    assert plan.grant_lead(4) == 32 * 4  # 4 slots hold 16 segments: two batches
-    assert plan.grant_lead(64) == 32  # never less than one segment per slot
+def test_the_grant_lead_lets_the_fleet_deliver_a_cycle_and_a_batch_more():
+    plan = BatchPlan(rows=True, segment=32, segments=8)  # 256 rows an update
+    assert plan.grant_lead(4) == 128  # 4 slots can deliver two batches: 512 rows
+    assert plan.grant_lead(64) == 8  # 64 slots too, 8 rows each
+    assert plan.grant_lead(1000) == 1
     assert BatchPlan(rows=True, segment=32, segments=8, lead=100).grant_lead(4) == 100
-    # The default lag bound: twice the updates the grants let the fleet queue, plus 2.
-    assert plan.lag_bound(64) == 2 * -(-64 * 64 // 256) + 2
+    assert BatchPlan(rows=True, segment=32, segments=8, broadcast_every=3).grant_lead(4) == 256
+    # The default lag bound: twice the updates the grants let the fleet queue (a lead
+    # and a column per slot), in versions, plus 2.
+    assert plan.lag_bound(64) == 2 * -(-64 * (8 + 32) // 256) + 2
     assert BatchPlan(rows=True, segment=32, segments=8, max_policy_lag=3).lag_bound(64) == 3
 
 
@@ -194,7 +197,8 @@ def _slow_and_fast(start_learner, ctx, learner_port, batch_mode: str) -> dict:
     rows_seen: list[dict] = []
     learner.runlog.on_update = rows_seen.append
     fast = gym_actor(ctx, learner_port, actor_id=0)
-    slow = gym_actor(ctx, learner_port, actor_id=1, env_id="tests.test_fleet_batches:SlowStub-v0")
+    slow_env = "tests.test_fleet_batches:FleetSlowStub-v0"
+    slow = gym_actor(ctx, learner_port, actor_id=1, env_id=slow_env)
     report = run.join(TIMEOUT)
     fast.join(TIMEOUT)
     slow.join(TIMEOUT)
@@ -293,9 +297,9 @@ def test_sixteen_actor_processes_train_on_a_batch_that_does_not_grow(tmp_path, l
     ]
     assert len(updates) == 60
     assert {u["batch/rows"] for u in updates} == {32.0}
-    # In columns of at most 8 rows: 4 when whole fragments fill it, more when the
-    # oldest rows end a fragment part-way.
-    assert all(4 <= u["batch/columns"] <= 8 for u in updates), updates
+    # In columns of at most 8 rows (4 when whole fragments fill it; a grant of 4 rows a
+    # slot makes the actors flush shorter ones).
+    assert all(4 <= u["batch/columns"] <= 32 for u in updates), updates
     consumed = [s["steps_consumed"] for s in report["actor_stats"].values()]
     assert len(consumed) == 16 and min(consumed) > 0, consumed
 

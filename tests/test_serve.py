@@ -92,9 +92,10 @@ def test_python_simulators_train_through_the_server(ctx, start_learner, learner_
     assert report.stop_reason == "budget spent"
     assert report.env_steps_consumed == cfg.total_env_steps
     assert len(report.actor_stats) == 2
+    assert sum(a["steps_consumed"] for a in report.actor_stats.values()) == cfg.total_env_steps
     for actor in report.actor_stats.values():
         assert actor["said_bye"] and actor["num_envs"] == 2
-        assert actor["steps_consumed"] == cfg.total_env_steps // 2
+        assert actor["steps_consumed"] > 0  # rows batches: the oldest rows of either
         assert actor["actor/serve/requests"] >= actor["steps_consumed"] // 2
     assert not any(k.startswith("rejected/") for k in report.counters), report.counters
     assert stats["attached"] == 2 and stats["errors"] == 0

@@ -132,15 +132,16 @@ class BatchPlan:
 
     def grant_lead(self, live_slots: int) -> int:
         """The steps per slot a grant allows beyond the most the learner had used of any
-        slot of the actor at its last broadcast: ``max_lead_steps`` when set, else enough
-        that the live slots hold a broadcast cycle and one batch more
-        (``(broadcast_every + 1) * segments`` segments of ``num_steps``), and each slot
-        at least one segment: the next update's rows are recorded while this one
-        trains, as with the ``S``/``L`` valve's default lead of ``2 S``."""
+        slot of the actor at its last publication: ``max_lead_steps`` when set, else
+        enough that the live slots can deliver a broadcast cycle and one batch more
+        (``(broadcast_every + 1) * batch_rows`` rows): the next update's rows are
+        recorded while this one trains, as with the ``S``/``L`` valve's ``2 S``, and no
+        more queue than that (a larger lead adds only policy lag once the learner is
+        what the actors wait for, docs/design.md section 5.6)."""
         if self.lead:
             return self.lead
-        per_slot = -(-(self.broadcast_every + 1) * self.segments // max(1, live_slots))
-        return self.segment * max(1, per_slot)
+        rows = (self.broadcast_every + 1) * self.rows_per_update
+        return max(1, -(-rows // max(1, live_slots)))
 
     def lag_bound(self, live_slots: int) -> int:
         """The versions a row may lag the learner before it is dropped: ``max_policy_lag``
