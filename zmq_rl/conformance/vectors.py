@@ -29,6 +29,7 @@ import numpy as np
 
 from ..wire.codec import ARRAY_DTYPES, PROTOCOL_VERSION, ProtocolVersionMismatch, encode_array
 from ..wire.protocol import (
+    FEATURE_GRANTS,
     FEATURE_POLICIES,
     Bye,
     Fragment,
@@ -495,6 +496,71 @@ def _turn_based_welcome() -> Welcome:
     return _welcome(settings, [_tiny_weights(0)])
 
 
+GRANT = 128
+"""The grant of the welcome vector of a learner of rows batches (section 5.4.1)."""
+
+
+def _rows_welcome(grant: int | None = GRANT) -> Welcome:
+    """Actor 0's welcome from a learner of rows batches (section 5.3: 128 rows per
+    update, 4 segments of 32, for 2 actors of 2 slots) to an actor whose hello announced
+    ``grants``: ``grant`` steps per slot; S and L for actors without grants, a whole
+    broadcast cycle's rows and twice that."""
+    import dataclasses
+
+    settings = dataclasses.replace(
+        _settings(), steps_per_broadcast=128, max_lead_steps=256, batch_rows=128
+    )
+    return dataclasses.replace(_welcome(settings, [_tiny_weights(0)]), grant=grant)
+
+
+def _grants_messages() -> list[tuple[str, str, Any]]:
+    """The valid vectors of grants (sections 4.3, 4.4, 4.6, 5.4.1)."""
+    from gymnasium import spaces
+
+    return [
+        (
+            "hello-grants",
+            "an actor whose staleness valve follows a learner's grants says so: features "
+            "['grants'] (section 5.4.1)",
+            Hello(
+                actor_id=-1,
+                env_id="CartPole-v1",
+                observation_space=space_spec(_spaces()["box"]),
+                action_space=space_spec(spaces.Discrete(2)),
+                num_envs=2,
+                host="sim-host-01",
+                pid=4242,
+                features=[FEATURE_GRANTS],
+            ),
+        ),
+        (
+            "welcome-grant",
+            "the answer of a learner of rows batches (config.batch_rows 128: 4 segments of "
+            "32 rows from whichever slots delivered) to 'hello-grants': grant 128, the "
+            "steps per slot the actor may record until it hears a larger grant (section "
+            "5.4.1); steps_per_broadcast 128 and max_lead_steps 256 pace actors without "
+            "grants",
+            _rows_welcome(),
+        ),
+        (
+            "heartbeat-learner-grant",
+            "a learner's heartbeat to an actor welcomed with a grant: its current grant "
+            "(544: the most rows the learner had used of one of its slots when it "
+            "published version 16, 416, plus the lead 128)",
+            Heartbeat(
+                actor_id=-1,
+                run_id=RUN_ID,
+                version=16,
+                sent_at=2172.25,
+                echo=1042.5,
+                held=0.001953125,
+                base_version=0,
+                grant=544,
+            ),
+        ),
+    ]
+
+
 def _messages() -> list[tuple[str, str, Any]]:
     """(name, description, message) of every valid message vector."""
     from gymnasium import spaces
@@ -679,6 +745,7 @@ def _messages() -> list[tuple[str, str, Any]]:
     )
     out.extend(_multi_agent_fragments(header))
     out.extend(_policies_messages())
+    out.extend(_grants_messages())
     return out
 
 
@@ -1433,7 +1500,30 @@ def invalid_vectors() -> list[dict[str, Any]]:
         )
     )
     out.extend(_control_invalid())
+    out.extend(_grants_invalid())
     return out
+
+
+def _grants_invalid() -> list[dict[str, Any]]:
+    """Invalid frames of grants (section 5.4.1): a grant in an actor's heartbeat (the
+    learner rejects it), a negative grant and a batch_rows of 0 in a welcome (the actor
+    rejects it)."""
+    beat = Heartbeat(actor_id=0, token=TOKEN, run_id=RUN_ID, version=15).to_map()
+    negative = _envelope(_rows_welcome())
+    negative["grant"] = -1
+    zero = _envelope(_rows_welcome())
+    zero["config"]["batch_rows"] = 0
+    return [
+        _invalid("heartbeat-actor-grant", "an actor heartbeat carrying a grant (only a "
+                 "learner's heartbeat has one, section 4.6)", pack(
+                     {**beat, "grant": 544, "proto": PROTOCOL_VERSION, "type": "heartbeat"}),
+                 "control", "decode", "bad_field"),
+        _invalid("welcome-grant-negative", "the welcome of a learner of rows batches with "
+                 "grant -1", pack(negative), "actor-control", "decode", "bad_field"),
+        _invalid("welcome-batch_rows-zero", "the welcome of a learner of rows batches with "
+                 "config.batch_rows 0 (absent means every-slot rollouts; present, at least "
+                 "1)", pack(zero), "actor-control", "decode", "bad_field"),
+    ]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- files
