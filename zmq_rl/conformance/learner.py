@@ -369,7 +369,7 @@ class LearnerScenario:
         self.rows = np.zeros(s.num_envs, np.int64)  # sent per slot, since the welcome
         self.grant = welcome.grant  # the largest grant heard (None: S and L)
         self.grant_problems: list[str] = []
-        self.grant_used = self.grant  # the grant when the cycle's last row was sent
+        self.grant_used = self.grant  # the grant one row short of the broadcast
         self.beats: list[float] = []
         self.beat_problems: list[str] = []
         self.last_beat = 0.0
@@ -395,7 +395,7 @@ class LearnerScenario:
             self.judge_heartbeats(start, time.monotonic())
             self.record("invalid-fragments", None, f"not checked: {cycle}")
             self.record("weights-broadcast", False, f"no broadcast is possible: {cycle}")
-            self.grant_verdict(past_grant=cycle)
+            past_grant = cycle
         else:
             target, last = cycle
             self.send_until(target)
@@ -406,7 +406,6 @@ class LearnerScenario:
             beats_until = time.monotonic()
             self.send_valid(1, last)
             self.broadcast(welcome)
-            self.grant_verdict(past_grant)
             self.judge_heartbeats(start, beats_until)
         # Stream on, under the valve, until the learner ends the run.
         deadline = time.monotonic() + opt.shutdown_timeout
@@ -437,6 +436,7 @@ class LearnerScenario:
                     "type": "bye",
                 }
             )
+        self.grant_verdict(past_grant)  # (the heartbeats up to the shutdown included)
 
     def cycle(self) -> tuple[np.ndarray, list[int]] | str:
         """Where the learner is one row short of its next broadcast: the rows per slot to
@@ -552,8 +552,9 @@ class LearnerScenario:
             not self.grant_problems,
             "; ".join(self.grant_problems[:3])
             or f"welcome grant {welcome.grant} ({welcome.settings.num_envs} slots), "
-            f"{self.grant_used} one row short of a broadcast; {past_grant}; raised to "
-            f"{self.grant} after the broadcast; every heartbeat carried it, never lower",
+            f"{self.grant_used} one row short of a broadcast; {past_grant}; raised after "
+            f"the broadcast ({self.grant} in the end); every heartbeat carried it, never "
+            "lower",
         )
 
     def policy_topics(self, welcome: Welcome) -> None:
@@ -578,14 +579,13 @@ class LearnerScenario:
 
     def budget(self) -> int:
         """The valve's budget per slot: the largest grant heard (§5.4.1), or under the
-        newest version loaded ``max(0, v - b) * S + L`` (§5.4; unbounded when L is 0)."""
+        newest version loaded ``max(0, v - b) * S + L`` (§5.4; with no valve, L = 0, the
+        well-behaved actor still keeps within one cycle, L = S, so as not to flood)."""
         if self.grant is not None:
             return self.grant
         s = self.welcome.settings
-        if not s.max_lead_steps:
-            return 2**62
-        base = self.welcome.base_version
-        return max(0, self.version - base) * s.steps_per_broadcast + s.max_lead_steps
+        base, lead = self.welcome.base_version, s.max_lead_steps or s.steps_per_broadcast
+        return max(0, self.version - base) * s.steps_per_broadcast + lead
 
     def base_fragment(self, rows: int, slots: list[int] | None = None) -> Fragment:
         """A valid fragment of the live run: ``rows`` rows of ``slots`` (None: every
