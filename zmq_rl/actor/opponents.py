@@ -7,8 +7,9 @@ already beat (Sample Factory's and OpenAI Five's self-play). The actor takes a
 snapshot of the weights it acts with once per span of ``every`` policy versions (the
 first at its welcome; then the first version it loads at or past the next multiple of
 ``every``, so versions it skips, newest wins, never thin the pool out) and keeps the
-newest ``size`` (docs/protocol.md section 4.4, "The snapshot pool"). Every game against the pool draws its
-opponent when it starts (:meth:`OpponentPool.choose`), by ``choice``:
+newest ``size`` (docs/protocol.md section 4.4, "The snapshot pool"). Every game against
+the pool draws its opponent when it starts (:meth:`OpponentPool.choose`), by
+``choice``:
 
 * ``uniform``: uniformly over the pool ("uniform over past");
 * ``latest``: the newest snapshot;
