@@ -149,6 +149,10 @@ class RawActor:
     ``fragment_length`` steps. The methods marked *rule* are where the page's rules of
     conduct live (the broken actors of tests/fixtures override one each)."""
 
+    FEATURES: tuple[str, ...] = ()
+    """The hello's ``features`` [4.3]: none, so the valve follows S and L [5.4] (an actor
+    that announces ``"grants"`` follows a learner's grants instead [5.4.1])."""
+
     def __init__(self, learner: str, num_rooms: int, seed: int, register_timeout: float):
         self.host, _, port = learner.rpartition(":")
         self.num_rooms, self.seed, self.register_timeout = num_rooms, seed, register_timeout
@@ -187,6 +191,7 @@ class RawActor:
             host=socket.gethostname(),
             pid=os.getpid(),
             rejoin_run_id=self.run_id,
+            **({"features": list(self.FEATURES)} if self.FEATURES else {}),
         )
         deadline = time.monotonic() + self.register_timeout
         while True:

@@ -84,6 +84,27 @@ def test_reference_throttle_pause_points():
     assert throttle.should_pause(10_000, 1)
 
 
+def test_under_rows_batches_a_version_never_says_the_registration_is_gone():
+    """docs/protocol.md 5.5, rule (2) of the pause for the link: a learner of rows batches
+    says so (the welcome's informational ``batch_rows``) and uses slots unevenly, so a
+    version proves nothing about one actor's slots; the S/L budget of an actor without
+    grants is still the welcome's."""
+    from gymnasium import spaces
+
+    from zmq_rl.learner.settings import batch_plan, run_settings
+
+    cfg = reference_config().validate()
+    box = spaces.Box(-1.0, 1.0, (4,))
+    plan = batch_plan(cfg, 1, recurrent=False)
+    rows = run_settings(cfg, box, spaces.Discrete(2), PolicyConfig(), batch=plan)
+    assert rows.batch_rows == 4 * 256 and "batch_rows" in rows.to_map()
+    assert "batch_rows" not in run_settings(cfg, box, spaces.Discrete(2), PolicyConfig()).to_map()
+    valve = ActorThrottle.from_settings(rows, base_version=0)
+    assert throttle_of(cfg).impossible_for_member(version=1, steps_sent=255)
+    assert not valve.impossible_for_member(version=1, steps_sent=255)
+    assert valve.budget(1) == rows.steps_per_broadcast + rows.max_lead_steps
+
+
 def test_disabled_throttle_never_pauses():
     disabled = ActorThrottle.disabled()
     assert disabled.max_lead_steps == 0

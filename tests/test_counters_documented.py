@@ -18,12 +18,10 @@ LEARNER_SOURCES = [
     "zmq_rl/wire/protocol.py",
     "zmq_rl/wire/codec.py",
     "zmq_rl/wire/spaces.py",
-    "zmq_rl/learner/membership.py",
-    "zmq_rl/learner/ingest.py",
-    "zmq_rl/learner/loop.py",
-    "zmq_rl/learner/checkpoint.py",
-    "zmq_rl/learner/runlog.py",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "zmq_rl" / "learner").glob("*.py")),
 ]
+"""Every learner module (a counter a new one adds, e.g. ``discarded/steps/stale`` of the
+rows batches, must be in the page too), and the wire's decoders."""
 
 
 def emitted_codes() -> dict[str, set[str]]:

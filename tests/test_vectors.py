@@ -367,3 +367,23 @@ def test_admit_contexts_hold_the_spaces_they_are_checked_against():
     for vector in admits:
         assert set(vector["context"]) == keys, vector["name"]
         _run_spaces(vector["context"])  # the specs decode
+
+
+def test_the_grant_vectors_say_what_section_5_4_1_says():
+    """Issue 43: an actor announces ``grants``; a learner of rows batches welcomes it with
+    a grant (and says how many rows an update takes, ``config.batch_rows``) and raises it
+    in its heartbeats; an actor's heartbeat never carries one, nor a welcome a negative
+    one. Vectors of earlier releases keep their bytes: ``batch_rows`` and ``grant`` are
+    absent unless they say something."""
+    hello = decode(bytes.fromhex(load(VECTORS / "hello-grants.json")["hex"]))
+    assert hello.features == ["grants"]
+    welcome = decode(bytes.fromhex(load(VECTORS / "welcome-grant.json")["hex"]))
+    assert (welcome.grant, welcome.settings.batch_rows) == (V.GRANT, 128)
+    beat = decode(bytes.fromhex(load(VECTORS / "heartbeat-learner-grant.json")["hex"]))
+    assert (beat.actor_id, beat.grant, beat.token) == (-1, 544, None)
+    plain = load(VECTORS / "welcome.json")["view"]
+    assert "grant" not in plain and "batch_rows" not in plain["config"]
+    invalid = {p.stem: load(p) for p in INVALID}
+    assert invalid["heartbeat-actor-grant"]["socket"] == "control"
+    for name in ("welcome-grant-negative", "welcome-batch_rows-zero"):
+        assert invalid[name]["counter"] == "control:bad_field", name

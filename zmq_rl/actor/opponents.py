@@ -4,9 +4,12 @@ actor plays its learning seats against, never trained on (no sockets).
 Playing only the latest policy against itself lets a game's strategies chase each
 other in circles; a pool of earlier snapshots keeps the policy honest against what it
 already beat (Sample Factory's and OpenAI Five's self-play). The actor takes a
-snapshot of the weights it acts with every ``every`` policy versions (the first at
-its welcome) and keeps the newest ``size``. Every game against the pool draws its
-opponent when it starts (:meth:`OpponentPool.choose`), by ``choice``:
+snapshot of the weights it acts with once per span of ``every`` policy versions (the
+first at its welcome; then the first version it loads at or past the next multiple of
+``every``, so versions it skips, newest wins, never thin the pool out) and keeps the
+newest ``size`` (docs/protocol.md section 4.4, "The snapshot pool"). Every game against
+the pool draws its opponent when it starts (:meth:`OpponentPool.choose`), by
+``choice``:
 
 * ``uniform``: uniformly over the pool ("uniform over past");
 * ``latest``: the newest snapshot;
@@ -57,13 +60,14 @@ class OpponentPool:
         self._seen = -1  # the acting version at the last offer
 
     def offer(self, acting: PolicyRunner) -> None:
-        """After ``acting`` moved to a new version: take a snapshot if one is due
-        (dropping the oldest beyond ``size``)."""
+        """After ``acting`` moved to a new version: take a snapshot if one is due (its
+        version is in a later span of ``every`` versions than the newest snapshot's:
+        ``version // every`` is greater), dropping the oldest beyond ``size``."""
         version = acting.version
         if version == self._seen:
             return
         self._seen = version
-        if self.snapshots and version < self.snapshots[-1] + self.every:
+        if self.snapshots and version // self.every <= self.snapshots[-1] // self.every:
             return
         runner = (
             self.runners.pop(self.snapshots.popleft())

@@ -5,12 +5,16 @@ The learner here is zmq_rl's own receiving side (:class:`~zmq_rl.learner.ingest.
 real sockets, decode, membership and fragment checks, heartbeats, welcomes) with a
 *scripted* training loop instead of PPO: it takes a rollout whenever every member
 slot holds ``num_steps`` rows and publishes the next version (the same tensors),
-except when the scenario holds the broadcasts back. Every frame the actor sends is
-also decoded and recorded here, so each clause is judged on what actually crossed
-the sockets. The scenario: registration; steady broadcasts; a pause of the
-broadcasts (the valve must hold the actor at exactly its budget) and a release; a
-learner restart on the same ports with a new run id; a shutdown. Then the command
-runs once more against a learner that answers in protocol 1.
+except when the scenario holds the broadcasts back. An actor whose hello announces
+``grants`` is paced with grants (docs/protocol.md section 5.4.1): the welcome's grant
+and, after each broadcast, a heartbeat's larger one, as large as the ``S``/``L``
+budget, except in the valve phase, where the version comes first and the grant after
+it. Every frame the actor sends is also decoded and recorded here, so each clause is
+judged on what actually crossed the sockets. The scenario: registration; steady
+broadcasts; a pause of the broadcasts (the valve must hold the actor at exactly its
+budget) and a release; a learner restart on the same ports with a new run id; a
+shutdown. Then the command runs once more against a learner that answers in protocol
+1.
 
 The actor command gets the learner's address as ``ZMQ_RL_LEARNER=HOST:PORT`` in its
 environment, and every ``{learner}`` in its arguments is replaced by it.
@@ -44,6 +48,7 @@ from ..learner.settings import run_settings
 from ..rl.masking import mask_key
 from ..wire.ports import free_port_block
 from ..wire.protocol import (
+    FEATURE_GRANTS,
     FEATURE_POLICIES,
     Bye,
     Fragment,
@@ -99,10 +104,16 @@ CLAUSES = {
             "MUST",
             "without new weights the actor steps on to its valve budget",
         ),
-        Clause("valve-holds", "5.4", "MUST", "no slot runs past max(0, v - b) * S + L"),
+        Clause(
+            "valve-holds", "5.4", "MUST", "no slot runs past max(0, v - b) * S + L (or its grant)"
+        ),
         Clause("valve-flush", "5.4", "MUST", "a paused actor has sent every row it recorded"),
         Clause(
-            "valve-resume", "5.4", "MUST", "a new version releases the paused actor, acting on it"
+            "valve-resume",
+            "5.4",
+            "MUST",
+            "a new version (under grants: a larger grant) releases the paused actor, acting "
+            "on the new version",
         ),
         Clause(
             "restart",
@@ -133,6 +144,13 @@ CLAUSES = {
             "MUST",
             "masked actions: every valid row's action is one its own action_mask allows "
             "(SKIP for an env without masks)",
+        ),
+        Clause(
+            "grants",
+            "5.4.1",
+            "MUST",
+            "an actor that announces 'grants' follows them: a new version does not release "
+            "it from its grant, a larger grant does (SKIP: it does not announce 'grants')",
         ),
         Clause(
             "policies-feature",
@@ -199,6 +217,7 @@ class Registration:
     bye: Bye | None = None
     bye_at: float = 0.0
     after_bye: int = 0
+    grant: int | None = None  # the largest grant sent (None: the S/L valve)
 
     def __post_init__(self) -> None:
         self.rows = np.zeros(self.num_envs, np.int64)
@@ -236,7 +255,10 @@ class Observer:
         return self.registrations[-1] if self.registrations else None
 
     def budget(self, reg: Registration) -> int:
-        """The valve budget of ``reg`` under the newest published version."""
+        """The valve budget of ``reg``: its grant, or ``max(0, v - b) * S + L`` under the
+        newest published version."""
+        if reg.grant is not None:
+            return reg.grant
         opt = self.options
         return max(0, self.version - reg.base_version) * opt.num_steps + opt.max_lead_steps
 
@@ -361,6 +383,7 @@ class IngestWatch:
                     welcomed_at=now,
                     run_id=self.ingest.run_id,
                     hello=message,
+                    grant=rec.grant,
                 )
                 obs.registrations.append(reg)
                 obs.by_token[rec.token] = reg
@@ -443,6 +466,7 @@ class ScriptedLearner:
                     raise
                 zmq.Poller().poll(50)  # the old listener is still closing
         ingest.observer = IngestWatch(ingest, self.observer)
+        ingest.grant_for = self.first_grant
         self.observer.run_id = self.run_id
         ingest.publish(self._weights(), send=False)
         self.ingest = ingest
@@ -472,8 +496,9 @@ class ScriptedLearner:
         if train:
             self.update()
 
-    def update(self) -> bool:
-        """Take a rollout if every member slot has one; publish version + 1."""
+    def update(self, regrant: bool = True) -> bool:
+        """Take a rollout if every member slot has one; publish version + 1; then (with
+        ``regrant``) raise the grants the rollout used."""
         ingest = self.ingest
         assert ingest is not None
         slots = ingest.members.member_slots()
@@ -484,7 +509,34 @@ class ScriptedLearner:
         ingest.publish(self._weights())
         ingest.members.admit_pending()
         self.observer.on_publish(self.version, time.monotonic())
+        if regrant:
+            self.regrant()
         return True
+
+    def granted(self, rec: ActorRecord) -> int:
+        """The grant of ``rec`` now: the ``S``/``L`` budget of the newest version (the
+        rows of its slots every rollout since its base version used, plus the lead)."""
+        settings = self.settings
+        proven = max(0, self.version - rec.base_version) * settings.steps_per_broadcast
+        return proven + settings.max_lead_steps
+
+    def first_grant(self, rec: ActorRecord, hello: Hello) -> int | None:
+        """The welcome's grant of an actor that announced ``grants`` (None: S and L)."""
+        return self.granted(rec) if FEATURE_GRANTS in hello.features else None
+
+    def regrant(self) -> None:
+        """Raise each grant to :meth:`granted` and tell its actor in a heartbeat at once."""
+        ingest = self.ingest
+        assert ingest is not None
+        for rec in ingest.members:
+            grant = self.granted(rec)
+            if rec.grant is None or rec.said_bye or grant <= rec.grant:
+                continue
+            rec.grant = grant
+            reg = self.observer.by_token.get(rec.token)
+            if reg is not None:
+                reg.grant = grant
+            ingest.send_heartbeat(rec)
 
     def shutdown(self) -> None:
         """Send ``shutdown`` to every registration (and keep serving)."""
@@ -713,13 +765,18 @@ class Scenario:
         held = 2 * opt.heartbeat_interval + opt.heartbeat_slack + opt.heartbeat_interval
         paused_at = obs.quiet_since
         self.pump_until(lambda: time.monotonic() - paused_at > held, held, train=False)
-        # Release: one more version.
+        # Release: one more version (and, for an actor paced by grants, a larger grant
+        # once the version alone has not released it).
         old_budget = budget
         published_at = time.monotonic()
-        if not self.learner.update():
+        if not self.learner.update(regrant=reg.grant is None):
             self.record("valve-resume", False, "the learner could not take a rollout")
             return False
         version = self.learner.version
+        if reg.grant is not None:
+            self.grant_holds(reg, version)
+            published_at = time.monotonic()
+            self.learner.regrant()
         ok = self.pump_until(
             lambda: (
                 (int(reg.rows.min()) > old_budget and reg.last_version >= version)
@@ -744,7 +801,9 @@ class Scenario:
             )
             return False
         if obs.max_over_budget:
-            self.record("valve-resume", None, "not applicable: the actor never paused")
+            released = self.report.status("grants") == "FAIL"  # (by the version alone)
+            why = "the version released it past its grant" if released else "it never paused"
+            self.record("valve-resume", None, f"not applicable: {why}")
             return True
         if first is not None and first < version and stale > held:
             self.record(
@@ -757,10 +816,37 @@ class Scenario:
         self.record(
             "valve-resume",
             True,
-            f"version {version} released it within {waited:.2f}s; "
+            f"{f'grant {reg.grant}' if reg.grant is not None else f'version {version}'} "
+            f"released it within {waited:.2f}s; "
             + (f"{stale} held row(s) per slot first" if stale else f"rows carry version {first}"),
         )
         return True
+
+    def grant_holds(self, reg: Registration, version: int) -> None:
+        """Section 5.4.1: an actor held at its grant stays there when a new version (here
+        ``version``) arrives, ``quiet`` seconds; only a larger grant releases it."""
+        grant = reg.grant
+        assert grant is not None
+        self.pump_until(
+            lambda: int(reg.rows.max()) > grant or not self.actor.alive(),
+            self.options.quiet,
+            train=False,
+        )
+        high = int(reg.rows.max())
+        if high > grant:
+            self.record(
+                "grants",
+                False,
+                f"version {version} alone released it: {high} rows on a slot, past its grant "
+                f"{grant} (it follows S and L, not its grant)",
+            )
+        else:
+            self.record(
+                "grants",
+                True,
+                f"held at its grant {grant} for {self.options.quiet:g}s after version "
+                f"{version} arrived (a larger grant then released it: valve-resume)",
+            )
 
     def restart(self) -> bool:
         """Close the learner and start a new run on the same ports."""
@@ -973,7 +1059,10 @@ class Scenario:
                 + (f"; {first['valve-holds'][0]}" if "valve-holds" in first else ""),
             )
         else:
-            self.record("valve-holds", True, "no slot ever past max(0, v - b) * S + L")
+            graded = "its grant" if any(r.grant is not None for r in obs.registrations) else ""
+            self.record(
+                "valve-holds", True, f"no slot ever past {graded or 'max(0, v - b) * S + L'}"
+            )
         stale = {v: max(c.values()) for v, c in obs.stale_rows.items() if c}
         worst = max(stale.values(), default=0)
         pickup = opt.pickup
@@ -1017,6 +1106,8 @@ class Scenario:
         else:
             self.record("action-masks", True, f"{obs.valid_rows} valid row(s), none masked")
         regs = self.observer.registrations
+        if not any(r.grant is not None for r in regs):
+            self.record("grants", None, "the actor does not announce 'grants': S and L pace it")
         if not learner.plan.several:
             self.record("policies-feature", None, "a run of one policy")
         else:  # a hello without it is refused: no registration at all

@@ -3,12 +3,15 @@ played against a running learner of any language (docs/protocol.md section 11.2)
 
 The learner must be fresh and wait for one actor (``zmq-learner --num-actors 1``): the
 well-behaved actor registers first, so its slots are consumed from the welcome's
-version. It streams valid rows until the learner is one row per slot short of its
-next broadcast, then sends every invalid fragment (the mutations of the golden
-vectors, applied to a fragment of the live run): a learner that accepted one would
-have the row it lacks and publish. Then the missing valid row must make it publish.
-The refusals, the session check of heartbeats and the learner's heartbeats are
-checked on the way; the shutdown at the end of the run last.
+version. It streams valid rows until the learner is one row short of its next
+broadcast (a learner of every-slot rollouts: ``S - 1`` rows of every slot; of rows
+batches, ``config.batch_rows``: ``broadcast_every * batch_rows - 1`` rows in all), then
+sends every invalid fragment (the mutations of the golden vectors, applied to a
+fragment of the live run) and, to a learner that paces it with a grant, a fragment
+past the grant: a learner that accepted one would have the row it lacks and publish.
+Then the missing valid row must make it publish, and its grant must rise. The
+refusals, the session check of heartbeats and the learner's heartbeats are checked on
+the way; the shutdown at the end of the run last.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import numpy as np
 import zmq
 
 from ..wire.codec import PROTOCOL_VERSION
 from ..wire.protocol import (
+    FEATURE_GRANTS,
     FEATURE_POLICIES,
     Fragment,
     Heartbeat,
@@ -90,7 +95,18 @@ CLAUSES = {
             "weights-broadcast",
             "4.2",
             "MUST",
-            "S rows per slot make the next version: version + 1, the run id, the tensors",
+            "the rows of a broadcast cycle (S per slot; a learner of rows batches: "
+            "broadcast_every * batch_rows in all) make the next version: version + 1, the "
+            "run id, the tensors",
+        ),
+        Clause(
+            "grants",
+            "5.4.1",
+            "MUST",
+            "a learner that paces the actor with grants: the welcome's grant lets it "
+            "deliver a broadcast cycle, a fragment past the grant is refused (over_lead), "
+            "every heartbeat carries the grant, which never falls and rises once its rows "
+            "were used; SKIP for a learner whose welcome has no grant",
         ),
         Clause(
             "refuse-part-env-copy",
@@ -168,8 +184,8 @@ class Peer:
 
 
 def _hello(**fields: Any) -> dict[str, Any]:
-    """A hello map (announcing the ``policies`` feature, which the well-behaved actor
-    implements) with ``fields`` changed."""
+    """A hello map (announcing the ``policies`` and ``grants`` features, which the
+    well-behaved actor implements) with ``fields`` changed."""
     body = Hello(
         actor_id=-1,
         env_id="conformance",
@@ -178,7 +194,7 @@ def _hello(**fields: Any) -> dict[str, Any]:
         num_envs=2,
         host=pysocket.gethostname()[:200],
         pid=os.getpid(),
-        features=[FEATURE_POLICIES],
+        features=[FEATURE_POLICIES, FEATURE_GRANTS],
     ).to_map()
     body.update(fields)
     return {**body, "proto": PROTOCOL_VERSION, "type": "hello"}
@@ -336,71 +352,70 @@ class LearnerScenario:
             or f"actor {message.actor_id}, run {message.run_id}, base version "
             f"{message.base_version}, weights v{message.weights.version} "
             f"({len(message.weights.tensors)} tensors), S={s.steps_per_broadcast}, "
-            f"L={s.max_lead_steps}, heartbeat {s.heartbeat_interval:g}s",
+            f"L={s.max_lead_steps}, heartbeat {s.heartbeat_interval:g}s"
+            + (f", grant {message.grant}" if message.grant is not None else "")
+            + (f", batch_rows {s.batch_rows}" if s.batch_rows else ""),
         )
         peer.connect_data(message)
         return message
 
     def stream(self, welcome: Welcome) -> None:
-        """Valid rows to one short of a broadcast, the invalid fragments, the last row;
-        then rows until the shutdown."""
+        """Valid rows to one short of a broadcast, the invalid fragments (and one past
+        the grant), the last row; then rows until the shutdown."""
         s, opt = welcome.settings, self.options
         self.welcome = welcome
         self.seq = 0
         self.version = welcome.weights.version
-        self.sent_rows = 0  # per slot, since the welcome
+        self.rows = np.zeros(s.num_envs, np.int64)  # sent per slot, since the welcome
+        self.grant = welcome.grant  # the largest grant heard (None: S and L)
+        self.grant_problems: list[str] = []
+        self.grant_used = self.grant  # the grant one row short of the broadcast
         self.beats: list[float] = []
         self.beat_problems: list[str] = []
         self.last_beat = 0.0
         self.shutdown: Shutdown | None = None
         self.weights: list[Weights] = []
         start = time.monotonic()
-        # The learner consumes S rows per slot before it publishes the next version.
-        short = s.steps_per_broadcast - 1
-        while self.sent_rows < short:
-            self.send_valid(min(s.fragment_length, short - self.sent_rows))
-            self.serve(0.0)
         # One row short of a broadcast the learner can only wait in its receive loop, so
         # it must heartbeat: hold it there for two intervals and a half at least.
         hold = max(opt.reject_wait, 2.5 * s.heartbeat_interval + opt.heartbeat_slack)
-        self.serve(hold)
-        published = [w.version for w in self.weights]
-        self.invalid(welcome, published)
-        beats_until = time.monotonic()
-        self.send_valid(1)
-        ok = self.wait(lambda: any(w.version > self.version for w in self.weights),
-                       opt.broadcast_timeout)  # fmt: skip
-        if not ok:
-            self.record(
-                "weights-broadcast",
-                False,
-                f"no version after {self.sent_rows} rows per slot (S = "
-                f"{s.steps_per_broadcast}) within {opt.broadcast_timeout:g}s",
-            )
-            if self.report.status("invalid-fragments") == "PASS":
-                self.record("invalid-fragments", None, "not decided: nothing was published")
+        cycle = self.cycle()
+        if isinstance(cycle, str) and self.grant is not None:
+            # A learner MAY raise a grant before it used any row (its lead may follow the
+            # fleet it sees): send what the grant allows, and wait for a larger one.
+            self.send_until(np.full(s.num_envs, self.budget(), np.int64))
+            granted = self.grant
+            self.wait(lambda: self.budget() > granted, hold)
+            cycle = self.cycle()
+        if isinstance(cycle, str):  # (the learner waits for rows this actor may not send)
+            if self.grant is not None:
+                self.grant_problems.append(f"grant {self.grant}: {cycle}")
+            self.send_until(np.full(s.num_envs, self.budget(), np.int64))
+            self.serve(hold)
+            self.judge_heartbeats(start, time.monotonic())
+            self.record("invalid-fragments", None, f"not checked: {cycle}")
+            self.record("weights-broadcast", False, f"no broadcast is possible: {cycle}")
+            past_grant = cycle
         else:
-            self.policy_topics(welcome)
-            newest = self.weights[-1]
-            known = {w.policy: w for w in welcome.policy_weights or [welcome.weights]}
-            names = [n for n, _ in newest.tensors] == [n for n, _ in known[newest.policy].tensors]
-            good = newest.version == self.version + 1 and newest.run_id == welcome.run_id
-            self.record(
-                "weights-broadcast",
-                good and names,
-                f"version {newest.version} (from {self.version}) after "
-                f"{self.sent_rows} rows per slot; run id "
-                f"{'ok' if newest.run_id == welcome.run_id else newest.run_id}; tensors "
-                f"{'by the same names' if names else 'NOT the same names'}",
-            )
-            self.version = max(w.version for w in self.weights)
+            target, last = cycle
+            self.send_until(target)
+            self.serve(hold)
+            self.invalid(welcome, [w.version for w in self.weights])
+            self.grant_used = self.grant  # (a rise from here on follows the rows' use)
+            past_grant = self.past_grant(target)
+            beats_until = time.monotonic()
+            self.send_valid(1, last)
+            self.broadcast(welcome)
+            self.judge_heartbeats(start, beats_until)
         # Stream on, under the valve, until the learner ends the run.
         deadline = time.monotonic() + opt.shutdown_timeout
         while self.shutdown is None and time.monotonic() < deadline:
             if self.weights:
                 self.version = max(self.version, self.weights[-1].version)
-            if self.sent_rows < self.budget():
-                self.send_valid(min(s.fragment_length, self.budget() - self.sent_rows))
+            below = [slot for slot in range(s.num_envs) if self.rows[slot] < self.budget()]
+            if below:
+                room = min(self.budget() - int(self.rows[slot]) for slot in below)
+                self.send_valid(min(s.fragment_length, room), below)
             self.serve(0.01)
         if self.shutdown is None:
             self.record(
@@ -415,16 +430,101 @@ class LearnerScenario:
                 {
                     "actor_id": welcome.actor_id,
                     "token": welcome.token,
-                    "stats": {"steps_sent": float(self.sent_rows * s.num_envs)},
+                    "stats": {"steps_sent": float(self.rows.sum())},
                     "last_seq": self.seq - 1,
                     "proto": PROTOCOL_VERSION,
                     "type": "bye",
                 }
             )
-        # Judged while the learner could only be waiting for rows (it MAY skip heartbeats
-        # during an update or an evaluation): from the welcome to the last valid row.
+        self.grant_verdict(past_grant)  # (the heartbeats up to the shutdown included)
+
+    def cycle(self) -> tuple[np.ndarray, list[int]] | str:
+        """Where the learner is one row short of its next broadcast: the rows per slot to
+        send, and the slots of which one more row each completes the cycle; or why the
+        actor cannot get there within its valve. Every-slot rollouts: ``S - 1`` rows of
+        every slot, and a row of each. Rows batches (``config.batch_rows``, the actor
+        alone): ``broadcast_every * batch_rows - 1`` rows spread evenly, and a row of a
+        slot with the fewest."""
+        s = self.welcome.settings
+        cap, slots = self.budget(), s.num_envs
+        need = s.broadcast_every * s.batch_rows if s.batch_rows else s.steps_per_broadcast
+        if (slots * cap if s.batch_rows else cap) < need:
+            why = (
+                f"its valve lets this actor, the learner's only one, send {cap} rows per slot, "
+                f"short of the {need} rows {'in all' if s.batch_rows else 'per slot'} of a "
+                "broadcast cycle: the learner would wait for rows forever (section 5.3)"
+            )
+            return why
+        if not s.batch_rows:
+            return np.full(slots, need - 1, np.int64), list(range(slots))
+        target = np.full(slots, (need - 1) // slots, np.int64)
+        extra = (need - 1) % slots
+        target[:extra] += 1
+        return target, [extra]  # (target[extra] is one of the fewest, below cap)
+
+    def send_until(self, target: np.ndarray) -> None:
+        """Valid fragments until each slot sent ``target`` rows (every slot behind in one
+        fragment, ``fragment_length`` rows at most)."""
+        length = self.welcome.settings.fragment_length
+        while True:
+            behind = [slot for slot in range(len(target)) if self.rows[slot] < target[slot]]
+            if not behind:
+                return
+            room = min(int(target[slot] - self.rows[slot]) for slot in behind)
+            self.send_valid(min(length, room), behind)
+            self.serve(0.0)
+
+    def broadcast(self, welcome: Welcome) -> None:
+        """The missing row was sent: the next version must come (weights-broadcast)."""
+        s, opt = welcome.settings, self.options
+        ok = self.wait(lambda: any(w.version > self.version for w in self.weights),
+                       opt.broadcast_timeout)  # fmt: skip
+        sent = f"{int(self.rows.sum())} rows ({self.rows.tolist()} per slot)"
+        if not ok:
+            cycle = (
+                f"batch_rows {s.batch_rows} x broadcast_every {s.broadcast_every}"
+                if s.batch_rows
+                else f"S = {s.steps_per_broadcast} per slot"
+            )
+            self.record(
+                "weights-broadcast",
+                False,
+                f"no version after {sent} ({cycle}) within {opt.broadcast_timeout:g}s",
+            )
+            if self.report.status("invalid-fragments") == "PASS":
+                self.record("invalid-fragments", None, "not decided: nothing was published")
+            return
+        self.policy_topics(welcome)
+        newest = self.weights[-1]
+        known = {w.policy: w for w in welcome.policy_weights or [welcome.weights]}
+        names = [n for n, _ in newest.tensors] == [n for n, _ in known[newest.policy].tensors]
+        good = newest.version == self.version + 1 and newest.run_id == welcome.run_id
+        self.record(
+            "weights-broadcast",
+            good and names,
+            f"version {newest.version} (from {self.version}) after {sent}; run id "
+            f"{'ok' if newest.run_id == welcome.run_id else newest.run_id}; tensors "
+            f"{'by the same names' if names else 'NOT the same names'}",
+        )
+        self.version = max(w.version for w in self.weights)
+        if self.grant is not None and self.grant_used is not None:
+            # Its rows were used: the grant must rise (at the latest in the first
+            # heartbeat after the broadcast, which the learner sends while it waits).
+            allowed = s.heartbeat_interval + opt.heartbeat_slack + opt.reply_timeout
+            used = self.grant_used
+            if not self.wait(lambda: self.budget() > used, allowed):
+                self.grant_problems.append(
+                    f"no heartbeat raised the grant {used} within {allowed:g}s of version "
+                    f"{self.version}, which trained on {sent}"
+                )
+
+    def judge_heartbeats(self, start: float, until: float) -> None:
+        """Learner heartbeats, judged while the learner could only be waiting for rows (it
+        MAY skip heartbeats during an update or an evaluation): from the welcome to the
+        last valid row."""
+        s, opt = self.welcome.settings, self.options
         limit = 2 * s.heartbeat_interval + opt.heartbeat_slack
-        times = [start, *[t for t in self.beats if t <= beats_until], beats_until]
+        times = [start, *[t for t in self.beats if t <= until], until]
         worst = max(b - a for a, b in zip(times, times[1:], strict=False))
         self.record(
             "learner-heartbeats",
@@ -432,6 +532,29 @@ class LearnerScenario:
             "; ".join(self.beat_problems[:2])
             or f"{len(times) - 2} heartbeat(s) while it waited for rows, longest gap "
             f"{worst:.2f}s (allowed {limit:.2f}s)",
+        )
+
+    def grant_verdict(self, past_grant: str) -> None:
+        """The ``grants`` clause, from what the stream saw (``past_grant``: what became
+        of the fragment past the grant)."""
+        welcome = self.welcome
+        if welcome.grant is None:
+            self.record(
+                "grants",
+                False if self.grant_problems else None,
+                "; ".join(self.grant_problems[:2])
+                or "the learner does not pace this actor with grants (its welcome has no "
+                "grant): S and L",
+            )
+            return
+        self.record(
+            "grants",
+            not self.grant_problems,
+            "; ".join(self.grant_problems[:3])
+            or f"welcome grant {welcome.grant} ({welcome.settings.num_envs} slots), "
+            f"{self.grant_used} one row short of a broadcast; {past_grant}; raised after "
+            f"the broadcast ({self.grant} in the end); every heartbeat carried it, never "
+            "lower",
         )
 
     def policy_topics(self, welcome: Welcome) -> None:
@@ -455,20 +578,26 @@ class LearnerScenario:
         )
 
     def budget(self) -> int:
-        """The staleness valve's budget under the newest version loaded (§5.4)."""
+        """The valve's budget per slot: the largest grant heard (§5.4.1), or under the
+        newest version loaded ``max(0, v - b) * S + L`` (§5.4; with no valve, L = 0, the
+        well-behaved actor still keeps within one cycle, L = S, so as not to flood)."""
+        if self.grant is not None:
+            return self.grant
         s = self.welcome.settings
-        base = self.welcome.base_version
-        return max(0, self.version - base) * s.steps_per_broadcast + s.max_lead_steps
+        base, lead = self.welcome.base_version, s.max_lead_steps or s.steps_per_broadcast
+        return max(0, self.version - base) * s.steps_per_broadcast + lead
 
-    def base_fragment(self, rows: int) -> Fragment:
-        """A valid fragment of the live run: every slot, ``rows`` rows, the next seq."""
+    def base_fragment(self, rows: int, slots: list[int] | None = None) -> Fragment:
+        """A valid fragment of the live run: ``rows`` rows of ``slots`` (None: every
+        slot), the next seq."""
         w, s = self.welcome, self.welcome.settings
-        return V.synthetic_fragment(
+        slots = list(range(s.num_envs)) if slots is None else slots
+        fragment = V.synthetic_fragment(
             s.observation_space,
             s.action_space,
             seed=self.seq,
             length=rows,
-            width=s.num_envs,
+            width=len(slots),
             truncated_cells=(),
             state_size=s.state_size,
             actor_id=w.actor_id,
@@ -477,13 +606,16 @@ class LearnerScenario:
             run_id=w.run_id,
             token=w.token,
         )
+        fragment.slots = np.array(slots, np.int32)
+        return fragment
 
-    def send_valid(self, rows: int) -> None:
-        """One valid fragment of ``rows`` rows of every slot."""
+    def send_valid(self, rows: int, slots: list[int] | None = None) -> None:
+        """One valid fragment of ``rows`` rows of ``slots`` (None: every slot)."""
         assert self.actor.push is not None
-        self.actor.push.send(encode(self.base_fragment(rows)))
+        fragment = self.base_fragment(rows, slots)
+        self.actor.push.send(encode(fragment))
         self.seq += 1
-        self.sent_rows += rows
+        self.rows[fragment.slots] += rows
 
     def invalid(self, welcome: Welcome, published: list[int]) -> None:
         """Every invalid fragment; a learner that accepts one publishes early."""
@@ -491,7 +623,8 @@ class LearnerScenario:
             self.record(
                 "invalid-fragments",
                 None,
-                f"not checked: the learner published {published} before its S rows",
+                f"not checked: the learner published {published} before the rows of its "
+                "broadcast cycle",
             )
             return
         s = welcome.settings
@@ -531,6 +664,30 @@ class LearnerScenario:
                 f"{len(frames)} invalid fragments sent while one row short of a broadcast; "
                 "nothing was published",
             )
+
+    def past_grant(self, target: np.ndarray) -> str:
+        """Under a grant, one row short of a broadcast: a valid fragment that takes the
+        slot closest to its grant one row past it must be refused (over_lead), or the
+        learner has the row it lacks and publishes. What became of it, for the report."""
+        if self.grant is None:
+            return "no grant"
+        if self.weights:
+            return "a fragment past the grant not sent: a version was published already"
+        slot = int(np.argmax(target))
+        rows = self.grant - int(self.rows[slot]) + 1
+        fragment = self.base_fragment(rows, [slot])
+        frame = encode(fragment)
+        if len(frame) > self.welcome.settings.max_fragment_bytes:
+            return f"a fragment past the grant not sent: {rows} rows exceed max_fragment_bytes"
+        published = self.try_frames([("past-the-grant", frame)])
+        if published:
+            self.seq += 1  # (it was taken: the learner expects the next seq)
+            self.rows[slot] += rows
+            self.grant_problems.append(
+                f"a fragment taking slot {slot} to {self.grant + 1} rows, past the grant "
+                f"{self.grant}, was accepted: the learner published {', '.join(published)}"
+            )
+        return f"a fragment taking slot {slot} one row past it refused"
 
     def try_frames(self, frames: list[tuple[str, bytes]]) -> list[str]:
         """Send them all, then wait; the versions published meanwhile (none: every one
@@ -604,11 +761,33 @@ class LearnerScenario:
                 and message.base_version > self.welcome.base_version
             ):
                 self.welcome.base_version = message.base_version
+            self.on_grant(message.grant)
         elif isinstance(message, Shutdown):
             if message.run_id in ("", self.welcome.run_id):
                 self.shutdown = message
         elif isinstance(message, Refuse):
             self.beat_problems.append(f"refused {message.code}: {message.reason}")
+
+    def on_grant(self, grant: int | None) -> None:
+        """A learner heartbeat's ``grant`` (§5.4.1): present in every one to an actor
+        welcomed with a grant, absent from every one to another, never lower than the
+        grant before it; the actor adopts a larger one."""
+        welcomed = self.welcome.grant
+        if welcomed is None:
+            if grant is not None and not self.grant_problems:
+                self.grant_problems.append(
+                    f"a heartbeat carries grant {grant}, but the welcome had none"
+                )
+            return
+        if grant is None:
+            if not any("without its grant" in p for p in self.grant_problems):
+                self.grant_problems.append("a learner heartbeat without its grant")
+            return
+        assert self.grant is not None
+        if grant < self.grant:
+            self.grant_problems.append(f"grant {grant} after {self.grant}: it fell")
+        else:
+            self.grant = grant
 
 
 def check_learner(address: str, options: LearnerCheckOptions | None = None) -> Report:

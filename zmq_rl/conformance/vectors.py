@@ -29,6 +29,7 @@ import numpy as np
 
 from ..wire.codec import ARRAY_DTYPES, PROTOCOL_VERSION, ProtocolVersionMismatch, encode_array
 from ..wire.protocol import (
+    FEATURE_GRANTS,
     FEATURE_POLICIES,
     Bye,
     Fragment,
@@ -495,42 +496,95 @@ def _turn_based_welcome() -> Welcome:
     return _welcome(settings, [_tiny_weights(0)])
 
 
-def _messages() -> list[tuple[str, str, Any]]:
-    """(name, description, message) of every valid message vector."""
+def _hello(env_id: str = "CartPole-v1", **changes: Any) -> Hello:
+    """The vectors' hello: any id, the CartPole spaces, 2 slots, from sim-host-01."""
     from gymnasium import spaces
 
-    obs_space = _spaces()["box"]
-    act_space = spaces.Discrete(2)
+    fields: dict[str, Any] = dict(
+        actor_id=-1,
+        env_id=env_id,
+        observation_space=space_spec(_spaces()["box"]),
+        action_space=space_spec(spaces.Discrete(2)),
+        num_envs=2,
+        host="sim-host-01",
+        pid=4242,
+    )
+    return Hello(**{**fields, **changes})
+
+
+def _learner_heartbeat(**changes: Any) -> Heartbeat:
+    """The vectors' learner heartbeat (version 16, every link field, base version 0)."""
+    fields: dict[str, Any] = dict(
+        actor_id=-1,
+        run_id=RUN_ID,
+        version=16,
+        sent_at=2172.25,
+        echo=1042.5,
+        held=0.001953125,
+        base_version=0,
+    )
+    return Heartbeat(**{**fields, **changes})
+
+
+GRANT = 128
+"""The grant of the welcome vector of a learner of rows batches (section 5.4.1)."""
+
+
+def _rows_welcome(grant: int | None = GRANT) -> Welcome:
+    """Actor 0's welcome from a learner of rows batches (section 5.3: 128 rows per
+    update, 4 segments of 32, for 2 actors of 2 slots) to an actor whose hello announced
+    ``grants``: ``grant`` steps per slot; S and L for actors without grants, a whole
+    broadcast cycle's rows and twice that."""
+    import dataclasses
+
+    settings = dataclasses.replace(
+        _settings(), steps_per_broadcast=128, max_lead_steps=256, batch_rows=128
+    )
+    return dataclasses.replace(_welcome(settings, [_tiny_weights(0)]), grant=grant)
+
+
+def _grants_messages() -> list[tuple[str, str, Any]]:
+    """The valid vectors of grants (sections 4.3, 4.4, 4.6, 5.4.1)."""
+    return [
+        (
+            "hello-grants",
+            "an actor whose staleness valve follows a learner's grants says so: features "
+            "['grants'] (section 5.4.1)",
+            _hello(features=[FEATURE_GRANTS]),
+        ),
+        (
+            "welcome-grant",
+            "the answer of a learner of rows batches (config.batch_rows 128: 4 segments of "
+            "32 rows from whichever slots delivered) to 'hello-grants': grant 128, the "
+            "steps per slot the actor may record until it hears a larger grant (section "
+            "5.4.1); steps_per_broadcast 128 and max_lead_steps 256 pace actors without "
+            "grants",
+            _rows_welcome(),
+        ),
+        (
+            "heartbeat-learner-grant",
+            "a learner's heartbeat to an actor welcomed with a grant: its current grant "
+            "(544: the most rows the learner had used of one of its slots when it "
+            "published version 16, 416, plus the lead 128)",
+            _learner_heartbeat(grant=544),
+        ),
+    ]
+
+
+def _messages() -> list[tuple[str, str, Any]]:
+    """(name, description, message) of every valid message vector."""
     out: list[tuple[str, str, Any]] = [
         (
             "hello",
             "an actor asks for any id with its spaces (CartPole-v1) and 2 slots",
-            Hello(
-                actor_id=-1,
-                env_id="CartPole-v1",
-                observation_space=space_spec(obs_space),
-                action_space=space_spec(act_space),
-                num_envs=2,
-                host="sim-host-01",
-                pid=4242,
-                rejoin_run_id="",
-            ),
+            _hello(),
         ),
         (
             "hello-rejoin",
             "an actor registers again after a learner restart (section 4.3): its id, the "
             "old run id, the num_envs of its previous welcome (never 0) and the spaces it "
             "acts on (those of the previous welcome when its first hello sent {})",
-            Hello(
-                actor_id=3,
-                env_id="",
-                observation_space=space_spec(obs_space),
-                action_space=space_spec(act_space),
-                num_envs=2,
-                host="sim-host-01",
-                pid=4242,
-                rejoin_run_id="0123456789ab",
-            ),
+            _hello("", actor_id=3, rejoin_run_id="0123456789ab"),
         ),
         (
             "welcome",
@@ -570,15 +624,7 @@ def _messages() -> list[tuple[str, str, Any]]:
         (
             "heartbeat-learner",
             "a learner's heartbeat: actor_id -1, no token, the recipient's base_version",
-            Heartbeat(
-                actor_id=-1,
-                run_id=RUN_ID,
-                version=16,
-                sent_at=2172.25,
-                echo=1042.5,
-                held=0.001953125,
-                base_version=0,
-            ),
+            _learner_heartbeat(),
         ),
         (
             "heartbeat-minimal",
@@ -679,6 +725,7 @@ def _messages() -> list[tuple[str, str, Any]]:
     )
     out.extend(_multi_agent_fragments(header))
     out.extend(_policies_messages())
+    out.extend(_grants_messages())
     return out
 
 
@@ -735,22 +782,11 @@ def _multi_agent_fragments(header: dict[str, Any]) -> list[tuple[str, str, Any]]
 
 def _policies_messages() -> list[tuple[str, str, Any]]:
     """The valid vectors of a run of several policies (section 4.9)."""
-    from gymnasium import spaces
-
     return [
         (
             "hello-features",
             "an actor that can run several policies says so: features ['policies']",
-            Hello(
-                actor_id=-1,
-                env_id="my_sim.pairs:two_carts",
-                observation_space=space_spec(_spaces()["box"]),
-                action_space=space_spec(spaces.Discrete(2)),
-                num_envs=2,
-                host="sim-host-01",
-                pid=4242,
-                features=[FEATURE_POLICIES],
-            ),
+            _hello("my_sim.pairs:two_carts", features=[FEATURE_POLICIES]),
         ),
         (
             "welcome-policies",
@@ -1151,15 +1187,7 @@ def _control_invalid() -> list[dict[str, Any]]:
     """Invalid frames of the control socket and of the hello checks."""
     from gymnasium import spaces
 
-    hello = Hello(
-        actor_id=-1,
-        env_id="CartPole-v1",
-        observation_space=space_spec(_spaces()["box"]),
-        action_space=space_spec(spaces.Discrete(2)),
-        num_envs=2,
-        host="sim-host-01",
-        pid=4242,
-    )
+    hello = _hello()
     v1_hello = {**hello.to_map(), "next_seq": [], "proto": 1, "type": "hello"}
     v1_hello.pop("rejoin_run_id")
     mismatch = {**hello.to_map(), "action_space": space_spec(spaces.Discrete(3))}
@@ -1433,7 +1461,30 @@ def invalid_vectors() -> list[dict[str, Any]]:
         )
     )
     out.extend(_control_invalid())
+    out.extend(_grants_invalid())
     return out
+
+
+def _grants_invalid() -> list[dict[str, Any]]:
+    """Invalid frames of grants (section 5.4.1): a grant in an actor's heartbeat (the
+    learner rejects it), a negative grant and a batch_rows of 0 in a welcome (the actor
+    rejects it)."""
+    beat = Heartbeat(actor_id=0, token=TOKEN, run_id=RUN_ID, version=15).to_map()
+    negative = _envelope(_rows_welcome())
+    negative["grant"] = -1
+    zero = _envelope(_rows_welcome())
+    zero["config"]["batch_rows"] = 0
+    return [
+        _invalid("heartbeat-actor-grant", "an actor heartbeat carrying a grant (only a "
+                 "learner's heartbeat has one, section 4.6)", pack(
+                     {**beat, "grant": 544, "proto": PROTOCOL_VERSION, "type": "heartbeat"}),
+                 "control", "decode", "bad_field"),
+        _invalid("welcome-grant-negative", "the welcome of a learner of rows batches with "
+                 "grant -1", pack(negative), "actor-control", "decode", "bad_field"),
+        _invalid("welcome-batch_rows-zero", "the welcome of a learner of rows batches with "
+                 "config.batch_rows 0 (absent means every-slot rollouts; present, at least "
+                 "1)", pack(zero), "actor-control", "decode", "bad_field"),
+    ]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- files

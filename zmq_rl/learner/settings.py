@@ -262,7 +262,8 @@ def run_settings(
     recurrent state per slot (0 for a feed-forward policy). ``plan``: the policies
     of a several-policy run (``policy_map``, ``policies``). ``batch``: the run's
     :class:`BatchPlan`; with rows batches, the ``S`` and ``L`` of actors without grants
-    are those of the configured fleet (:func:`formula_valve`)."""
+    are those of the configured fleet (:func:`formula_valve`), and ``batch_rows`` says
+    how many rows an update takes (informational, docs/protocol.md section 4.4)."""
     several = plan is not None and plan.several
     per_cycle, lead = formula_valve(cfg, batch)
     return RunSettings(
@@ -291,4 +292,5 @@ def run_settings(
         opening_moves=cfg.opening_moves,
         policy_map=list(plan.agent_policies) if several else [],
         policies={pid: config_dict(c) for pid, c in plan.configs.items()} if several else {},
+        batch_rows=batch.rows_per_update if batch is not None and batch.rows else 0,
     )

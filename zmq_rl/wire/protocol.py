@@ -807,6 +807,10 @@ class RunSettings:
     # config (a map like ``policy``). Both or neither; ``policy`` is agent 0's.
     policy_map: list[str] = field(default_factory=list)
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Informational (absent = 0: every-slot rollouts): the rows one update of a learner
+    # of rows batches takes from whichever slots delivered (docs/protocol.md section
+    # 5.3); its versions then prove nothing about one actor's slots (section 5.5).
+    batch_rows: int = 0
 
     OPTIONAL: ClassVar[tuple[str, ...]] = (
         "env_kwargs",
@@ -819,6 +823,7 @@ class RunSettings:
         "opening_moves",
         "policy_map",
         "policies",
+        "batch_rows",
     )
 
     @property
@@ -852,6 +857,8 @@ class RunSettings:
         for name in ("policy_map", "policies"):  # absent means one policy
             if not body[name]:
                 del body[name]
+        if not self.batch_rows:  # absent means every-slot rollouts: earlier bytes kept
+            del body["batch_rows"]
         if "policy_map" in body:
             body["policy_map"] = list(self.policy_map)
         if "policies" in body:
@@ -920,6 +927,9 @@ class RunSettings:
             ),
             policy_map=policy_map,
             policies=policies,
+            batch_rows=(
+                _int(body["batch_rows"], f"{where}.batch_rows", 1) if "batch_rows" in body else 0
+            ),
         )
 
 

@@ -36,12 +36,18 @@ class ActorThrottle:
     slot the learner allows this registration to have recorded, which replaces the
     rule above. The learner raises it as it consumes this actor's rows (the largest
     grant heard counts); versions then prove nothing about this actor's slots.
+
+    ``rows_batches``: the learner takes fixed-size batches from whichever slots
+    delivered (its welcome's ``batch_rows``) but paces this actor with ``S`` and ``L``:
+    the budget is as above, but a version proves nothing about this actor's slots, so
+    it never means the registration is gone (:meth:`impossible_for_member`).
     """
 
     steps_per_broadcast: int
     max_lead_steps: int
     base_version: int = 0
     grant: int | None = None
+    rows_batches: bool = False
 
     @classmethod
     def disabled(cls) -> ActorThrottle:
@@ -74,8 +80,10 @@ class ActorThrottle:
     def impossible_for_member(self, version: int, steps_sent: int) -> bool:
         """Whether weights of ``version`` prove more consumption than an actor that sent
         ``steps_sent`` steps per slot (its least-advanced slot) can have supplied: the
-        learner trained on without this actor, so its registration is gone."""
-        return self.proven(version) > steps_sent
+        learner trained on without this actor, so its registration is gone. Never under
+        grants or rows batches, where a version proves nothing about one actor's slots
+        (docs/protocol.md section 5.5, rule (2) of the pause for the link)."""
+        return not self.rows_batches and self.proven(version) > steps_sent
 
     def should_pause(self, steps_sent: int, version: int) -> bool:
         """Whether an actor that sent ``steps_sent`` steps per slot must wait."""
@@ -94,6 +102,7 @@ class ActorThrottle:
             max_lead_steps=settings.max_lead_steps,
             base_version=base_version,
             grant=grant,
+            rows_batches=settings.batch_rows > 0,
         )
 
 
