@@ -141,7 +141,9 @@ def test_the_grant_lead_lets_the_fleet_deliver_a_cycle_and_a_batch_more():
     assert plan.grant_lead(4) == 128  # 4 slots can deliver two batches: 512 rows
     assert plan.grant_lead(64) == 8  # 64 slots too, 8 rows each
     assert plan.grant_lead(1000) == 1
-    assert BatchPlan(rows=True, segment=32, segments=8, lead=100).grant_lead(4) == 100
+    assert BatchPlan(rows=True, segment=32, segments=8, lead=200).grant_lead(4) == 200
+    # A smaller max_lead_steps could leave the learner short of a cycle: never taken.
+    assert BatchPlan(rows=True, segment=32, segments=8, lead=16).grant_lead(4) == 128
     assert BatchPlan(rows=True, segment=32, segments=8, broadcast_every=3).grant_lead(4) == 256
     # The default lag bound: twice the updates the grants let the fleet queue (a lead
     # and a column per slot), in versions, plus 2.

@@ -615,14 +615,18 @@ class LearnerConfig:
     """
 
     num_actors: int = _f(2, "actors that must register before the first update")
-    num_steps: int = _f(32, "steps per slot in each rollout (rows of the [T, slots] batch)")
+    num_steps: int = _f(
+        32,
+        "steps per slot in each rollout: every slot's rows (batch_mode slots), or the longest "
+        "column of one slot's rows (rows batches)",
+    )
     total_env_steps: int = _f(100_000, "env-step budget; the run ends when it is consumed")
     broadcast_every: int = _f(1, "publish new weights after every N updates")
     max_lead_steps: int = _f(
         0,
-        "steps per slot an actor may run ahead of proven consumption; "
-        "0 = 2 * broadcast_every * num_steps (rows batches: 2 batches over the live slots, "
-        "at least num_steps)",
+        "steps per slot an actor may run ahead of proven consumption; 0 = 2 * broadcast_every "
+        "* num_steps (rows batches: a grant's lead beyond the rows used of its slots, 0 = "
+        "(broadcast_every + 1) * batch_rows over the live slots, never less)",
     )
     batch_mode: str = _f(
         "auto",

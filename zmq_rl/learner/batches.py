@@ -122,7 +122,7 @@ class RowBatches:
         announced grants (None: its valve follows ``S`` and ``L``)."""
         if FEATURE_GRANTS not in hello.features:
             return None
-        return self.plan.grant_lead(len(self.live_slots()) + rec.num_envs)
+        return self.plan.grant_lead(len(self.live_slots()))  # its slots are registered
 
     def sent_cap(self, rec: ActorRecord) -> int:
         """The most rows per slot ``rec`` may have sent in its registration: its grant,

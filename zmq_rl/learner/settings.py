@@ -132,16 +132,15 @@ class BatchPlan:
 
     def grant_lead(self, live_slots: int) -> int:
         """The steps per slot a grant allows beyond the most the learner had used of any
-        slot of the actor at its last publication: ``max_lead_steps`` when set, else
-        enough that the live slots can deliver a broadcast cycle and one batch more
-        (``(broadcast_every + 1) * batch_rows`` rows): the next update's rows are
-        recorded while this one trains, as with the ``S``/``L`` valve's ``2 S``, and no
-        more queue than that (a larger lead adds only policy lag once the learner is
-        what the actors wait for, docs/design.md section 5.6)."""
-        if self.lead:
-            return self.lead
+        slot of the actor at its last publication: enough that the live slots can
+        deliver a broadcast cycle and one batch more (``(broadcast_every + 1) *
+        batch_rows`` rows), so the next update's rows are recorded while this one
+        trains, as with the ``S``/``L`` valve's ``2 S``, and no more (a larger lead adds
+        only policy lag once the learner is what the actors wait for, docs/design.md
+        section 5.6); ``max_lead_steps`` when it is set and larger (a smaller one could
+        leave the learner short of a cycle's rows)."""
         rows = (self.broadcast_every + 1) * self.rows_per_update
-        return max(1, -(-rows // max(1, live_slots)))
+        return max(self.lead, 1, -(-rows // max(1, live_slots)))
 
     def lag_bound(self, live_slots: int) -> int:
         """The versions a row may lag the learner before it is dropped: ``max_policy_lag``
@@ -239,7 +238,7 @@ def formula_valve(cfg: LearnerConfig, batch: BatchPlan | None) -> tuple[int, int
     if batch is None or not batch.rows:
         return cfg.steps_per_broadcast(), cfg.effective_max_lead_steps()
     per_cycle = batch.rows_per_update * cfg.broadcast_every
-    return per_cycle, cfg.max_lead_steps or 2 * per_cycle
+    return per_cycle, max(cfg.max_lead_steps, per_cycle) if cfg.max_lead_steps else 2 * per_cycle
 
 
 def run_settings(
