@@ -29,6 +29,7 @@ __all__ = [
     "EnvStepper",
     "Transition",
     "step_and_reset",
+    "steps_wait",
 ]
 
 log = logging.getLogger("zmq_rl.envs")
@@ -47,6 +48,22 @@ Transition = tuple[Any, float, bool, bool, Any]
 """What a step returns per env: ``(obs, reward, terminated, truncated, final_obs)``,
 with the env reset where the episode ended (``obs`` is then the reset observation and
 ``final_obs`` the episode's last one; None otherwise)."""
+
+
+def steps_wait(env: gym.Env, steps: int = 5) -> bool:
+    """Whether ``env``'s steps wait (their wall time is more than :data:`WAIT_RATIO`
+    times the CPU time they take), from ``steps`` steps of random actions after a reset;
+    the env is closed. The background evaluator asks, to evaluate several snapshots at
+    once on a simulator that waits."""
+    try:
+        env.reset(seed=0)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(steps):
+            if any(env.step(env.action_space.sample())[2:4]):
+                env.reset()
+        return time.perf_counter() - wall > WAIT_RATIO * max(time.thread_time() - cpu, 1e-9)
+    finally:
+        env.close()
 
 
 def step_and_reset(env: gym.Env, action: Any) -> Transition:

@@ -10,7 +10,9 @@ import multiprocessing as mp
 import signal
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -20,6 +22,7 @@ from ..config import PolicyConfig
 from ..envs import EnvStepper, build_env, env_shape, import_callable
 from ..envs.multi_agent import agent_spaces, is_turn_based
 from ..envs.seeding import env_seeds
+from ..envs.stepping import steps_wait
 from ..rl.device import import_torch, set_compute_threads
 from ..rl.masking import check_observation_mask
 from ..rl.numpy_mlp import NumpyMLP, mlp_dims, rng_of
@@ -349,15 +352,24 @@ def _random_legal(obs: Any, space: gym.Space, rng: np.random.Generator) -> Any:
     return space.sample()
 
 
+EVAL_LANES = 4
+"""Snapshots the background evaluator evaluates at once when its env's steps wait (a
+simulator's tick: an evaluation of a good CartPole policy at 10 ms a step lasts 5 s,
+however many episodes run at once), so that evaluations keep pace with the learner;
+one when they compute (more would only share the CPU)."""
+
+
 class BackgroundEvaluator:
     """Evaluates snapshots of the policy in a separate, low-priority process, so that
     evaluation never stops the learner from training (nor takes the GIL from it).
 
-    At most one snapshot is being evaluated; :meth:`submit` while one is running
-    replaces the waiting one (the newest snapshot wins: an evaluation of old weights
-    is worth less than a later one). :meth:`results` returns what finished, each with
-    the ``tag`` it was submitted with. The child process is started by :meth:`start`
-    (the learner calls it when its run starts) or the first :meth:`submit`, runs with
+    At most one snapshot is being evaluated (up to :data:`EVAL_LANES` when the env's
+    steps wait: the process says how many when it starts); :meth:`submit` while they
+    all run replaces the waiting one (the newest snapshot wins: an evaluation of old
+    weights is worth less than a later one). :meth:`results` returns what finished, in
+    submission order, each with the ``tag`` it was submitted with. The child process is
+    started by :meth:`start` (the learner calls it when its run starts) or the first
+    :meth:`submit`, runs with
     one torch thread at the learner's own priority (an evaluation that waits for
     idle CPU reports long after its snapshot, and a run that stops at a target
     return trains on meanwhile: docs/benchmarks.md §23), rebuilds the policy from
@@ -382,7 +394,8 @@ class BackgroundEvaluator:
         self.policy_cfg = policy_cfg
         self._conn: Any = None
         self._process: Any = None
-        self._busy = False
+        self._in_flight = 0  # snapshots sent, not reported yet
+        self._lanes = 1  # how many the process evaluates at once (it says so)
         self._waiting: tuple[Any, list[tuple[str, np.ndarray]]] | None = None
         self._used = False
 
@@ -401,7 +414,7 @@ class BackgroundEvaluator:
         evaluator is free; ``tag`` comes back with the result."""
         self.start()
         self._used = True
-        if self._busy:
+        if self._in_flight >= self._lanes:
             self._waiting = (tag, weights)
         else:
             self._send(tag, weights)
@@ -412,14 +425,14 @@ class BackgroundEvaluator:
 
     def busy(self) -> bool:
         """Whether a snapshot is being evaluated or waits for its turn."""
-        return self._busy or self._waiting is not None
+        return self._in_flight > 0 or self._waiting is not None
 
     def results(self, timeout: float = 0.0) -> list[tuple[Any, float, float]]:
         """``(tag, mean, std)`` of the evaluations that finished (waiting up to
         ``timeout`` seconds for one); submits the waiting snapshot when one finished.
         RuntimeError when the evaluator process died."""
         done = []
-        while self._busy and self._conn.poll(timeout):
+        while self._in_flight and self._conn.poll(timeout):
             try:
                 message = self._conn.recv()
             except EOFError:
@@ -428,10 +441,13 @@ class BackgroundEvaluator:
                 ) from None
             if message[0] == "error":
                 raise RuntimeError(f"evaluation failed in its process: {message[1]}")
-            done.append(message[1:])
-            self._busy = False
-            timeout = 0.0
-            if self._waiting is not None:
+            if message[0] == "lanes":
+                self._lanes = int(message[1])
+            else:
+                done.append(message[1:])
+                self._in_flight -= 1
+                timeout = 0.0
+            if self._waiting is not None and self._in_flight < self._lanes:
                 self._send(*self._waiting)
                 self._waiting = None
         return done
@@ -465,7 +481,7 @@ class BackgroundEvaluator:
 
     def _send(self, tag: Any, weights: list[tuple[str, np.ndarray]]) -> None:
         self._conn.send((tag, weights))
-        self._busy = True
+        self._in_flight += 1
 
 
 @contextlib.contextmanager
@@ -540,30 +556,47 @@ def _evaluate_forever(
     env_id, env_kwargs, wrappers = env
     shape = env_shape(env_id, env_kwargs, wrappers)
     dims = mlp_dims(shape.observation_space, shape.action_space, policy_cfg)
-    net: Any
-    if dims is not None and deterministic and not shape.agents:
-        net = NumpyMLP(dims, policy_cfg, rng_of(seed))
-        load = net.load
-    else:
+    numpy = dims is not None and deterministic and not shape.agents
+    if not numpy:
+        import_torch()  # with the one thread set above
+    lanes = EVAL_LANES if not shape.agents and steps_wait(build_env(*env)) else 1
+    conn.send(("lanes", lanes))
+
+    def network() -> tuple[Any, Callable[[Any], None]]:
+        if numpy:
+            net = NumpyMLP(dims, policy_cfg, rng_of(seed))
+            return net, net.load
         from ..rl.policy import build_policy, import_weights
 
-        import_torch()  # with the one thread set above
         net = build_policy(shape.observation_space, shape.action_space, policy_cfg)
-        load = functools.partial(import_weights, net)
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:
-            return
-        if request is None:
-            return
-        tag, weights = request
-        try:
-            load(weights)
-            mean, std = evaluate_policy(
-                net, env_id, episodes, seed, env_kwargs, wrappers, deterministic, opponent
-            )
-        except Exception as exc:  # noqa: BLE001 - reported to the learner, which raises it
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
-            return
-        conn.send(("done", tag, mean, std))
+        return net, functools.partial(import_weights, net)
+
+    def run(net: Any, load: Callable[[Any], None], weights: Any) -> tuple[float, float]:
+        load(weights)
+        return evaluate_policy(
+            net, env_id, episodes, seed, env_kwargs, wrappers, deterministic, opponent
+        )
+
+    free = [network() for _ in range(lanes)]
+    running: deque[tuple[Any, Any, Any]] = deque()  # (tag, future, network), in order
+    with ThreadPoolExecutor(lanes, thread_name_prefix="zmq-rl-eval") as pool:
+        while True:
+            if conn.poll(0.05 if running else None):
+                try:
+                    request = conn.recv()
+                except EOFError:
+                    return
+                if request is None:
+                    return
+                tag, weights = request
+                net = free.pop()  # the learner never has more than ``lanes`` in flight
+                running.append((tag, pool.submit(run, *net, weights), net))
+            while running and running[0][1].done():
+                tag, future, net = running.popleft()
+                free.append(net)
+                try:
+                    mean, std = future.result()
+                except Exception as exc:  # noqa: BLE001 - reported to the learner
+                    conn.send(("error", f"{type(exc).__name__}: {exc}"))
+                    return
+                conn.send(("done", tag, mean, std))
