@@ -145,3 +145,33 @@ def test_an_actor_of_waiting_envs_steps_them_in_threads(tmp_path, learner_port):
     assert json.loads((run_dir / "report.json").read_text())["env_steps_consumed"] == 512
     log = (run_dir / "logs" / "actor-0.log").read_text()
     assert "4 env(s): a step takes" in log and "stepping them in threads" in log, log
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("wrappers", "lanes"), [([], 1), (["zmq_rl.envs:StepDelay(seconds=0.02)"], 4)]
+)
+def test_the_background_evaluator_runs_snapshots_side_by_side_when_steps_wait(wrappers, lanes):
+    """On a simulator that waits, four snapshots are evaluated at once (in flight
+    together, none left waiting), and the results come back in the order submitted; on
+    an env that computes, one at a time."""
+    from zmq_rl.learner.evaluation import BackgroundEvaluator
+    from zmq_rl.rl.policy import export_weights
+
+    env = gym.make("CartPole-v1")
+    policy = build_policy(env.observation_space, env.action_space, PolicyConfig())
+    weights = [(name, np.asarray(t)) for name, t in export_weights(policy)]
+    evaluator = BackgroundEvaluator("CartPole-v1", 2, 0, PolicyConfig(), wrappers=wrappers)
+    try:
+        evaluator.submit("first", weights)
+        assert [tag for tag, _, _ in evaluator.results(timeout=60)] == ["first"]
+        for tag in "abcd":
+            evaluator.submit(tag, weights)
+        assert evaluator._in_flight == lanes and evaluator.busy()
+        assert (evaluator._waiting is None) == (lanes == 4)
+        seen: list[str] = []
+        while evaluator.busy():
+            seen += [tag for tag, _, _ in evaluator.results(timeout=60)]
+        assert seen == (list("abcd") if lanes == 4 else ["a", "d"])  # b, c: replaced
+    finally:
+        evaluator.close()
