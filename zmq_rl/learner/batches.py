@@ -151,7 +151,10 @@ class RowBatches:
         for rec in self.ingest.members:
             if rec.grant is None or rec.said_bye:
                 continue
-            grant = max(self._used.get(key, 0) for key in rec.slots()) + lead
+            # (the snapshot may name an earlier registration of the same slot: never more
+            # than this one has used)
+            used = (min(self._used.get(key, 0), queues.removed(key)) for key in rec.slots())
+            grant = max(used) + lead
             if grant > rec.grant:
                 rec.grant = grant
                 self.ingest.send_heartbeat(rec)
