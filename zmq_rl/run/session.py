@@ -146,10 +146,14 @@ def preset_line(name: str, cfg: LearnerConfig) -> str:
         changed.append(f"{cfg.total_env_steps:,} steps")
     if cfg.target_return != target:
         changed.append(f"target return {cfg.target_return:g}")
+    batch = own.get("batch_rows", 0)
+    if batch and cfg.batch_rows_for() != batch:
+        changed.append(f"batches of {cfg.batch_rows_for():,} rows")
     here = f" (this run: {', '.join(changed)})" if changed else ""
+    rows = f"batches of {batch:,} rows, " if batch else ""
     return (
         f"using preset {name} (zmq_rl/presets/{name}.toml: tuned settings, "
-        f"{steps:,} steps, target return {target:g}); "
+        f"{rows}{steps:,} steps, target return {target:g}); "
         f"flags override it{here}, --no-preset ignores it"
     )
 
