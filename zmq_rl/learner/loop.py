@@ -424,17 +424,6 @@ class Learner:
             report.best_evaluation = {**best.result, "version": best.version, "file": file}
         self.files.write_final(best)
 
-    def save_policy(
-        self,
-        path: Path,
-        tensors: dict[str, Any] | None = None,
-        version: int | None = None,
-        policy_cfg: PolicyConfig | None = None,
-    ) -> None:
-        """Save the policy atomically (:meth:`RunFiles.save_policy
-        <zmq_rl.learner.outputs.RunFiles.save_policy>`)."""
-        self.files.save_policy(path, tensors, version, policy_cfg)
-
     def checkpoint(self) -> Path | None:
         """Write a checkpoint into ``run_dir/checkpoints`` atomically (temp + rename);
         return its path (None without run_dir)."""

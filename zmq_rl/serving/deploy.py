@@ -146,7 +146,7 @@ def read_policy_file(target: str | Path) -> SavedPolicy:
             env_kwargs = parse_env_kwargs(str(learner.get("env_kwargs", "")))
             wrappers = list(learner.get("wrappers", []))
             weights = state["trainer"]["policy"]
-        else:  # Learner.save_policy()
+        else:  # a policy file (learner/outputs.py: RunFiles.save_policy)
             env_id = str(state["env_id"])
             env_kwargs = json.loads(state.get("env_kwargs", "{}"))
             wrappers = json.loads(state.get("wrappers", "[]"))
