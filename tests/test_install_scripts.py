@@ -229,7 +229,7 @@ def _overlay(site: Path, into: Path, leave_out: tuple[str, ...]) -> Path:
 
 @pytest.mark.timeout(FRESH_VENV_TIMEOUT_S)
 def test_the_readme_multi_agent_command_installs_pettingzoo_into_a_fresh_venv(tmp_path) -> None:
-    """Issue 44 section 4: ``bin/train --extra multi_agent ...`` on a fresh clone
+    """Issue 44 section 4: the README's ``bin/train --extra multi_agent ...`` on a fresh clone
     installed nothing (pip 23: "zmq-rl 0.1.0 does not provide the extra
     'multi_agent'"), wrote its stamp, and the run failed with ``NameNotFound``.
 
@@ -257,9 +257,11 @@ def test_the_readme_multi_agent_command_installs_pettingzoo_into_a_fresh_venv(tm
     # The runtime bin/train would install first is reused too (its stamp says so).
     (found[0] / "reuse.pth").write_text(f"{overlay}\n{repo}\n")
     (venv / ".zmq_rl-installed").write_text("train\n")
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"^bin/train --extra \S+ --env pettingzoo\.sisl\.pursuit.*$", readme, re.M)
+    assert command, "the README's multi-agent quick start"
     result = subprocess.run(
-        ["bin/train", "--extra", "multi_agent", "--env", "pettingzoo.sisl.pursuit_v5"]
-        + ["--policy-map", "nobody=x", "--run-dir", ""],
+        [*command.group(0).split(), "--policy-map", "nobody=x", "--run-dir", ""],
         cwd=repo,
         env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
         capture_output=True,
