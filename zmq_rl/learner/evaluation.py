@@ -295,6 +295,16 @@ def opponent_player(
 
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as exc:
+        raise ConfigError("eval_opponent", spec, f"cannot read it: {exc.strerror}") from None
+    except Exception as exc:  # noqa: BLE001 - not a torch file, truncated, pickled objects
+        raise ConfigError(
+            "eval_opponent",
+            spec,
+            f"not a policy file (torch.load refused it: {type(exc).__name__}); give a "
+            "policy.pt, policy-best.pt or policy-<id>.pt a run wrote",
+        ) from None
+    try:
         cfg = json.loads(saved["policy_config"])
         net = build_policy(
             observation_space,

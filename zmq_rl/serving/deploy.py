@@ -34,6 +34,7 @@ import copy
 import json
 import logging
 import pickle
+import re
 import struct
 import warnings
 from dataclasses import dataclass, field
@@ -539,13 +540,13 @@ def load_policy(target: str | Path, env_id: str = "") -> DeployedPolicy:
     env_id = env_id or saved.env_id
     shape = env_shape(env_id, saved.env_kwargs, saved.wrappers)  # a multi-agent env's too
     spaces = (shape.observation_space, shape.action_space)
-    network = build_policy(*spaces, saved.config)
     try:
+        network = build_policy(*spaces, saved.config)
         network.load_state_dict(saved.weights)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (RuntimeError, ValueError, TypeError) as exc:
+        trained = f" (it was trained on {saved.env_id})" if env_id != saved.env_id else ""
         raise PolicyFileError(
-            f"{saved.path}: the weights do not fit env {env_id}: {first}"
+            f"{saved.path}: the weights do not fit env {env_id}{trained}: {_misfit(exc)}"
         ) from None
     network.eval()
     deployed = DeployedPolicy(
@@ -554,6 +555,29 @@ def load_policy(target: str | Path, env_id: str = "") -> DeployedPolicy:
     deployed.eval()
     deployed.source = saved  # type: ignore[attr-defined]  (path and config, for callers)
     return deployed
+
+
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[[^\]]*\])\) from "
+    r"checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])\)"
+)
+
+
+def _misfit(exc: BaseException) -> str:
+    """Why saved weights do not fit a network, in one line: the first tensor whose
+    shape differs (``load_state_dict``'s message is a header, ``Error(s) in loading
+    state_dict for ActorCritic:``, then one line per tensor), or the first line that
+    says something."""
+    text = str(exc)
+    found = _SIZE_MISMATCH.search(text)
+    if found:
+        name, saved, wanted = found.groups()
+        more = len(_SIZE_MISMATCH.findall(text)) - 1
+        others = f" (and {more} more tensors)" if more else ""
+        return f"{name} is {saved} in the file, {wanted} for this env's spaces{others}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith("Error(s) in loading")] or lines
+    return lines[0] if lines else type(exc).__name__
 
 
 # -- evaluation ---------------------------------------------------------------------
