@@ -10,11 +10,20 @@ tested in tests/test_install_scripts.py (a fresh venv).
 from __future__ import annotations
 
 import importlib.abc
+import json
+import os
+import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port_block
 from zmq_rl.envs import EnvBuildError, env_shape
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 180
 
 
 class _Missing(importlib.abc.MetaPathFinder):
@@ -39,3 +48,134 @@ def test_a_pettingzoo_env_without_pettingzoo_says_what_to_install(monkeypatch) -
     message = str(caught.value)
     assert "pettingzoo is not installed: pip install 'zmq_rl[multi-agent]'" in message
     assert "NameNotFound" not in message and "\n" not in message
+
+
+# -- pursuit's evaluations and the training curve ----------------------------------------
+
+
+PURSUIT = "pettingzoo.sisl.pursuit_v5"
+
+
+def test_pursuit_takes_its_preset_which_samples_its_evaluations() -> None:
+    """Pursuit evaluated by the policy's mode, which docs/multi_agent.md itself says
+    scores like random (-46.9 +- 0.4 where training reached -39): its preset samples,
+    with the budget the docs measured; a flag brings the mode back."""
+    from zmq_rl.cli import learner as learner_cli
+    from zmq_rl.run.session import preset_line
+
+    args, cfg, _, _ = learner_cli.resolve(["--env", PURSUIT, "--run-dir", ""])
+    assert args.applied_preset == PURSUIT
+    assert cfg.eval_deterministic is False and cfg.total_env_steps == 400_000
+    assert "evaluations sample actions" in preset_line(PURSUIT, cfg)
+    argv = ["--env", PURSUIT, "--run-dir", "", "--eval-deterministic"]
+    args, cfg, _, _ = learner_cli.resolve(argv)
+    assert cfg.eval_deterministic is True
+    args, cfg, _, _ = learner_cli.resolve(["--env", PURSUIT, "--run-dir", "", "--no-preset"])
+    assert args.applied_preset is None and cfg.eval_deterministic is True
+    # a game keeps the mode: its evaluations are against an opponent, not stuck
+    args, cfg, _, _ = learner_cli.resolve(
+        ["--env", "pettingzoo.classic.connect_four_v3", "--run-dir", ""]
+    )
+    assert args.applied_preset is None and cfg.eval_deterministic is True
+
+
+def _zmq_rl(*args: str, cwd: Path, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``python -m zmq_rl ARGS`` in ``cwd`` with this checkout first on the path."""
+    return subprocess.run(
+        [sys.executable, "-m", "zmq_rl", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_curve_starts_with_the_first_episode_that_ended(tmp_path) -> None:
+    """Updates before any episode ended recorded ``charts/mean_return`` 0.0 (~27k
+    agent steps of pursuit: a perfect score there). MountainCar's random episodes last
+    200 steps: the first six updates of 32 steps come before any ends."""
+    run_dir = tmp_path / "run"
+    done = _zmq_rl(
+        "run", "--env", "MountainCar-v0", "--actors", "1", "--num-envs", "1",
+        "--num-steps", "32", "--total-env-steps", "320", "--num-epochs", "1",
+        "--eval-episodes", "1", "--port", str(free_port_block(3)), "--run-dir", str(run_dir),
+        "--no-plot", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in rows if "charts/episodes" in r]
+    assert len(updates) == 10
+    for row in updates:
+        assert ("charts/mean_return" in row) == (row["charts/episodes"] > 0), row
+    assert "charts/mean_return" not in updates[0]
+    assert updates[-1]["charts/mean_return"] == -200.0
+    from zmq_rl.cli.plot import read_run
+
+    curve = read_run(run_dir)
+    first = next(r["env_steps"] for r in updates if r["charts/episodes"])
+    assert curve.train_steps[0] == first > updates[0]["env_steps"]
+    assert 0.0 not in curve.train_return
+
+
+# -- zmq-rl eval of a game --------------------------------------------------------------
+
+
+TICTACTOE = "pettingzoo.classic.tictactoe_v3"
+
+
+def _saved_game_policy(folder: Path, config_toml: str = "") -> Path:
+    """A (random, seeded) tic-tac-toe policy saved as a run saves it; with
+    ``config_toml``, the run dir's config.toml beside it."""
+    import torch
+
+    from zmq_rl.config import PolicyConfig
+    from zmq_rl.learner.checkpoint import save_policy
+    from zmq_rl.rl.policy import build_policy
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shape = env_shape(TICTACTOE)
+    cfg = PolicyConfig(hidden_sizes=(16,))
+    torch.manual_seed(0)
+    net = build_policy(shape.observation_space, shape.action_space, cfg)
+    save_policy(folder / "policy.pt", net, cfg, TICTACTOE, 5)
+    if config_toml:
+        (folder / "config.toml").write_text(config_toml)
+    return folder / "policy.pt"
+
+
+def test_eval_of_a_game_says_against_whom_and_each_seats_results(tmp_path) -> None:
+    """It printed one mean over both seats ("0.42 over 40 episodes") and did not say
+    against whom."""
+    path = _saved_game_policy(tmp_path / "run")
+    done = _zmq_rl("eval", str(path), "--episodes", "20", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == f"{TICTACTOE} against random legal moves (seats alternate; deterministic):"
+    seats = [re.fullmatch(
+        r"  as (player_\d)( \(moves first\))?: (\d+) wins?, (\d+) draws?, (\d+) loss(?:es)? "
+        r"in 10 games \(mean return (-?[\d.]+)\)", line) for line in lines[1:3]]  # fmt: skip
+    assert all(seats), lines
+    assert [m.group(1) for m in seats] == ["player_1", "player_2"]
+    assert seats[0].group(2) and not seats[1].group(2)
+    for m in seats:
+        wins, draws, losses = (int(m.group(k)) for k in (3, 4, 5))
+        assert wins + draws + losses == 10
+        assert float(m.group(6)) == pytest.approx((wins - losses) / 10)
+    assert lines[3].startswith(f"{TICTACTOE}: mean return ") and "over 20 episodes" in lines[3]
+    other = _zmq_rl(
+        "eval", str(path), "--episodes", "4", "--opponent", f"policy:{path}", cwd=tmp_path
+    )
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.startswith(f"{TICTACTOE} against policy:{path} (seats alternate;")
+
+
+def test_eval_samples_where_its_run_sampled(tmp_path) -> None:
+    """``zmq-rl eval`` of a pursuit run played the mode its run did not evaluate with:
+    it plays as the run's config.toml says, and says how."""
+    sampled = _saved_game_policy(tmp_path / "a", "[learner]\neval_deterministic = false\n")
+    done = _zmq_rl("eval", str(sampled.parent), "--episodes", "2", "--seed", "3", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "(seats alternate; sampled actions, seed 3):" in done.stdout.splitlines()[0]
+    mode = _zmq_rl("eval", str(sampled), "--episodes", "2", "--deterministic", cwd=tmp_path)
+    assert "(seats alternate; deterministic):" in mode.stdout.splitlines()[0], mode

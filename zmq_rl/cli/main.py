@@ -167,13 +167,22 @@ def _plot_curve(run_dir: Path) -> Path:
 
 @subcommand(
     "eval",
-    "measure a saved policy: mean ± std return over fresh episodes",
+    "measure a saved policy: mean ± std return over fresh episodes (a turn-based game: "
+    "wins, draws and losses per seat against --opponent)",
     arg(
         "target",
         metavar="RUN_DIR_OR_POLICY",
         help="a run directory, its policy.pt, or one of its checkpoints/ckpt-N.pt",
     ),
-    arg("--episodes", type=int, default=20, help="deterministic episodes to play"),
+    arg("--episodes", type=int, default=20, help="episodes to play"),
+    arg(
+        "--deterministic",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="act by the policy's mode; --no-deterministic samples actions (seeded by "
+        "--seed) (default: as the run evaluated, its config.toml's eval_deterministic: "
+        "pursuit's preset samples; the mode where there is no config.toml)",
+    ),
     arg(
         "--seed",
         type=int,
@@ -205,23 +214,33 @@ def _plot_curve(run_dir: Path) -> Path:
     ),
 )
 def eval_command(args: argparse.Namespace) -> int:
-    """Play a saved policy deterministically and print the mean ± std return."""
+    """Play a saved policy and print the mean ± std return (as the run evaluated: by its
+    mode unless the run sampled, --deterministic / --no-deterministic say otherwise); a
+    turn-based game says against whom, and each seat's wins, draws and losses."""
     from zmq_rl.config import ConfigError
 
-    from .evaluate import evaluate, load_policy, record_episodes
+    from .evaluate import (
+        Evaluation,
+        describe,
+        evaluate,
+        load_policy,
+        record_episodes,
+        run_deterministic,
+    )
 
     setup_logging(args.log_level)
     if args.episodes < 1:
         raise ConfigError("episodes", args.episodes, "must be an integer >= 1")
     loaded = load_policy(args.target, env_id=args.env)
+    deterministic = args.deterministic
+    if deterministic is None:
+        deterministic = run_deterministic(args.target)
     if args.video is not None:
-        mean, std = record_episodes(loaded, args.episodes, args.seed, args.video)
+        result = Evaluation(*record_episodes(loaded, args.episodes, args.seed, args.video))
     else:
-        mean, std = evaluate(loaded, args.episodes, args.seed, args.opponent)
-    print(
-        f"{loaded.env_id}: mean return {mean:.2f} ± {std:.2f} over {args.episodes} "
-        f"episodes (policy version {loaded.version}, {loaded.path})"
-    )
+        result = evaluate(loaded, args.episodes, args.seed, args.opponent, deterministic)
+    for line in describe(loaded, result, args.episodes, args.seed):
+        print(line)
     if args.video is not None:
         print(f"videos: {args.video}")
     return 0

@@ -40,6 +40,7 @@ def evaluate_policy(
     deterministic: bool = True,
     opponent: str | Policy = "random",
     by_agent: dict[int, float] | None = None,
+    outcomes: dict[int, dict[str, int]] | None = None,
 ) -> tuple[float, float]:
     """Mean and std of the return of ``episodes`` deterministic episodes
     (``deterministic`` False: actions sampled from the policy, seeded by ``seed``
@@ -56,7 +57,10 @@ def evaluate_policy(
     policies: each agent acts by its own). A turn-based game's other seats are
     played by ``opponent`` (:func:`opponent_player`). ``by_agent`` (a dict to fill;
     multi-agent envs) gets each agent index's mean return: its agent's, or the
-    policy's in that seat of a turn-based game.
+    policy's in that seat of a turn-based game. ``outcomes`` (a dict to fill;
+    turn-based games) gets each seat's ``{"wins": W, "draws": D, "losses": L}`` of
+    the policy, read from the sign of its return in each game (+1 / 0 / -1 in
+    PettingZoo's classic games).
 
     The plain MLP's mode is computed in numpy (:func:`~zmq_rl.rl.numpy_mlp.mode_mlp`),
     whether ``policy`` is its torch module or a torch-free
@@ -76,7 +80,9 @@ def evaluate_policy(
         torch.manual_seed(seed)
         by_agent = {} if by_agent is None else by_agent
         if is_turn_based(envs[0]):
-            return _evaluate_turns(policy, envs, seed, deterministic, opponent, by_agent)
+            return _evaluate_turns(
+                policy, envs, seed, deterministic, opponent, by_agent, outcomes
+            )
         if not isinstance(envs[0], gym.Env):
             return _evaluate_agents(policy, envs, seed, deterministic, by_agent)
         return _evaluate_envs(policy, envs, seed, deterministic)
@@ -216,12 +222,14 @@ def _evaluate_turns(
     deterministic: bool,
     opponent: str | Policy = "random",
     by_seat: dict[int, float] | None = None,
+    outcomes: dict[int, dict[str, int]] | None = None,
 ) -> tuple[float, float]:
     """A turn-based game's evaluation: episode ``i`` (one per env) seats the policy as
     possible agent ``i % agents`` and every other seat is played by ``opponent``
     (:func:`opponent_player`; by default uniformly random legal moves), seeded; the
     score is the policy's return (in a zero-sum game: +1 win, 0 draw, -1 loss, as
-    the game pays). Mean and std over the episodes (``by_seat`` gets each seat's).
+    the game pays). Mean and std over the episodes (``by_seat`` gets each seat's,
+    ``outcomes`` each seat's wins, draws and losses by the sign of the score).
     Closes the envs."""
     by_seat = {} if by_seat is None else by_seat
     obs_space, space, agents = agent_spaces(envs[0], "evaluation env")
@@ -256,7 +264,14 @@ def _evaluate_turns(
             env.close()
     seats = np.arange(len(envs)) % len(agents)
     for seat in np.unique(seats):
-        by_seat[int(seat)] = float(scores[seats == seat].mean())
+        mine = scores[seats == seat]
+        by_seat[int(seat)] = float(mine.mean())
+        if outcomes is not None:
+            outcomes[int(seat)] = {
+                "wins": int((mine > 0).sum()),
+                "draws": int((mine == 0).sum()),
+                "losses": int((mine < 0).sum()),
+            }
     return float(scores.mean()), float(scores.std())
 
 

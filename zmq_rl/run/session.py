@@ -148,9 +148,10 @@ def preset_line(name: str, cfg: LearnerConfig) -> str:
     if cfg.target_return != target:
         changed.append(f"target return {cfg.target_return:g}")
     here = f" (this run: {', '.join(changed)})" if changed else ""
+    sampled = "" if own.get("eval_deterministic", True) else ", evaluations sample actions"
     return (
         f"using preset {name} (zmq_rl/presets/{name}.toml: tuned settings, "
-        f"{steps:,} steps, target return {target:g}); "
+        f"{steps:,} steps, target return {target:g}{sampled}); "
         f"flags override it{here}, --no-preset ignores it"
     )
 
