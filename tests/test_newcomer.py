@@ -179,3 +179,63 @@ def test_eval_samples_where_its_run_sampled(tmp_path) -> None:
     assert "(seats alternate; sampled actions, seed 3):" in done.stdout.splitlines()[0]
     mode = _zmq_rl("eval", str(sampled), "--episodes", "2", "--deterministic", cwd=tmp_path)
     assert "(seats alternate; deterministic):" in mode.stdout.splitlines()[0], mode
+
+
+# -- the files a self-play run keeps ------------------------------------------------------
+
+
+def test_every_nth_checkpoint_is_kept_for_good(tmp_path) -> None:
+    """The learner kept only its newest 3 checkpoints: following a self-play run's
+    strength meant copying files as it went. ``--keep-checkpoint-every N`` keeps every
+    checkpoint of an update that is a multiple of N as well."""
+    run_dir = tmp_path / "run"
+    done = _zmq_rl(
+        "run", "--env", "tests.stub_env:Stub-v0", "--actors", "1", "--num-envs", "1",
+        "--num-steps", "8", "--fragment-length", "8", "--total-env-steps", "80",
+        "--num-epochs", "1", "--eval-episodes", "1", "--checkpoint-every", "1",
+        "--keep-checkpoint-every", "4", "--port", str(free_port_block(3)),
+        "--run-dir", str(run_dir), "--no-plot", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    kept = sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.pt"))
+    assert kept == [f"ckpt-{u:08d}.pt" for u in (4, 8, 9, 10)], kept
+    ladder = _zmq_rl("ladder", str(run_dir), "--help", cwd=tmp_path)
+    assert "--keep-checkpoint-every" in ladder.stdout
+
+
+def test_zmq_rl_run_sets_its_actors_learner_timeout(tmp_path) -> None:
+    """Only ``zmq-actor --learner-timeout`` set it: the local actors of ``zmq-rl run``
+    always gave up after 60 s of a silent learner."""
+    import signal
+    import time
+
+    import psutil
+
+    run = subprocess.Popen(
+        [sys.executable, "-m", "zmq_rl", "run", "--env", "tests.stub_env:Stub-v0"]
+        + ["--actors", "1", "--total-env-steps", "10000000", "--run-dir", ""]
+        + ["--port", str(free_port_block(3)), "--actor-learner-timeout", "7.5"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        actor = None
+        while actor is None and time.monotonic() < deadline and run.poll() is None:
+            children = psutil.Process(run.pid).children(recursive=True)
+            actor = next((c for c in children if "zmq_rl.cli.actor" in c.cmdline()), None)
+            time.sleep(0.1)
+        assert actor is not None, "no actor process"
+        line = actor.cmdline()
+        assert line[line.index("--learner-timeout") + 1] == "7.5", line
+    finally:
+        run.send_signal(signal.SIGINT)
+        try:
+            run.wait(60)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+    bad = _zmq_rl("run", "--actor-learner-timeout", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and "must be > 0" in bad.stderr, bad.stderr

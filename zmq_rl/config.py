@@ -792,6 +792,12 @@ class LearnerConfig:
     checkpoint_every: int = _f(
         25, "write a checkpoint every N updates (and at the end); 0 = end only"
     )
+    keep_checkpoint_every: int = _f(
+        0,
+        "keep for good every checkpoint whose update is a multiple of N (besides the "
+        "newest 3, which are always kept), so that a self-play run's strength can be "
+        "followed afterwards (zmq-rl ladder RUN_DIR); 0 = only the newest 3",
+    )
     max_actors: int = _f(
         256, "most actors registered at once; a hello beyond it is refused ('full')"
     )
@@ -948,7 +954,7 @@ class LearnerConfig:
             self.curve_authorized_keys if self.curve_secret_key else self.curve_secret_key,
             "curve_secret_key and curve_authorized_keys go together",
         )
-        _non_negative_int(self, "checkpoint_every")
+        _non_negative_int(self, "checkpoint_every", "keep_checkpoint_every")
         _positive_int(self, "max_actors", "max_envs_per_actor", "max_total_envs")
         for name, needed in (
             ("max_actors", self.num_actors),

@@ -42,6 +42,14 @@ __all__ = ["arg", "build_parser", "main", "subcommand"]
 # -- run ------------------------------------------------------------------------------
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    value = non_negative(float)(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
 def _run_flags(parser: argparse.ArgumentParser) -> None:
     add_learner_flags(parser, defaults=RUN_DEFAULTS)
     parser.add_argument(
@@ -79,6 +87,14 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="wait before restarting a dead actor, doubled with each consecutive failure "
         f"of that actor (at most {MAX_BACKOFF_S:g} s)",
+    )
+    supervision.add_argument(
+        "--actor-learner-timeout",
+        metavar="SECONDS",
+        type=positive_float,
+        default=None,
+        help="each actor gives up (exit 1) when the learner was silent this long: "
+        "zmq-actor's --learner-timeout (default: the actor's, 60 s)",
     )
     supervision.add_argument(
         "--resume",
@@ -150,6 +166,11 @@ def run_command(args: argparse.Namespace) -> int:
         resume_on_crash=args.resume_on_crash,
         resume_command="zmq-rl run --resume",
         plot=_plot_curve if args.plot else None,
+        actor_args=(
+            ["--learner-timeout", repr(args.actor_learner_timeout)]
+            if args.actor_learner_timeout is not None
+            else []
+        ),
     )
     print_summary(console, outcome, extra)
     return EXIT_INTERRUPTED if result.interrupted else 0
@@ -331,7 +352,8 @@ def plot_command(args: argparse.Namespace) -> int:
         type=Path,
         default=None,
         help="take the checkpoints from DIR (copies kept along the run) instead of "
-        "RUN_DIR/checkpoints, which holds the newest three",
+        "RUN_DIR/checkpoints, which holds the newest three and, with the run's "
+        "--keep-checkpoint-every N, every N-th",
     ),
 )
 def ladder_command(args: argparse.Namespace) -> int:

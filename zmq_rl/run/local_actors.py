@@ -716,6 +716,7 @@ RESUME_CHANGEABLE = (
     "eval_episodes",
     "target_return",
     "checkpoint_every",
+    "keep_checkpoint_every",
     "starvation_timeout",
     "actor_timeout",
     "device",
