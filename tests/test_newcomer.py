@@ -239,3 +239,74 @@ def test_zmq_rl_run_sets_its_actors_learner_timeout(tmp_path) -> None:
             run.wait()
     bad = _zmq_rl("run", "--actor-learner-timeout", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "must be > 0" in bad.stderr, bad.stderr
+
+
+# -- the benchmarks: --port and --out ------------------------------------------------------
+
+
+BENCH = ROOT / "bench"
+HELP_ARGS = {"connect_four.py": ["train", "--help"]}
+"""Scripts whose flags live on a subcommand."""
+
+
+def test_every_bench_script_takes_port_and_out() -> None:
+    """``bench/multi_agent.py`` picked its own port and wrote into the checkout; every
+    bench script now takes ``--port`` and ``--out`` (their ``--help`` says so; run
+    together, they take about as long as the slowest)."""
+    scripts = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+    procs = {
+        p.name: subprocess.Popen(
+            [sys.executable, str(p), *HELP_ARGS.get(p.name, ["--help"])],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for p in scripts
+    }
+    missing = {}
+    try:
+        for name, proc in procs.items():
+            out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+            if proc.returncode != 0 or "--port" not in out or "--out" not in out:
+                missing[name] = out[-500:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert len(scripts) > 30 and not missing, missing
+
+
+def test_bench_multi_agent_binds_from_port_and_writes_only_under_out(tmp_path) -> None:
+    """A tiny ``bench/multi_agent.py`` run (the test env of several agents): its
+    results, run directory and the run's ports are where ``--out`` and ``--port``
+    say, and nothing is written into the checkout."""
+    port = free_port_block(3)
+    out = tmp_path / "results" / "ma.json"
+    before = {p: p.stat().st_mtime for p in (ROOT / "bench" / "results").glob("multi_agent-*")}
+    command = [sys.executable, str(BENCH / "multi_agent.py")]
+    command += ["--env", "tests.agent_envs:coming_and_going", "--seeds", "0", "--actors", "1"]
+    command += ["--total-env-steps", "1024", "--eval-every", "1", "--eval-episodes", "1"]
+    command += ["--random-episodes", "1", "--port", str(port), "--out", str(out)]
+    done = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["runs"][0]["curve"], result
+    run_dir = tmp_path / "results" / "ma-runs" / "agent_envs:coming_and_going-seed0"
+    config = (run_dir / "config.toml").read_text()
+    bound = int(re.search(r"^port = (\d+)$", config, re.M).group(1))
+    assert port <= bound < port + 1000, (port, bound)
+    assert not (ROOT / "runs" / "multi_agent").exists() or not any(
+        "coming_and_going" in p.name for p in (ROOT / "runs" / "multi_agent").iterdir()
+    )
+    after = {p: p.stat().st_mtime for p in (ROOT / "bench" / "results").glob("multi_agent-*")}
+    assert after == before
