@@ -310,3 +310,92 @@ def test_bench_multi_agent_binds_from_port_and_writes_only_under_out(tmp_path) -
     )
     after = {p: p.stat().st_mtime for p in (ROOT / "bench" / "results").glob("multi_agent-*")}
     assert after == before
+
+
+# -- the Python API ----------------------------------------------------------------------
+
+
+def test_the_python_api_takes_an_env_factory_and_says_why_not_an_instance(tmp_path) -> None:
+    """An env instance or class was refused with "must be a non-empty gymnasium id" and
+    no reason. A class (or function) of a module now trains (real actor processes
+    build it by the name it is given); an instance, a lambda and a class of the
+    script that was run are refused saying why."""
+    import gymnasium as gym
+
+    import zmq_rl
+    from tests.stub_env import StubEnv
+    from zmq_rl.config import ConfigError
+
+    result = zmq_rl.train(
+        StubEnv, run_dir=tmp_path / "run", num_actors=1, num_envs=1, num_steps=8,
+        fragment_length=8, total_env_steps=64, num_epochs=1, eval_episodes=1,
+        port=free_port_block(), verbose=False,
+    )  # fmt: skip
+    assert result.stop_reason == "budget spent"
+    assert result.report.env_steps_consumed == 64
+    assert 'env_id = "tests.stub_env:StubEnv"' in (tmp_path / "run" / "config.toml").read_text()
+    cases = [
+        (gym.make("CartPole-v1"), "an env instance cannot be used", "pass that id"),
+        (lambda: StubEnv(), "actor processes build the env by name", "module"),
+        (type("Local", (gym.Env,), {"__module__": "__main__"}), "(__main__)", "my_envs.py"),
+    ]
+    for env, why, hint in cases:
+        with pytest.raises(ConfigError) as caught:
+            zmq_rl.train(env, run_dir="", verbose=False)
+        assert caught.value.field == "env" and why in str(caught.value), caught.value
+        assert hint in str(caught.value)
+
+
+def test_evaluate_policy_plays_pettingzoo_policies(tmp_path) -> None:
+    """``zmq_rl.evaluate_policy`` refused a multi-agent policy ("this command runs
+    single-agent envs", from a Python call) although ``zmq-rl eval`` plays it."""
+    import zmq_rl
+
+    path = _saved_game_policy(tmp_path / "run")
+    mean, std = zmq_rl.evaluate_policy(path, n_eval_episodes=6, seed=3)
+    returns, lengths = zmq_rl.evaluate_policy(
+        path, n_eval_episodes=6, seed=3, return_episode_rewards=True
+    )
+    assert len(returns) == 6 and set(returns) <= {-1.0, 0.0, 1.0}
+    assert all(5 <= n <= 9 for n in lengths)  # tic-tac-toe games of 5 to 9 moves
+    assert mean == pytest.approx(sum(returns) / 6)
+    # the same deterministic player in both seats: each game is played mirrored
+    mirror, _ = zmq_rl.evaluate_policy(path, n_eval_episodes=4, seed=3, opponent=f"policy:{path}")
+    assert mirror == 0.0
+
+
+def test_predict_without_the_mask_names_the_key(tmp_path) -> None:
+    """``predict`` of a masked policy without ``action_mask`` raised a bare
+    ``KeyError: 'action_mask'``."""
+    import numpy as np
+
+    import zmq_rl
+
+    policy = zmq_rl.load_policy(_saved_game_policy(tmp_path / "run"))
+    board = np.zeros((3, 3, 2), np.int8)
+    with pytest.raises(ValueError) as caught:
+        policy.predict({"observation": board})
+    message = str(caught.value)
+    assert "no 'action_mask' key" in message and "the env's action mask" in message
+    with pytest.raises(ValueError, match="is a Dict: pass a dict with the keys"):
+        policy.predict(board)
+    action, _ = policy.predict({"observation": board, "action_mask": np.ones(9, np.int8)})
+    assert 0 <= int(action) < 9
+
+
+def test_the_export_table_says_what_a_dict_policys_onnx_takes(tmp_path) -> None:
+    """docs/api.md said the ONNX input is ``obs`` float32; a Dict policy's graph takes
+    one input per key, in the dtype that travels for it."""
+    pytest.importorskip("onnx", reason="ONNX export needs onnx: pip install 'zmq_rl[export]'")
+    ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime (zmq_rl[export])")
+    import zmq_rl
+
+    row = next(
+        line for line in (ROOT / "docs" / "api.md").read_text().splitlines()
+        if line.startswith("| `onnx` |")
+    )  # fmt: skip
+    assert "a Dict observation: one input per key" in row and "`MultiBinary` int8" in row
+    out = tmp_path / "policy.onnx"
+    zmq_rl.export_policy(_saved_game_policy(tmp_path / "run"), "onnx", out)
+    inputs = {i.name: i.type for i in ort.InferenceSession(str(out)).get_inputs()}
+    assert inputs == {"action_mask": "tensor(int8)", "observation": "tensor(int8)"}, inputs

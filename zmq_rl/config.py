@@ -929,7 +929,9 @@ class LearnerConfig:
             isinstance(self.env_id, str) and bool(self.env_id),
             "env_id",
             self.env_id,
-            "must be a non-empty gymnasium id",
+            "must be a non-empty env id: text, a gymnasium id, 'module:Id' or "
+            "'module.path:EnvClass' (every process builds the env from it; zmq_rl.train "
+            "names a class or function of a module itself)",
         )
         _require(isinstance(self.env_kwargs, str), "env_kwargs", self.env_kwargs, "must be text")
         parse_env_kwargs(self.env_kwargs)

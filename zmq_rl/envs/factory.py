@@ -109,8 +109,9 @@ def make_env(
         raise EnvBuildError(
             "env_id",
             env_id,
-            "is a multi-agent (PettingZoo) env: this command runs single-agent envs "
-            "(training runs it: docs/multi_agent.md)",
+            "is a multi-agent (PettingZoo) env, and this needs a single-agent gymnasium env "
+            "(training, zmq-rl eval and zmq_rl.evaluate_policy take PettingZoo envs: "
+            "docs/multi_agent.md)",
         )
     return env
 

@@ -39,9 +39,7 @@ class WriteFailed(OSError):
     the file, the bytes it needed and the space left, and the temp file is gone."""
 
 
-def write_checkpoint(
-    folder: Path, name: str, state: dict[str, Any], keep_every: int = 0
-) -> Path:
+def write_checkpoint(folder: Path, name: str, state: dict[str, Any], keep_every: int = 0) -> Path:
     """Save ``state`` as ``folder/name`` atomically and keep the newest
     :data:`CHECKPOINTS_KEPT` ``ckpt-*.pt`` files, and those whose update is a multiple
     of ``keep_every`` (``keep_checkpoint_every``; 0: none). Raises
