@@ -33,6 +33,7 @@ from .flags import (
     Section,
     add_config_flags,
     add_logging_flag,
+    add_version_flag,
     build_configs,
     parse_with_config,
 )
@@ -57,6 +58,7 @@ def build_parser(prog: str = "zmq-actor") -> argparse.ArgumentParser:
     )
     add_config_flags(parser, ACTOR_SECTIONS, aliases=ALIASES)
     add_logging_flag(parser, default="info")
+    add_version_flag(parser)
     # For `zmq-rl run`: exit when the process that started this actor is gone.
     parser.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
     # For `zmq-rl run` without a run dir: a file to create once the actor collects.

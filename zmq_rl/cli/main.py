@@ -32,7 +32,7 @@ from .commands import (
     subparser,
 )
 from .exits import EXIT_INTERRUPTED, guard, setup_logging
-from .flags import LOG_LEVELS, Section, flag_name, parse_with_config
+from .flags import LOG_LEVELS, Section, add_short_help, flag_name, parse_with_config
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .plot import add_plot_flags, plot_from_args
 
@@ -50,7 +50,38 @@ def positive_float(text: str) -> float:
     return value
 
 
+RUN_COMMON_FLAGS = {
+    "--env": "a gymnasium id, module:Id, module.path:EnvClass, or a PettingZoo env "
+    "module (pettingzoo.sisl.pursuit_v5)",
+    "--actors": "local actor processes",
+    "--num-envs": "env copies per actor",
+    "--total-env-steps": "the budget (agent steps in a multi-agent env)",
+    "--target-return": "stop once an evaluation's mean return reaches this",
+    "--eval-every": "evaluate every N updates",
+    "--seed": "",
+    "--run-dir": "where the run's files go ('' = none)",
+    "--config": "settings from a TOML file, or a shipped preset:NAME",
+    "--no-preset": "ignore the env's shipped preset (CartPole-v1, LunarLander-v3, ...)",
+    "--hidden-sizes": "",
+    "--policy-type": "mlp, or lstm / gru for partially observed envs",
+    "--learning-rate": "",
+    "--device": "where the update runs (actors stay on the CPU)",
+    "--port": "the learner's first port (it binds three)",
+    "--resume": "continue the run in RUN_DIR from its newest checkpoint",
+    "--log-level": "",
+}
+"""What ``zmq-rl run -h`` lists (``--help`` lists every flag)."""
+
+
 def _run_flags(parser: argparse.ArgumentParser) -> None:
+    add_short_help(
+        parser,
+        RUN_COMMON_FLAGS,
+        "common flags",
+        "Train with a learner in this process and --actors local actor processes; "
+        "writes runs/<env>-<timestamp>/ (metrics, report, policy.pt, learning_curve.png). "
+        "An env with a shipped preset takes its tuned settings, budget and target.",
+    )
     add_learner_flags(parser, defaults=RUN_DEFAULTS)
     parser.add_argument(
         "--actor-log-level",

@@ -1,0 +1,107 @@
+"""Issue 44 section 6: papercuts a user reports first.
+
+``zmq-rl conformance --help`` importing torch, no ``--version``, a 375-line
+``zmq-rl run --help`` with no short form, ``--no-preset ... (default: True)``, a
+progress line without an ETA that lost the update counter and the evaluation in an
+80-column tmux pane, and the docs' answers (bit-for-bit runs, early LunarLander
+evaluations, the suite's time on a 2-core laptop).
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import sys
+from {module} import main
+try:
+    main({argv!r})
+except SystemExit as exc:
+    print("exit", exc.code, file=sys.stderr)
+print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+"""
+
+
+def _probe(module: str, argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", PROBE.format(module=module, argv=argv)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["conformance", "--help"],
+        ["conformance", "actor", "--help"],
+        ["conformance", "learner", "--help"],
+    ],
+)
+def test_conformance_help_does_not_import_torch(argv) -> None:
+    """It took 17-19 s on a busy box: building its flags imported the learner and torch."""
+    done = _probe("zmq_rl.cli.main", argv)
+    assert "exit 0" in done.stderr and "torch imported: False" in done.stderr, done.stderr
+    assert "usage: zmq-rl conformance" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "prog"),
+    [("zmq_rl.cli.main", "zmq-rl"), ("zmq_rl.cli.learner", "zmq-learner"),
+     ("zmq_rl.cli.actor", "zmq-actor")],
+)  # fmt: skip
+def test_every_command_says_its_version(module, prog) -> None:
+    import zmq_rl
+    from zmq_rl.wire.codec import PROTOCOL_VERSION
+
+    done = _probe(module, ["--version"])
+    assert "exit 0" in done.stderr and "torch imported: False" in done.stderr, done.stderr
+    assert done.stdout.startswith(
+        f"{prog} {zmq_rl.__version__} (wire protocol {PROTOCOL_VERSION}, Python "
+    ), done.stdout
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    assert cfg["metadata"]["version"] == zmq_rl.__version__
+
+
+def _help_text(argv: list[str], capsys) -> str:
+    from zmq_rl.cli import main as main_cli
+
+    with pytest.raises(SystemExit) as done:
+        main_cli.main(argv)
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_run_has_a_short_help_and_a_one_line_usage(capsys) -> None:
+    """``zmq-rl run --help`` was 375 lines (45 of them its usage) with no short form."""
+    short = _help_text(["run", "-h"], capsys)
+    lines = short.splitlines()
+    assert len(lines) <= 60, len(lines)
+    assert lines[0] == "usage: zmq-rl run [FLAGS]  (-h: the common flags; --help: all of them)"
+    for flag in ("--env", "--actors", "--total-env-steps", "--config", "--resume"):
+        assert re.search(rf"^  {flag} ", short, re.M), flag
+    more = re.search(r"(\d+) more flags .* 'zmq-rl run --help' lists", " ".join(lines))
+    assert more and int(more.group(1)) > 50, short[-300:]
+    full = _help_text(["run", "--help"], capsys)
+    assert full.splitlines()[0] == lines[0] and len(full.splitlines()) > 300
+    assert "--num-minibatches" in full and "--num-minibatches" not in short
+
+
+def test_a_flag_without_a_value_shows_no_default(capsys) -> None:
+    """``--no-preset  do not take the defaults ... (default: True)`` read as "the
+    preset is off by default"."""
+    for argv in (["run", "--help"], ["run", "-h"]):
+        text = " ".join(_help_text(argv, capsys).split())
+        found = re.search(r"--no-preset (.*?) --", text)
+        assert found and "(default" not in found.group(1), found
