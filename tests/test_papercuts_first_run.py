@@ -105,3 +105,72 @@ def test_a_flag_without_a_value_shows_no_default(capsys) -> None:
         text = " ".join(_help_text(argv, capsys).split())
         found = re.search(r"--no-preset (.*?) --", text)
         assert found and "(default" not in found.group(1), found
+
+
+# -- the progress line -------------------------------------------------------------------
+
+
+ROW = {
+    "update": 120,
+    "env_steps": 30_720,
+    "wall_seconds": 6.0,
+    "charts/SPS": 5120.0,
+    "charts/mean_return": 187.3,
+    "charts/episodes": 50,
+    "charts/actors": 2,
+    "charts/policy_lag_mean": 0.41,
+    "links/rtt_ms_max": 201.0,
+    "links/valve_paused_share_max": 0.72,
+}
+
+
+def _live_line(width: int, row: dict = ROW) -> str:
+    """The live progress line a terminal ``width`` columns wide shows after ``row`` and
+    an evaluation of 312.4 (100,000 steps of budget)."""
+    import io
+
+    from rich.console import Console
+
+    from zmq_rl.run.progress import TrainingProgress
+
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=True, color_system=None)
+    progress = TrainingProgress(390, console, live=True, total_env_steps=100_000)
+    progress.device = "cpu"
+    with progress:
+        progress.evaluation({"eval/mean_return": 312.4})
+        progress.update(row)
+        progress._progress.refresh()
+    last = out.getvalue().split("\r")[-1]
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", last).strip()
+
+
+def test_an_80_column_pane_keeps_the_update_counter_the_eta_and_the_evaluation() -> None:
+    """In an 80-column tmux pane the bar read ``u… 5,120 steps/s ... ev…``: the update
+    counter and the evaluation were cut, and there was no ETA."""
+    line = _live_line(80)
+    assert len(line) <= 80 and "…" not in line, line
+    # 30,720 of 100,000 steps in 6 s: 69,280 more at 5,120 steps/s
+    assert line.startswith("update 120/") and "  eta 13.5s  eval 312.4  return 187.3" in line
+    wide = _live_line(200)
+    assert "━" in wide and "5,120 steps/s  actors 2  lag 0.41  rtt 201 ms" in wide, wide
+    assert wide.endswith("device cpu")
+    for width in (40, 60, 100, 140):
+        narrow = _live_line(width)
+        assert narrow.startswith("update 120/") and "eta 13.5s" in narrow, (width, narrow)
+
+
+def test_the_plain_lines_say_the_eta_too() -> None:
+    import io
+
+    from rich.console import Console
+
+    from zmq_rl.run.progress import TrainingProgress
+
+    out = io.StringIO()
+    progress = TrainingProgress(
+        10, Console(file=out, width=200), live=False, total_env_steps=100_000
+    )
+    with progress:
+        progress.update(ROW)
+    assert "  eta 13.5s  " in out.getvalue(), out.getvalue()
