@@ -174,3 +174,65 @@ def test_the_plain_lines_say_the_eta_too() -> None:
     with progress:
         progress.update(ROW)
     assert "  eta 13.5s  " in out.getvalue(), out.getvalue()
+
+
+# -- the suite on a 2-core laptop ----------------------------------------------------------
+
+
+def _quick_lines() -> list[list[str]]:
+    text = (ROOT / "tests" / "quick.txt").read_text()
+    return [ln.split() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_every_line_of_the_quick_subset_names_a_test_that_exists() -> None:
+    for words in _quick_lines():
+        target = words[1] if words[0] == "deselect" else words[0]
+        path, _, name = target.partition("::")
+        assert (ROOT / path).is_file(), target
+        if name:
+            assert f"def {name}(" in (ROOT / path).read_text(), target
+
+
+SHIM = """#!/usr/bin/env bash
+echo "$(basename "$0") $*" >>"$SHIM_LOG"
+exit 0
+"""
+
+
+def test_bin_test_quick_runs_the_subset_and_the_readme_says_it(tmp_path) -> None:
+    """README gave no suite time and no quick subset for a 2-core laptop."""
+    import os
+    import shutil
+
+    for name in ("setup.cfg", "pyproject.toml"):
+        shutil.copy2(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "bin", tmp_path / "bin")
+    (tmp_path / "tests").mkdir()
+    shutil.copy2(ROOT / "tests" / "quick.txt", tmp_path / "tests" / "quick.txt")
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text(SHIM)
+    (venv / "python").chmod(0o755)
+    stamp = tmp_path / ".venv" / ".zmq_rl-installed"
+    stamp.write_text("test\n")  # newer than setup.cfg: no installation
+    os.utime(tmp_path / "setup.cfg", (1_000_000_000, 1_000_000_000))
+    os.utime(tmp_path / "pyproject.toml", (1_000_000_000, 1_000_000_000))
+    log = tmp_path / "shim.log"
+    log.write_text("")
+    done = subprocess.run(
+        [str(tmp_path / "bin" / "test"), "--quick", "-x"],
+        cwd=tmp_path,
+        env={**os.environ, "SHIM_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    ran = [ln for ln in log.read_text().splitlines() if " -m pytest " in ln]
+    assert len(ran) == 1 and " -m ruff " not in log.read_text(), log.read_text()
+    words = ran[0].split()
+    assert words[-1] == "-x" and "tests/test_layout.py" in words
+    deselected = [words[i + 1] for i, w in enumerate(words) if w == "--deselect"]
+    assert len(deselected) == sum(1 for w in _quick_lines() if w[0] == "deselect") > 0
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`bin/test --quick`" in readme and "about 15 minutes on two cores" in readme
