@@ -236,3 +236,37 @@ def test_bin_test_quick_runs_the_subset_and_the_readme_says_it(tmp_path) -> None
     assert len(deselected) == sum(1 for w in _quick_lines() if w[0] == "deselect") > 0
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "`bin/test --quick`" in readme and "about 15 minutes on two cores" in readme
+
+
+# -- bit-for-bit runs ---------------------------------------------------------------------
+
+
+def test_the_documented_recipe_repeats_a_run_bit_for_bit(tmp_path) -> None:
+    """Same seed, same command, different weights at the default lead: README and
+    docs/api.md now say how to get bit-for-bit runs, and two such runs (real
+    processes: a learner and two actors each) write the same policy.pt."""
+    import os
+
+    import torch
+
+    from tests.ports import free_port_block
+
+    text = " ".join((ROOT / "docs" / "api.md").read_text().split())
+    assert "`batch_mode=\"slots\"` with `max_lead_steps` equal to one broadcast cycle" in text
+    assert "--batch-mode slots --max-lead-steps S" in (ROOT / "README.md").read_text()
+    weights = []
+    for name in ("a", "b"):
+        run_dir = tmp_path / name
+        done = subprocess.run(
+            [sys.executable, "-m", "zmq_rl", "run", "--env", "CartPole-v1", "--seed", "0",
+             "--total-env-steps", "4096", "--target-return", "inf", "--eval-every", "0",
+             "--eval-episodes", "1", "--no-plot", "--batch-mode", "slots",
+             "--max-lead-steps", "32", "--port", str(free_port_block(3)),
+             "--run-dir", str(run_dir)],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+            text=True, timeout=240,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        weights.append(torch.load(run_dir / "policy.pt", weights_only=True)["policy"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
