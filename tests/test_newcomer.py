@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import zmq_rl_command
 from tests.ports import free_port_block
 from zmq_rl.envs import EnvBuildError, env_shape
 
@@ -79,16 +80,7 @@ def test_pursuit_takes_its_preset_which_samples_its_evaluations() -> None:
     assert args.applied_preset is None and cfg.eval_deterministic is True
 
 
-def _zmq_rl(*args: str, cwd: Path, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """``python -m zmq_rl ARGS`` in ``cwd`` with this checkout first on the path."""
-    return subprocess.run(
-        [sys.executable, "-m", "zmq_rl", *args],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+_zmq_rl = zmq_rl_command
 
 
 def test_the_curve_starts_with_the_first_episode_that_ended(tmp_path) -> None:

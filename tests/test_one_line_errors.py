@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.helpers import STUB_ENV_ID
+from tests.helpers import STUB_ENV_ID, zmq_rl_command
 from tests.ports import free_port_block
 from zmq_rl.cli import main as main_cli
 from zmq_rl.config import PolicyConfig
@@ -74,15 +74,7 @@ def test_what_the_learner_refuses_is_one_line_before_any_actor_starts(
     assert not run_dir.exists(), "refused before the run dir was written"
 
 
-def _zmq_rl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "zmq_rl", *args],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
+_zmq_rl = zmq_rl_command
 
 
 def test_an_observation_of_the_wrong_shape_names_the_env_in_one_line(tmp_path) -> None:
