@@ -2,11 +2,17 @@
 
 Every script prints its figures and writes one JSON file: by default
 ``bench/results/<name>.json`` (``<name>.smoke.json`` with ``--smoke``, so a smoke
-run never overwrites a full one), or ``--out PATH``.
+run never overwrites a full one), or ``--out PATH``; with ``--out``, whatever else
+it writes (run directories, pictures) goes beside that file, never into the
+checkout (:func:`runs_root`, :func:`figure_path`). Every script takes ``--port N``:
+the learners it starts bind blocks of ports from N on (:func:`free_port_block`),
+its child processes pick theirs in N..N+999 (``ZMQ_RL_TEST_PORTS``); without it,
+free blocks anywhere in that variable's range (20000-32767 by default).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -28,13 +34,96 @@ BENCH_VENV_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from zmq_rl.wire.ports import free_port_block  # noqa: E402, F401  (used as _util.free_port_block)
+from zmq_rl.wire import ports as _ports  # noqa: E402
+
+PORT_SPAN = 1000
+"""``--port N``: the ports of a benchmark lie in N..N+999."""
+_next_port = [0]
+"""The next port :func:`free_port_block` tries after ``--port`` (0: no ``--port``)."""
 
 
-def add_common_flags(parser: Any) -> None:
-    """``--smoke`` and ``--out``."""
-    parser.add_argument("--smoke", action="store_true", help="a few seconds; checks it runs")
-    parser.add_argument("--out", default="", help="JSON output (default bench/results/NAME.json)")
+def free_port_block(size: int = 3) -> int:
+    """The first port of ``size`` free consecutive ports: after ``--port N`` the lowest
+    free block from N on, each block after the last one handed out; otherwise a
+    free block anywhere in ``ZMQ_RL_TEST_PORTS``'s range
+    (:func:`zmq_rl.wire.ports.free_port_block`)."""
+    if not _next_port[0]:
+        return _ports.free_port_block(size)
+    stop = _port_stop()
+    while _next_port[0] + size <= stop:
+        base = _next_port[0]
+        _next_port[0] += size
+        try:
+            if _ports.free_port_block(size, base, base + size + 1) == base:
+                return base
+        except RuntimeError:
+            continue
+    raise RuntimeError(f"--port: no block of {size} free ports left below {stop}")
+
+
+def _port_stop() -> int:
+    return _ports.port_range()[1]
+
+
+class _PortAction(argparse.Action):
+    """``--port N``: learners from N on, child processes' picks in N..N+999."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        port = int(values)
+        if port and not 1024 <= port <= 65536 - 16:
+            parser.error(f"--port {port}: must be 0 or in 1024..65520")
+        setattr(namespace, self.dest, port)
+        if port:
+            _next_port[0] = port
+            os.environ[_ports.PORT_RANGE_ENV] = f"{port}-{min(port + PORT_SPAN, 65536)}"
+
+
+def add_port_flag(parser: Any, binds: bool = True) -> None:
+    """``--port N`` (see the module doc); ``binds`` False: the script starts no
+    learner and binds nothing (the flag is accepted so that every script takes it)."""
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        action=_PortAction,
+        metavar="N",
+        help=(
+            "the learners this benchmark starts bind ports from N on, and its child "
+            "processes pick theirs in N..N+999 (default 0: free ports anywhere in "
+            "ZMQ_RL_TEST_PORTS's range, 20000-32767)"
+            if binds
+            else "accepted for a uniform interface: this script binds no port"
+        ),
+    )
+
+
+def add_common_flags(parser: Any, smoke: bool = True, binds: bool = True) -> None:
+    """``--smoke`` (unless ``smoke`` is False), ``--out`` and ``--port``."""
+    if smoke:
+        parser.add_argument("--smoke", action="store_true", help="a few seconds; checks it runs")
+    parser.add_argument(
+        "--out",
+        default="",
+        help="JSON output (default bench/results/NAME.json); run directories and "
+        "pictures go beside it, not into the checkout",
+    )
+    add_port_flag(parser, binds)
+
+
+def runs_root(name: str, args: Any) -> Path:
+    """Where a benchmark keeps its run directories: beside ``--out`` (``OUT-runs/``),
+    else ``runs/NAME`` in the checkout."""
+    if getattr(args, "out", ""):
+        out = Path(args.out)
+        return out.parent / f"{out.stem}-runs"
+    return ROOT / "runs" / name
+
+
+def figure_path(name: str, args: Any) -> Path:
+    """Where a benchmark draws picture ``NAME.png``: beside ``--out``, else ``docs/img``."""
+    if getattr(args, "out", ""):
+        return Path(args.out).parent / f"{name}.png"
+    return ROOT / "docs" / "img" / f"{name}.png"
 
 
 def result_path(name: str, args: Any) -> Path:

@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--minibatch", type=int, default=256, help="rows per step")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds per network")
     parser.add_argument("--steps", type=int, default=20, help="steps per round")
+    parser.add_argument("--out", default="", help="also write the medians here as JSON")
+    parser.add_argument(
+        "--port", type=int, default=0, help="accepted for a uniform interface: binds no port"
+    )
     args = parser.parse_args(argv)
 
     import gymnasium as gym
@@ -71,6 +75,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"{n}-row minibatch step, one torch thread, median of {args.rounds} rounds:")
     for name, ms in medians.items():
         print(f"  {name:<18} {ms:7.2f} ms  ({ms / medians['board_cnn']:.2f} x board_cnn)")
+    if args.out:
+        import json
+        from pathlib import Path
+
+        Path(args.out).write_text(json.dumps({"minibatch": n, "median_ms": medians}) + "\n")
     return medians
 
 

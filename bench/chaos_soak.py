@@ -857,6 +857,7 @@ def relay_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global PORT
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["relay"]:
         return relay_main(argv[1:])
@@ -866,7 +867,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-faults", action="store_true", help="an empty schedule")
     parser.add_argument("--out", default="", help="JSON (default bench/results/chaos-soak-*.json)")
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=PORT,
+        metavar="N",
+        help="the learner's port inside its network namespace (a port space of its own)",
+    )
     args = parser.parse_args(argv)
+    PORT = args.port
     reason = unavailable()
     if reason:
         print(f"chaos soak: cannot run here: {reason}", file=sys.stderr)

@@ -32,14 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _util  # noqa: F401  (puts the repository on sys.path)
+import _util  # (puts the repository on sys.path)
 import psutil
 
 from tests.ray_head import RayHead
 from tests.ray_head import skip_reason as ray_skip_reason
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_cluster import skip_reason as slurm_skip_reason
-from zmq_rl.wire.ports import free_port_block
+
+free_port_block = _util.free_port_block  # honours --port
 
 ZMQ_RL = [sys.executable, "-m", "zmq_rl.cli.main"]
 POLL_S = 0.02
@@ -232,7 +233,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--budget", type=int, default=20480, help="env steps per run")
     parser.add_argument("--only", default="local,slurm,ray", help="which launchers, in order")
-    parser.add_argument("--out", default=str(_util.RESULTS / "clusters.json"))
+    parser.add_argument(
+        "--out", default=str(_util.RESULTS / "clusters.json"), help="the JSON to write"
+    )
+    _util.add_port_flag(parser)
     args = parser.parse_args()
     results = []
     benches = {"local": bench_local, "slurm": bench_slurm, "ray": bench_ray}

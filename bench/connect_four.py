@@ -67,7 +67,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import _finite, free_port_block, machine_info  # noqa: E402
+from _util import (  # noqa: E402
+    _finite,
+    add_port_flag,
+    figure_path,
+    free_port_block,
+    machine_info,
+    runs_root,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -82,8 +89,6 @@ from zmq_rl.envs.baselines import (  # noqa: E402
 )
 
 RESULTS = ROOT / "bench" / "results"
-RUNS = ROOT / "runs" / "connect_four"
-IMAGES = ROOT / "docs" / "img"
 ENV_ID = "pettingzoo.classic.connect_four_v3"
 
 
@@ -438,7 +443,7 @@ def train_command(
     seed: int, total_env_steps: int, run_dir: Path, port: int, extra: str
 ) -> list[str]:
     """The ``zmq-rl run`` command line of one seed (``extra`` split as a shell would)."""
-    cmd = [str(Path(sys.executable).parent / "zmq-rl"), "run", "--env", ENV_ID]
+    cmd = [sys.executable, "-m", "zmq_rl", "run", "--env", ENV_ID]
     cmd += ["--seed", str(seed), "--total-env-steps", str(total_env_steps)]
     cmd += ["--target-return", "inf", "--port", str(port), "--run-dir", str(run_dir)]
     return cmd + ["--no-plot", *shlex.split(extra)]
@@ -454,7 +459,7 @@ def train_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """Train one seed to the end of its budget (a subprocess, its checkpoints kept
     as it goes); its wall time, curve and command, or why it failed. ``--skip-done``
     reuses a finished run."""
-    run_dir = RUNS / f"seed{seed}"
+    run_dir = runs_root("connect_four", args) / f"seed{seed}"
     if args.skip_done and (run_dir / "report.json").is_file():
         print(f"seed {seed}: reusing {display_path(run_dir)}", flush=True)
         return {
@@ -560,13 +565,18 @@ def write_results(path: Path, args: argparse.Namespace, data: dict[str, Any]) ->
     print(f"wrote {path}", flush=True)
 
 
+def results_path(args: argparse.Namespace) -> Path:
+    """``--out``, else ``bench/results/connect_four.json``."""
+    return Path(args.out) if args.out else RESULTS / "connect_four.json"
+
+
 def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
     """``eval``: evaluate existing runs, write the results and print the table."""
     rows = [
         evaluate_policy(Path(d), args.games, not args.sample, args.eval_seed) for d in args.runs
     ]
     data = {"rows": rows, "mean": mean_row(rows) if rows else None}
-    write_results(Path(args.out), args, data)
+    write_results(results_path(args), args, data)
     print(markdown_table(rows))
     return data
 
@@ -606,9 +616,9 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
             "mean": mean_row(rows) if rows else None,
             "mean_wall_seconds": statistics.fmean(walls) if walls else None,
         }
-        write_results(Path(args.out), args, data)
+        write_results(results_path(args), args, data)
     if args.plot:
-        plot(IMAGES / "connect_four.png", runs)
+        plot(figure_path("connect_four", args), runs)
     print(markdown_table(rows))
     walls = ", ".join(
         f"seed {r['seed']}: {r['wall_seconds']:.0f} s"
@@ -627,7 +637,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     common.add_argument("--games", type=int, default=200, help="games per matchup")
     common.add_argument("--sample", action="store_true", help="sample the policy's moves")
     common.add_argument("--eval-seed", type=int, default=0, help="seed of the evaluation games")
-    common.add_argument("--out", default=str(RESULTS / "connect_four.json"))
+    common.add_argument(
+        "--out",
+        default="",
+        help="the results (default bench/results/connect_four.json); with it the run "
+        "directories (OUT-runs/) and the picture go beside it, not into the checkout",
+    )
+    add_port_flag(common)
     ev = sub.add_parser("eval", parents=[common], help="evaluate existing run directories")
     ev.add_argument("runs", nargs="+", metavar="RUN_DIR")
     tr = sub.add_parser("train", parents=[common], help="train seeds, then evaluate them")

@@ -113,7 +113,20 @@ def flood(endpoint: str, seconds: float, frames: list[bytes], linger_ms: int = 1
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("endpoint", help="the learner's experience endpoint, tcp://HOST:PORT+1")
+    parser.add_argument(
+        "endpoint",
+        nargs="?",
+        default="",
+        help="the learner's experience endpoint, tcp://HOST:PORT+1 (or --port)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        metavar="N",
+        help="a learner on this host with control port N: floods tcp://127.0.0.1:N+1",
+    )
+    parser.add_argument("--out", default="", help="also write the tallies here as JSON")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to flood")
     parser.add_argument("--kind", choices=("junk", "garbage"), default="junk")
     parser.add_argument("--rows", type=int, default=32, help="fragment length T of junk frames")
@@ -125,9 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         help="how long to keep delivering queued frames at the end",
     )
     args = parser.parse_args(argv)
+    if bool(args.endpoint) == bool(args.port):
+        parser.error("give the learner's experience endpoint or --port, one of them")
+    endpoint = args.endpoint or f"tcp://127.0.0.1:{args.port + 1}"
     frames = junk_frames(args.rows, args.seed) if args.kind == "junk" else garbage_frames(args.seed)
-    tallies = flood(args.endpoint, args.seconds, frames, args.linger_ms)
+    tallies = flood(endpoint, args.seconds, frames, args.linger_ms)
     print("FLOOD " + json.dumps(tallies), flush=True)
+    if args.out:
+        with open(args.out, "w") as out:
+            out.write(json.dumps(tallies) + "\n")
     return 0
 
 

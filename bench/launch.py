@@ -94,7 +94,7 @@ def run(mode: str) -> dict:
     port = _util.free_port_block(3)
     t = time.monotonic()
     done = subprocess.run(
-        [sys.executable, __file__, "--child", mode, "--port", str(port)],
+        [sys.executable, __file__, "--child", mode, "--child-port", str(port)],
         capture_output=True,
         text=True,
         timeout=180,
@@ -112,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     _util.add_common_flags(parser)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--child", choices=("after", "before"), help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--child-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.port)
+        child(args.child, args.child_port)
         return 0
     if args.smoke:
         args.rounds = 1

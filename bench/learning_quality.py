@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import free_port_block  # noqa: E402
+from _util import add_common_flags, figure_path, free_port_block, runs_root  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -605,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         help="print the lag table (issue 14) of --env (default: both LunarLanders) and, "
         "unless --no-plot, draw docs/img/lag-<env>-bc<N>.png; run nothing",
     )
+    add_common_flags(parser, smoke=False)
     parser.add_argument("extra", nargs="*", help="after --: more zmq-rl run flags")
     args = parser.parse_args(argv)
     if args.table:
@@ -621,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--total-env-steps is required for {args.env} (no target known)")
         args.total_env_steps = target.steps
     variant = variant_name(args.vtrace, args.broadcast_every) + (f"-{args.tag}" if args.tag else "")
-    out = RESULTS / f"quality-{args.env}-{variant}.json"
+    out = Path(args.out) if args.out else RESULTS / f"quality-{args.env}-{variant}.json"
     result: dict[str, Any] = {
         "env": args.env,
         "variant": variant,
@@ -632,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         "extra": list(args.extra),
         "seeds": [],
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     if args.add_seeds and out.is_file():
         stored = json.loads(out.read_text())
         result["seeds"] = [s for s in stored["seeds"] if s["seed"] not in args.seeds]
@@ -642,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
             result["note"] = stored["note"]
         args.seeds = [s for s in args.seeds if s not in {e["seed"] for e in result["seeds"]}]
     for seed in args.seeds:
-        run_dir = RUNS / f"{args.env}-{variant}" / f"seed{seed}"
+        run_dir = runs_root("quality", args) / f"{args.env}-{variant}" / f"seed{seed}"
         entry = run_seed(args, seed, run_dir)
         result["seeds"].append(entry)
         result["seeds"].sort(key=lambda e: e["seed"])
@@ -656,9 +657,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     if args.plot:
-        png = IMAGES / f"quality-{args.env}-{variant}.png"
+        png = figure_path(f"quality-{args.env}-{variant}", args)
         plot(result, png)
-        result["plot"] = str(png.relative_to(ROOT))
+        result["plot"] = str(png.relative_to(ROOT) if png.is_relative_to(ROOT) else png)
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"curve: {png}")
     print(f"results: {out}")

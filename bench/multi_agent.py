@@ -13,7 +13,10 @@ deterministic pursuer gets stuck against walls and scores like a random one
 (``--deterministic`` to see it). The baseline is the same score of uniformly random
 actions on the same env (``--random-episodes`` episodes, seeded). Results go to
 ``bench/results/multi_agent-<env>.json`` and a markdown row is printed; ``--plot``
-draws the curves with the baseline to ``docs/img/multi_agent-<env>.png``.
+draws the curves with the baseline to ``docs/img/multi_agent-<env>.png``; the run
+directories are ``runs/multi_agent/<env>-seedS``. With ``--out PATH`` all three go
+outside the checkout: the results to PATH, the runs to ``PATH-runs/`` and the
+picture beside PATH. ``--port N``: the runs' learners bind ports from N on.
 """
 
 from __future__ import annotations
@@ -32,7 +35,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import free_port_block, machine_info  # noqa: E402
+from _util import (  # noqa: E402
+    add_common_flags,
+    figure_path,
+    free_port_block,
+    machine_info,
+    runs_root,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,8 +50,6 @@ from zmq_rl.envs import build_env  # noqa: E402
 from zmq_rl.envs.multi_agent import agent_spaces  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-RUNS = ROOT / "runs" / "multi_agent"
-IMAGES = ROOT / "docs" / "img"
 
 
 def random_score(env_id: str, episodes: int, seed: int) -> tuple[float, float]:
@@ -66,12 +73,12 @@ def random_score(env_id: str, episodes: int, seed: int) -> tuple[float, float]:
 
 def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """One training run; its evaluations and wall time."""
-    run_dir = RUNS / f"{args.env.rsplit('.', 1)[-1]}-seed{seed}"
-    cmd = [str(Path(sys.executable).parent / "zmq-rl"), "run", "--env", args.env]
+    run_dir = runs_root("multi_agent", args) / f"{args.env.rsplit('.', 1)[-1]}-seed{seed}"
+    cmd = [sys.executable, "-m", "zmq_rl", "run", "--env", args.env]
     cmd += ["--actors", str(args.actors), "--seed", str(seed)]
     cmd += ["--total-env-steps", str(args.total_env_steps), "--eval-every", str(args.eval_every)]
     cmd += ["--eval-episodes", str(args.eval_episodes), "--target-return", "inf"]
-    cmd += [] if args.deterministic else ["--no-eval-deterministic"]
+    cmd += ["--eval-deterministic" if args.deterministic else "--no-eval-deterministic"]
     cmd += ["--port", str(free_port_block()), "--run-dir", str(run_dir), "--no-plot"]
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -106,8 +113,9 @@ def plot(
     fig.savefig(path, dpi=100)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_flags(parser, smoke=False)
     parser.add_argument("--env", default="pettingzoo.sisl.pursuit_v5")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--actors", type=int, default=2)
@@ -122,7 +130,7 @@ def main() -> None:
         "the default samples, --no-eval-deterministic)",
     )
     parser.add_argument("--plot", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     name = args.env.rsplit(".", 1)[-1]
     random_mean, random_std = random_score(args.env, args.random_episodes, 10_000)
     runs = [run_seed(args, seed) for seed in args.seeds]
@@ -137,12 +145,12 @@ def main() -> None:
         "final_std": float(np.std(finals)),
         "machine": machine_info(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"multi_agent-{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    out = Path(args.out) if args.out else RESULTS / f"multi_agent-{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
     if args.plot:
-        plot(
-            IMAGES / f"multi_agent-{name}.png", args.env, runs, random_mean, not args.deterministic
-        )
+        path = figure_path(f"multi_agent-{name}", args)
+        plot(path, args.env, runs, random_mean, not args.deterministic)
     print("| env | seeds | agent steps | random | first eval | final eval | wall per run |")
     print("|---|---|---|---|---|---|---|")
     print(

@@ -32,10 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import add_common_flags, free_port_block, write_result  # noqa: E402
+from _util import add_common_flags, free_port_block, runs_root, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = ROOT / "runs" / "policies"
 
 CASES: dict[str, dict[str, Any]] = {
     "roles": {
@@ -57,8 +56,10 @@ def run_once(case: str, mapped: bool, round_: int, args: argparse.Namespace) -> 
     """One ``zmq-rl run``; its throughput, evaluation and per-policy returns."""
     spec = CASES[case]
     smoke = "-smoke" if args.smoke else ""
-    run_dir = RUNS / f"{case}-{'map' if mapped else 'shared'}-{round_}{smoke}"
-    cmd = [str(Path(sys.executable).parent / "zmq-rl"), "run", *spec["env"], *spec["args"]]
+    run_dir = (
+        runs_root("policies", args) / f"{case}-{'map' if mapped else 'shared'}-{round_}{smoke}"
+    )
+    cmd = [sys.executable, "-m", "zmq_rl", "run", *spec["env"], *spec["args"]]
     cmd += ["--actors", str(args.actors), "--seed", str(args.seed)]
     cmd += ["--total-env-steps", str(args.steps or spec["steps"]), "--eval-every", "0"]
     cmd += ["--eval-episodes", "40", "--target-return", "inf", "--no-plot"]

@@ -127,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("raw", help="py-spy record -f raw output")
     parser.add_argument("--top", type=int, default=15)
-    parser.add_argument("--json", default="", help="also write the summary here")
+    parser.add_argument(
+        "--out", "--json", dest="json", default="", help="also write the summary here"
+    )
+    parser.add_argument(
+        "--port", type=int, default=0, help="accepted for a uniform interface: binds no port"
+    )
     parser.add_argument(
         "--all-threads",
         action="store_true",

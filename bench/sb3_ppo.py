@@ -220,6 +220,10 @@ def main() -> int:
         "like the project's learner: on a loaded 2-core machine the default "
         "2 threads measured 35x slower (OpenMP oversubscription)",
     )
+    parser.add_argument("--out", default="", help="also write the RESULT JSON here")
+    parser.add_argument(
+        "--port", type=int, default=0, help="accepted for a uniform interface: binds no port"
+    )
     args = parser.parse_args()
     if args.torch_threads > 0:
         import torch
@@ -232,6 +236,9 @@ def main() -> int:
             args.seed, args.target, args.budget, args.episodes, args.env, args.eval_every_steps
         )
     print("RESULT " + json.dumps(result), flush=True)
+    if args.out:
+        with open(args.out, "w") as out:
+            out.write(json.dumps(result) + "\n")
     return 0
 
 

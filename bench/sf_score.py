@@ -238,13 +238,21 @@ def main() -> int:
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--train-dir", default="", help="kept if given (default: a temp dir)")
     parser.add_argument("--trainer-log", action="store_true", help="trainer output to stdout")
+    parser.add_argument("--out", default="", help="score: also write the RESULT JSON here")
+    parser.add_argument(
+        "--port", type=int, default=0, help="accepted for a uniform interface: binds no port"
+    )
     args, rest = parser.parse_known_args()
     from sb3_ppo import gym_id  # (bench/ is on the path: this script's folder)
 
     args.env = gym_id(args.env)  # LunarLander-v3 is LunarLander-v2 in gymnasium 0.29
     if args.mode == "train":
         return train([a for a in rest if a != "--"], args.env)
-    print("RESULT " + json.dumps(watch(args)), flush=True)
+    result = watch(args)
+    print("RESULT " + json.dumps(result), flush=True)
+    if args.out:
+        with open(args.out, "w") as out:
+            out.write(json.dumps(result) + "\n")
     return 0
 
 

@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "tictactoe_tactics.json")
     )
+    parser.add_argument(
+        "--port", type=int, default=0, help="accepted for a uniform interface: binds no port"
+    )
     args = parser.parse_args(argv)
     results = {}
     for run in args.runs:

@@ -55,13 +55,35 @@ sys.exit(any(u.find_spec(m) is None for m in ($modules)))"
 
 ensure_extra() {
     # ensure_extra NAME: `pip install -e '.[NAME]'` into .venv unless done since setup.cfg
-    # last changed (a stamp per extra).
-    local name=${1:?ensure_extra needs the name of an extra} stamp
+    # last changed (a stamp per extra). NAME is normalised as PEP 685 says (multi_agent
+    # and Multi.Agent are multi-agent): Python 3.11's bundled pip (23.x) compares the
+    # name as given with the normalised one setuptools writes into the metadata, and
+    # installs nothing when they differ. A name that is not an extra of setup.cfg stops
+    # here, listing them; the stamp is written only after pip installed the extra.
+    local name=${1:?ensure_extra needs the name of an extra} stamp known output
+    name=$(printf '%s' "$name" | tr '[:upper:]' '[:lower:]' | sed -E 's/[-_.]+/-/g')
+    known=$(awk '/^\[options\.extras_require\]/ {on = 1; next} /^\[/ {on = 0}
+        on && /^[A-Za-z0-9][A-Za-z0-9._-]* *=/ {sub(/ *=.*/, ""); print tolower($0)}' setup.cfg \
+        | sed -E 's/[-_.]+/-/g')
+    if ! printf '%s\n' $known | grep -qx -- "$name"; then
+        echo "$0: --extra ${1}: not an extra of zmq_rl (setup.cfg has: $(echo $known))" >&2
+        exit 2
+    fi
     stamp=.venv/.zmq_rl-extra-$name
     if [ -f "$stamp" ] && [ "$stamp" -nt setup.cfg ]; then
         return 0
     fi
     echo "installing zmq_rl[$name] into .venv" >&2
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$name]"
+    if ! output=$(.venv/bin/python -m pip install --quiet --disable-pip-version-check \
+        -e ".[$name]" 2>&1); then
+        printf '%s\n' "$output" >&2
+        echo "$0: installing zmq_rl[$name] failed (see pip's output above)" >&2
+        exit 1
+    fi
+    [ -z "$output" ] || printf '%s\n' "$output" >&2
+    if printf '%s\n' "$output" | grep -q "does not provide the extra"; then
+        echo "$0: pip installed nothing for zmq_rl[$name] (see its warning above)" >&2
+        exit 1
+    fi
     touch "$stamp"
 }

@@ -398,3 +398,21 @@ def slot_rows(fragment: Fragment, column: int = 0) -> SlotRows:
         final_obs=fragment.final_obs[mine],
         state=None if fragment.state is None else fragment.state[column],
     )
+
+
+def zmq_rl_command(*args: str, cwd: Any, timeout: float = 180.0) -> Any:
+    """``python -m zmq_rl ARGS`` run in ``cwd`` with this checkout first on the path;
+    the completed process (its output captured as text)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.run(
+        [sys.executable, "-m", "zmq_rl", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

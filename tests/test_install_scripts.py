@@ -89,7 +89,7 @@ def _installs(lines: list[str]) -> list[str]:
 
 
 def _extras(target: str) -> set[str]:
-    found = re.fullmatch(r"\.(?:\[([\w,]+)\])?", target)
+    found = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", target)
     assert found, target
     return set(found.group(1).split(",")) if found.group(1) else set()
 
@@ -150,12 +150,139 @@ def test_train_installs_torch_then_the_runtime_and_test_the_test_extras(repo) ->
 
 
 def test_train_installs_an_extra_once_and_passes_the_rest_on(repo) -> None:
+    """Issue 44 section 4: ``--extra multi_agent`` (the README's spelling before) is
+    installed under the name pip 23 (Python 3.11's) matches against the metadata,
+    ``multi-agent``: pip does not normalise a requested extra's name, and installed
+    nothing."""
     args = ("--extra", "multi_agent", "--env", "pettingzoo.sisl.pursuit_v5")
-    assert _installs(_script(repo, "train", *args)) == ["torch==2.13.0", ".", ".[multi_agent]"]
+    assert _installs(_script(repo, "train", *args)) == ["torch==2.13.0", ".", ".[multi-agent]"]
+    assert (repo / ".venv" / ".zmq_rl-extra-multi-agent").is_file()
     log = (repo / "shim.log").read_text()
     assert "zmq-rl run --env CartPole-v1 --env pettingzoo.sisl.pursuit_v5" in log
     assert "--extra" not in log.split("zmq-rl run", 1)[1]
     assert _installs(_script(repo, "train", *args)) == []  # done: not again
+
+
+def _failing(repo: Path, name: str, *args: str, env: dict[str, str] | None = None):
+    """Run bin/NAME in ``repo``, expecting it to fail; (result, the shim's log lines)."""
+    log = repo / "shim.log"
+    log.write_text("")
+    result = subprocess.run(
+        [str(repo / "bin" / name), *args],
+        cwd=repo,
+        env={**os.environ, "SHIM_LOG": str(log), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode != 0, result
+    return result, log.read_text().splitlines()
+
+
+def test_an_extra_setup_cfg_lacks_stops_before_pip_and_names_the_extras(repo) -> None:
+    result, lines = _failing(repo, "train", "--extra", "multi_agnet", "--env", "X")
+    assert result.returncode == 2
+    assert "--extra multi_agnet: not an extra of zmq_rl" in result.stderr
+    assert "multi-agent" in result.stderr and "box2d" in result.stderr
+    assert not [ln for ln in lines if "[" in ln] and "zmq-rl run" not in "\n".join(lines)
+    assert not list((repo / ".venv").glob(".zmq_rl-extra-*"))
+
+
+PIP_WARNS = """#!/usr/bin/env bash
+echo "$(basename "$0") $*" >>"$SHIM_LOG"
+case "$*" in *"[multi-agent]"*)
+    echo "WARNING: zmq-rl 0.1.0 does not provide the extra 'multi-agent'" >&2 ;;
+esac
+exit 0
+"""
+
+
+def test_pip_installing_nothing_for_an_extra_fails_without_a_stamp(repo) -> None:
+    """pip exits 0 when the package lacks the extra asked for, with a warning: that
+    was the stamp written and the run started on an env that then did not exist."""
+    (repo / ".venv" / "bin" / "python").write_text(PIP_WARNS)
+    result, lines = _failing(repo, "train", "--extra", "multi-agent")
+    assert "pip installed nothing for zmq_rl[multi-agent]" in result.stderr
+    assert "does not provide the extra" in result.stderr
+    assert "zmq-rl run" not in "\n".join(lines)
+    assert not (repo / ".venv" / ".zmq_rl-extra-multi-agent").exists()
+
+
+FRESH_VENV_TIMEOUT_S = 240
+
+
+def _overlay(site: Path, into: Path, leave_out: tuple[str, ...]) -> Path:
+    """A folder of links to everything in ``site`` (this environment's site-packages)
+    but the distributions named in ``leave_out``: what a fresh venv reuses, so that
+    installing an extra there fetches only the extra's own packages."""
+    into.mkdir()
+    for entry in site.iterdir():
+        stem = canonicalize_name(re.split(r"-\d|\.(?:dist|egg)-info$|\.pth$", entry.name)[0])
+        plain = canonicalize_name(entry.name.split(".")[0])
+        if entry.suffix == ".pth" or {stem, plain} & set(leave_out):
+            continue
+        if entry.name.startswith(("__editable__", "__pycache__")) or "zmq_rl" in entry.name:
+            continue
+        (into / entry.name).symlink_to(entry)
+    return into
+
+
+@pytest.mark.timeout(FRESH_VENV_TIMEOUT_S)
+def test_the_readme_multi_agent_command_installs_pettingzoo_into_a_fresh_venv(tmp_path) -> None:
+    """Issue 44 section 4: the README's ``bin/train --extra multi_agent ...`` on a fresh clone
+    installed nothing (pip 23: "zmq-rl 0.1.0 does not provide the extra
+    'multi_agent'"), wrote its stamp, and the run failed with ``NameNotFound``.
+
+    The README's command runs for real in a copy of the checkout whose ``.venv`` is a
+    fresh venv of this Python (its bundled pip), which reuses this environment's
+    packages through a ``.pth`` file, all but PettingZoo and pygame (so only the
+    extra's own wheels are installed, from the local wheel cache or the index).
+    The run's ``--policy-map`` maps no agent of pursuit: it stops at once with the
+    env's agents in its error, so pursuit was built from the fresh venv."""
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    if not (site / "pettingzoo").is_dir():
+        pytest.skip("this environment has no PettingZoo to compare with (pip install -e '.[test]')")
+    repo = tmp_path / "clone"
+    repo.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, repo / name)
+    for name in ("bin", "zmq_rl"):
+        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    venv = repo / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    found = list((venv / "lib").glob("python3*/site-packages"))
+    overlay = _overlay(site, tmp_path / "overlay", ("pettingzoo", "pygame", "pygame-ce"))
+    # The runtime bin/train would install first is reused too (its stamp says so).
+    (found[0] / "reuse.pth").write_text(f"{overlay}\n{repo}\n")
+    (venv / ".zmq_rl-installed").write_text("train\n")
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"^bin/train --extra \S+ --env pettingzoo\.sisl\.pursuit.*$", readme, re.M)
+    assert command, "the README's multi-agent quick start"
+    result = subprocess.run(
+        [*command.group(0).split(), "--policy-map", "nobody=x", "--run-dir", ""],
+        cwd=repo,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+        capture_output=True,
+        text=True,
+        timeout=FRESH_VENV_TIMEOUT_S - 30,
+    )
+    out = result.stdout + result.stderr
+    if result.returncode != 2 and re.search(
+        r"No matching distribution|Could not find a version|Failed to establish|"
+        r"Temporary failure in name resolution|Network is unreachable",
+        out,
+    ):
+        pytest.skip(f"no wheels for the extra here (no index or network): {out[-500:]}")
+    assert "does not provide the extra" not in out, out[-3000:]
+    assert result.returncode == 2, out[-3000:]
+    assert "of pettingzoo.sisl.pursuit_v5 has no policy (its agents: pursuer_0" in out, out
+    assert (venv / ".zmq_rl-extra-multi-agent").is_file()
+    python = venv / "bin" / "python"
+    probe = "import pettingzoo, pygame, sys; print(pettingzoo.__file__)"
+    where = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60)
+    assert str(venv) in where.stdout, where  # installed into the fresh venv, not reused
 
 
 def test_a_train_venv_serves_train_and_an_old_stamp_serves_both(repo) -> None:

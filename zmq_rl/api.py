@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ __all__ = [
     "ActorProcesses",
     "Callback",
     "TrainResult",
+    "env_name",
     "make_configs",
     "run_actor",
     "run_learner",
@@ -52,8 +53,62 @@ STOP_WAIT_S = 15.0
 # -- configs ----------------------------------------------------------------------------
 
 
+def env_name(env: Any) -> str:
+    """The name every process of a run builds ``env`` from (``env_id``): text as it is
+    (a gymnasium id, ``"module:Id"``, ``"module.path:EnvClass"``, a PettingZoo module);
+    a class, or a function returning an env, defined at the top level of an
+    importable module becomes ``"module.path:Name"``.
+
+    Each actor is a process of its own that builds its env copies from this name (an
+    actor on another host too), and the learner and the evaluator build theirs, so
+    an env *instance* cannot be used (it cannot be sent; its class or a function that
+    builds it can be named), nor a factory that no other process can import by name:
+    a lambda, a function defined inside another, or one defined in the script that
+    was run (``__main__``; move it into a module: ``my_envs.py``, ``my_envs.MyEnv``).
+    Those are a :class:`ConfigError` naming ``env`` and saying so."""
+    import inspect
+
+    if isinstance(env, str):
+        return env
+    instance = not callable(env) or hasattr(env, "possible_agents") or hasattr(env, "reset")
+    if instance and not inspect.isclass(env):
+        spec_id = getattr(getattr(env, "spec", None), "id", "")
+        made = f" (it was made from {spec_id!r}: pass that id)" if spec_id else ""
+        raise ConfigError(
+            "env",
+            env,
+            "an env instance cannot be used: every actor process (and the learner and "
+            "the evaluator) builds its own copies from a name; pass a gymnasium id, or "
+            f"the env's class or a function that builds it, from a module{made}",
+        )
+    module = getattr(env, "__module__", None)
+    qualname = getattr(env, "__qualname__", "")
+    why = ""
+    if not module or not qualname:
+        why = "it has no module and name another process could import it by"
+    elif module == "__main__":
+        why = (
+            "it is defined in the script that was run (__main__), which actor processes "
+            "do not import: define it in a module (my_envs.py) and pass it from there"
+        )
+    elif "<" in qualname or "." in qualname:
+        why = "only a class or function at the top level of a module can be imported by name"
+    else:
+        import importlib
+
+        try:
+            found = getattr(importlib.import_module(module), qualname, None)
+        except ImportError:
+            found = None
+        if found is not env:
+            why = f"{module}:{qualname} does not import as this object"
+    if why:
+        raise ConfigError("env", env, f"actor processes build the env by name, and {why}")
+    return f"{module}:{qualname}"
+
+
 def make_configs(
-    env: str | None = None,
+    env: str | Callable[..., Any] | None = None,
     *,
     preset: bool = True,
     config: str | os.PathLike[str] | None = None,
@@ -63,7 +118,8 @@ def make_configs(
 
     Precedence: ``settings`` > ``config`` (a TOML file, or ``"preset:NAME"``) > the
     env's shipped preset (when ``preset`` and no ``config``) > the dataclass
-    defaults. ``env`` is ``env_id``. Each setting is a field name of
+    defaults. ``env`` is ``env_id`` (a class or function of a module is named as
+    ``"module:Name"``, :func:`env_name`). Each setting is a field name of
     :class:`LearnerConfig`, :class:`PPOConfig` or :class:`PolicyConfig`; an
     unknown name is a :class:`ConfigError` naming it (with a suggestion).
     """
@@ -72,6 +128,8 @@ def make_configs(
 
     if env is not None:
         settings["env_id"] = env
+    if "env_id" in settings:
+        settings["env_id"] = env_name(settings["env_id"])
     owner = _setting_owners(settings)
     values: dict[str, dict[str, Any]] = {s.name: {} for s in LEARNER_SECTIONS}
     source = None
@@ -186,7 +244,7 @@ def _preset_name(env_id: str, preset: bool, config: Any) -> str | None:
 
 
 def _start_or_resume(
-    env: str | None,
+    env: str | Callable[..., Any] | None,
     run_dir: str | os.PathLike[str] | None,
     resume: str | os.PathLike[str] | None,
     preset: bool,
@@ -196,6 +254,7 @@ def _start_or_resume(
     """The configs of a new run, or of the run in ``resume`` with the engine's resume
     argument (its run dir and the overrides); shared by :func:`train` and
     :func:`run_learner`."""
+    env = None if env is None else env_name(env)
     if resume is not None:
         cfg, ppo, policy, overrides = _resume_configs(resume, env, run_dir, config, settings)
         return cfg, ppo, policy, (cfg.run_dir, overrides)
@@ -204,7 +263,7 @@ def _start_or_resume(
 
 
 def train(
-    env: str | None = None,
+    env: str | Callable[..., Any] | None = None,
     *,
     run_dir: str | os.PathLike[str] | None = None,
     resume: str | os.PathLike[str] | None = None,
@@ -223,7 +282,9 @@ def train(
     (what ``zmq-rl run`` does), and return the :class:`TrainResult`.
 
     ``env``: a gymnasium id, ``"module:Id"``, or your own ``"module.path:EnvClass"`` /
-    ``"module.path:make_fn"`` (default CartPole-v1). ``settings``: config fields by
+    ``"module.path:make_fn"`` (default CartPole-v1), or that class or function itself
+    (from a module: :func:`env_name`; an env instance is refused, each actor process
+    builds its own copies). ``settings``: config fields by
     name (see :func:`make_configs`; ``total_env_steps``, ``num_actors``, ``seed``,
     ``env_kwargs``, ``wrappers``, ``target_return``, ...). ``run_dir``: where the run
     writes its files; None = a new ``runs/<env>-<timestamp>``, ``""`` = none.
@@ -265,7 +326,7 @@ def train(
 
 
 def run_learner(
-    env: str | None = None,
+    env: str | Callable[..., Any] | None = None,
     *,
     run_dir: str | os.PathLike[str] | None = None,
     resume: str | os.PathLike[str] | None = None,

@@ -796,6 +796,12 @@ class LearnerConfig:
     checkpoint_every: int = _f(
         25, "write a checkpoint every N updates (and at the end); 0 = end only"
     )
+    keep_checkpoint_every: int = _f(
+        0,
+        "keep for good every checkpoint whose update is a multiple of N (besides the "
+        "newest 3, which are always kept), so that a self-play run's strength can be "
+        "followed afterwards (zmq-rl ladder RUN_DIR); 0 = only the newest 3",
+    )
     max_actors: int = _f(
         256, "most actors registered at once; a hello beyond it is refused ('full')"
     )
@@ -927,7 +933,9 @@ class LearnerConfig:
             isinstance(self.env_id, str) and bool(self.env_id),
             "env_id",
             self.env_id,
-            "must be a non-empty gymnasium id",
+            "must be a non-empty env id: text, a gymnasium id, 'module:Id' or "
+            "'module.path:EnvClass' (every process builds the env from it; zmq_rl.train "
+            "names a class or function of a module itself)",
         )
         _require(isinstance(self.env_kwargs, str), "env_kwargs", self.env_kwargs, "must be text")
         parse_env_kwargs(self.env_kwargs)
@@ -952,7 +960,7 @@ class LearnerConfig:
             self.curve_authorized_keys if self.curve_secret_key else self.curve_secret_key,
             "curve_secret_key and curve_authorized_keys go together",
         )
-        _non_negative_int(self, "checkpoint_every")
+        _non_negative_int(self, "checkpoint_every", "keep_checkpoint_every")
         _positive_int(self, "max_actors", "max_envs_per_actor", "max_total_envs")
         for name, needed in (
             ("max_actors", self.num_actors),

@@ -155,6 +155,11 @@ class LearnerUnreachable(TimeoutError):
     """No answer from the learner within the allowed time."""
 
 
+class InvalidWelcome(LearnerUnreachable):
+    """The learner answered, but no answer was a valid welcome of this hello within the
+    allowed time; the message says what was wrong with the last one."""
+
+
 class LearnerLost(TimeoutError):
     """The learner has been silent for longer than ``learner_timeout``."""
 
@@ -180,7 +185,15 @@ class Handshake:
         self.monitor = monitor
         self.where = where
         self.max_bytes = max_bytes
-        self.reject = reject
+        self._reject = reject
+        self.invalid = ""
+        """Why the last answer refused during this handshake was invalid ("" if none)."""
+
+    def reject(self, where: str, error: ProtocolError) -> None:
+        """Count and log an answer that does not decode or fit, and remember why: a
+        handshake that then times out says so (:class:`InvalidWelcome`)."""
+        self.invalid = str(error)
+        self._reject(where, error)
 
     def await_welcome(self, hello: Hello, timeout: float, any_id: bool) -> Welcome:
         """Send ``hello`` and wait up to ``timeout`` seconds for its welcome
@@ -204,6 +217,11 @@ class Handshake:
             if self.control not in events:
                 if time.monotonic() < deadline:
                     continue
+                if self.invalid:
+                    raise InvalidWelcome(
+                        f"no valid welcome from learner at {self.where} within {timeout:.1f}s: "
+                        f"it answered, but not as this actor's protocol says ({self.invalid})"
+                    )
                 raise LearnerUnreachable(
                     f"no welcome from learner at {self.where} within {timeout:.1f}s"
                 )
@@ -381,7 +399,9 @@ class LearnerConnection:
         Returns the :class:`Welcome` (its ``weights`` are the current policy).
         Raises :class:`LearnerRefused` when the learner says no (wrong protocol
         version, mismatched env spaces, an id in use) and
-        :class:`LearnerUnreachable` when nothing answers within ``timeout``.
+        :class:`LearnerUnreachable` when nothing answers within ``timeout``
+        (:class:`InvalidWelcome`, a subclass, when answers came and none was a valid
+        welcome: the message says what was wrong).
         """
         timeout = self.register_timeout if timeout is None else timeout
         where = tcp_endpoint(self.host, self.control_port)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -21,6 +22,7 @@ from ..config import ActorConfig
 from ..envs import EnvStepper, build_env, env_shape, make_env
 from ..envs.multi_agent import ParallelSlots, TurnSlots, agent_spaces, is_turn_based, stacked
 from ..envs.seeding import env_seeds
+from ..envs.stepping import step_and_reset
 from ..rl.device import set_compute_threads
 from ..rl.masking import ActionMaskError
 from ..rl.weights import WeightsMismatch
@@ -47,6 +49,23 @@ class BadEnvValue(ValueError):
     log-prob: the actor stops instead of sending rows the learner would refuse. The
     message names the env id, the slot, the step of the episode and the field
     (observation, reward, final observation)."""
+
+
+class EnvCrashed(RuntimeError):
+    """The env raised while the actor stepped (or reset) it. The message, one line,
+    names the env, the slot, the step of its episode, the exception and where it was
+    raised; the traceback is logged at debug level."""
+
+
+def env_crashed(env_id: str, exc: BaseException, where: str) -> EnvCrashed:
+    """The :class:`EnvCrashed` of ``exc``, raised by ``env_id``'s code ``where``
+    (``"in slot 3 at step 51 of its episode"``)."""
+    log.debug("env %s raised %s", env_id, where, exc_info=exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" (at {frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    text = str(exc).strip()
+    first = f": {text.splitlines()[0]}" if text else ""
+    return EnvCrashed(f"env {env_id} raised {type(exc).__name__} {where}{first}{at}")
 
 
 ENV_FIELDS = {
@@ -111,6 +130,42 @@ def _mask_errors_are_the_envs(env_id: str) -> Iterator[None]:
         ) from None
 
 
+def _shape_problem(space: gym.Space, value: Any, path: str = "") -> str:
+    """Where a batch of observations (leading dim: the envs) does not have the shape
+    ``space`` declares: ``"of shape (5,) where ... (4,)"`` for the first leaf that
+    differs, with its key; ``""`` when every leaf fits."""
+    if isinstance(space, gym.spaces.Dict) and isinstance(value, dict):
+        for key, sub in space.spaces.items():
+            if key not in value:
+                return f"without its key {path}{key!r}"
+            found = _shape_problem(sub, value[key], f"{path}{key!r}: ")
+            if found:
+                return found
+        return ""
+    if isinstance(space, gym.spaces.Tuple) and isinstance(value, tuple):
+        for i, sub in enumerate(space.spaces):
+            found = _shape_problem(sub, value[i], f"{path}[{i}]: ")
+            if found:
+                return found
+        return ""
+    got = tuple(np.shape(value)[1:])
+    want = tuple(space.shape or ())
+    if got != want:
+        return f"{path}of shape {got} where its observation space says {want} ({space})"
+    return ""
+
+
+def check_observations(
+    env_id: str, space: gym.Space, batch: Any, what: str = "observation"
+) -> None:
+    """:class:`BadEnvValue` naming ``env_id`` when a batch of its observations does not
+    have the shapes of its observation ``space`` (the policy would fail on it with a
+    shape error deep in its forward pass)."""
+    problem = _shape_problem(space, batch)
+    if problem:
+        raise BadEnvValue(f"env {env_id} returned an {what} {problem}")
+
+
 def curve_client_keys(cfg: ActorConfig) -> CurveClientKeys | None:
     """The actor's CURVE keys from its config (None when CURVE is off)."""
     if not cfg.curve_secret_key:
@@ -145,9 +200,24 @@ def stack(values: list[Any]) -> Any:
 class GymActor:
     """One actor process's work: register, then collect until told to stop."""
 
-    def __init__(self, cfg: ActorConfig, context: Any = None) -> None:
+    def __init__(
+        self,
+        cfg: ActorConfig,
+        context: Any = None,
+        on_collecting: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_collecting``: called once the actor registered, built its envs and
+        starts to collect (after its log line ``actor N collecting on ...``); a failure
+        after it is not a start-up failure (``zmq-rl run``'s supervisor)."""
         self.cfg = cfg.validate()
         self.context = context
+        self.on_collecting = on_collecting
+
+    def _collecting(self, message: str, *args: Any) -> None:
+        """Log that the actor collects now, and say so to ``on_collecting``."""
+        log.info(message, *args)
+        if self.on_collecting is not None:
+            self.on_collecting()
 
     def run(self) -> dict[str, float]:
         """Run until the learner asks for shutdown; return the actor's stats."""
@@ -194,7 +264,8 @@ class GymActor:
             )
         seeds = env_seeds(agent.seed, len(envs))
         obs = stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds, strict=True)])
-        log.info(
+        check_observations(env_id, spaces[0], obs, "observation at reset")
+        self._collecting(
             "actor %d collecting on %d x %s (seed %d)",
             *(agent.client.actor_id, len(envs), env_id, agent.seed),
         )
@@ -203,26 +274,37 @@ class GymActor:
         truncated = np.zeros(len(envs), bool)
         episode_steps = np.zeros(len(envs), np.int64)  # steps of each slot's episode
         stepper = EnvStepper(envs, self.cfg.step_envs)
-        while not agent.shutdown_requested:
-            with _mask_errors_are_the_envs(env_id):
-                actions = agent.act(obs)
-            final_obs, next_obs = {}, []
-            moves = [a.item() if a.ndim == 0 else a for a in actions]
-            for j, (o, rewards[j], terminated[j], truncated[j], last) in enumerate(
-                stepper.step(moves)
-            ):
-                if last is not None and not terminated[j]:
-                    final_obs[j] = last
-                next_obs.append(o)
-            episode_steps += 1
-            obs = stack(next_obs)
+        slot_of = {id(env): j for j, env in enumerate(envs)}
+
+        def step(env: gym.Env, action: Any) -> Any:
             try:
-                agent.observe(rewards, terminated, truncated, obs, final_obs)
-            except BadExperience as exc:
-                ended = terminated | truncated
-                raise self._bad_env_value(exc, env_id, episode_steps, ended) from None
-            episode_steps[terminated | truncated] = 0
-        stepper.close()
+                return step_and_reset(env, action)
+            except Exception as exc:  # noqa: BLE001 - the env's own error, said in one line
+                j = slot_of[id(env)]
+                where = f"in slot {j} at step {episode_steps[j] + 1} of its episode"
+                raise env_crashed(env_id, exc, where) from None
+
+        with stepper:
+            while not agent.shutdown_requested:
+                with _mask_errors_are_the_envs(env_id):
+                    actions = agent.act(obs)
+                final_obs, next_obs = {}, []
+                moves = [a.item() if a.ndim == 0 else a for a in actions]
+                for j, (o, rewards[j], terminated[j], truncated[j], last) in enumerate(
+                    stepper.step(moves, step=step)
+                ):
+                    if last is not None and not terminated[j]:
+                        final_obs[j] = last
+                    next_obs.append(o)
+                episode_steps += 1
+                obs = stack(next_obs)
+                check_observations(env_id, spaces[0], obs)
+                try:
+                    agent.observe(rewards, terminated, truncated, obs, final_obs)
+                except BadExperience as exc:
+                    ended = terminated | truncated
+                    raise self._bad_env_value(exc, env_id, episode_steps, ended) from None
+                episode_steps[terminated | truncated] = 0
         return dict(agent.stats)
 
     def _collect_agents(self, agent: Agent, env_id: str) -> dict[str, float]:
@@ -254,15 +336,20 @@ class GymActor:
                 return self._collect_turns(agent, env_id, envs, agents)
             slots = ParallelSlots(envs, agents)
             obs = slots.reset(env_seeds(agent.seed, len(envs)))
-            log.info(
+            check_observations(env_id, obs_space, obs, "observation at reset")
+            self._collecting(
                 "actor %d collecting on %d x %s (%d agents each, seed %d)",
                 *(agent.client.actor_id, len(envs), env_id, k, agent.seed),
             )
             while not agent.shutdown_requested:
                 with _mask_errors_are_the_envs(env_id):
                     actions = agent.act(obs)
-                steps = slots.step(actions)
+                try:
+                    steps = slots.step(actions)
+                except Exception as exc:  # noqa: BLE001 - the env's own error, in one line
+                    raise env_crashed(env_id, exc, "while its env copies stepped") from None
                 obs = steps.next_obs
+                check_observations(env_id, obs_space, obs)
                 try:
                     agent.observe(
                         steps.rewards,
@@ -311,7 +398,7 @@ class GymActor:
             opening_moves=settings.opening_moves,
         )
         slots.reset(env_seeds(agent.seed, len(slots.envs)))
-        log.info(
+        self._collecting(
             "actor %d collecting on %d x %s (turn-based, %d agents each, seed %d)",
             *(agent.client.actor_id, len(slots.envs), env_id, slots.agents_per_env, agent.seed),
         )
@@ -334,7 +421,10 @@ class GymActor:
                     return self._turn_stats(agent, slots, pool)
                 if like_action is None and decision.actions.size:
                     like_action = decision.actions[0]
-                slots.play(playing, movers, decision.env_actions, decision)
+                try:
+                    slots.play(playing, movers, decision.env_actions, decision)
+                except Exception as exc:  # noqa: BLE001 - the env's own error, in one line
+                    raise env_crashed(env_id, exc, "while its games moved") from None
             if pool is not None:
                 pool.offer(agent.runner)
             rows = slots.emit(like_action)
@@ -387,4 +477,12 @@ class GymActor:
         )
 
 
-__all__ = ["PAUSE_WAIT_S", "BadEnvValue", "GymActor", "SpaceMismatch", "env_seeds", "load_weights"]
+__all__ = [
+    "PAUSE_WAIT_S",
+    "BadEnvValue",
+    "EnvCrashed",
+    "GymActor",
+    "SpaceMismatch",
+    "env_seeds",
+    "load_weights",
+]

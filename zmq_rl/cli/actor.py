@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from zmq_rl.config import ActorConfig, ConfigError
 
@@ -32,6 +33,7 @@ from .flags import (
     Section,
     add_config_flags,
     add_logging_flag,
+    add_version_flag,
     build_configs,
     parse_with_config,
 )
@@ -56,8 +58,11 @@ def build_parser(prog: str = "zmq-actor") -> argparse.ArgumentParser:
     )
     add_config_flags(parser, ACTOR_SECTIONS, aliases=ALIASES)
     add_logging_flag(parser, default="info")
+    add_version_flag(parser)
     # For `zmq-rl run`: exit when the process that started this actor is gone.
     parser.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
+    # For `zmq-rl run` without a run dir: a file to create once the actor collects.
+    parser.add_argument("--ready-file", default="", help=argparse.SUPPRESS)
     return parser
 
 
@@ -107,8 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, cfg = resolve(argv, parser)  # before the heavy imports: --help is instant
         import gymnasium as gym
 
-        from zmq_rl.actor.client import LearnerLost, LearnerRefused, LearnerUnreachable
-        from zmq_rl.actor.gym_actor import BadEnvValue, GymActor, SpaceMismatch
+        from zmq_rl.actor.client import (
+            InvalidWelcome,
+            LearnerLost,
+            LearnerRefused,
+            LearnerUnreachable,
+        )
+        from zmq_rl.actor.gym_actor import BadEnvValue, EnvCrashed, GymActor, SpaceMismatch
 
         setup_logging(args.log_level)
         if args.parent_pid:
@@ -116,9 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_learner_host(cfg.learner)
         if cfg.env_id:
             check_env(cfg.env_id)
+        ready = Path(args.ready_file) if args.ready_file else None
         try:
-            stats = GymActor(cfg).run()
-        except LearnerRefused as exc:
+            stats = GymActor(cfg, on_collecting=ready.touch if ready else None).run()
+        except (LearnerRefused, InvalidWelcome) as exc:
             raise CliFailure(str(exc)) from None
         except LearnerUnreachable as exc:
             raise CliFailure(
@@ -128,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except LearnerLost as exc:
             raise CliFailure(f"{exc}; giving up (see --learner-timeout)") from None
         except SpaceMismatch as exc:
+            raise CliFailure(str(exc)) from None
+        except EnvCrashed as exc:  # the env's own error, in one line (its traceback: debug)
             raise CliFailure(str(exc)) from None
         except BadEnvValue as exc:  # a restart would run into it again: not restarted
             raise CliFailure(str(exc), EXIT_CONFIG) from None

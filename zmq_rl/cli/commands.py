@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .flags import CliParser, HelpFormatter, Section
+from .flags import CliParser, HelpFormatter, Section, add_version_flag
 
 __all__ = [
     "ORDER",
@@ -130,6 +130,7 @@ def build_parser(only: str | None = "") -> argparse.ArgumentParser:
         "or 'zmq-rl ray'.",
         formatter_class=HelpFormatter,
     )
+    add_version_flag(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for sub in sorted(SUBCOMMANDS.values(), key=_position):
         sp = subparsers.add_parser(

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from zmq_rl.config import PolicyConfig
 
@@ -27,7 +27,16 @@ from ..run.common import CliFailure
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LoadedPolicy", "evaluate", "load_policy", "policy_path", "record_episodes"]
+__all__ = [
+    "Evaluation",
+    "LoadedPolicy",
+    "describe",
+    "evaluate",
+    "load_policy",
+    "policy_path",
+    "record_episodes",
+    "run_deterministic",
+]
 
 POLICY_NAME = "policy.pt"
 
@@ -95,26 +104,112 @@ def load_policy(target: str | Path, env_id: str = "") -> LoadedPolicy:
     )
 
 
+class Evaluation(NamedTuple):
+    """What ``zmq-rl eval`` measured: the mean and std return (``evaluate(...)[:2]``),
+    how the policy chose (its mode, or sampled), and in a turn-based game who played
+    the other seats and each seat's results."""
+
+    mean: float
+    std: float
+    deterministic: bool = True
+    opponent: str = ""
+    """A turn-based game's ``--opponent`` ("" for other envs)."""
+    seats: tuple[tuple[str, dict[str, int], float], ...] = ()
+    """A turn-based game: per seat, its agent name, the policy's wins, draws and
+    losses there, and its mean return there."""
+
+
+def run_deterministic(target: str | Path) -> bool:
+    """Whether the run that saved ``target`` (a run dir, its ``policy.pt``, a
+    checkpoint) evaluated with the policy's mode: its ``config.toml``'s
+    ``eval_deterministic``; True when there is no such file (a policy file alone)."""
+    import tomllib
+
+    path = Path(target)
+    for folder in (path, path.parent, path.parent.parent):
+        config = folder / "config.toml"
+        if config.is_file():
+            try:
+                learner = tomllib.loads(config.read_text()).get("learner", {})
+            except (OSError, tomllib.TOMLDecodeError):
+                return True
+            return bool(learner.get("eval_deterministic", True))
+    return True
+
+
 def evaluate(
-    loaded: LoadedPolicy, episodes: int, seed: int, opponent: str = "random"
-) -> tuple[float, float]:
-    """Mean and std return of ``episodes`` deterministic episodes (the learner's
-    evaluator; a run of several policies plays each agent by its own; a turn-based
-    game's other seats by ``opponent``, as ``--eval-opponent``)."""
+    loaded: LoadedPolicy,
+    episodes: int,
+    seed: int,
+    opponent: str = "random",
+    deterministic: bool = True,
+) -> Evaluation:
+    """The returns of ``episodes`` episodes (the learner's evaluator; actions by the
+    policy's mode, or sampled and seeded when ``deterministic`` is False; a run of
+    several policies plays each agent by its own; a turn-based game's other seats by
+    ``opponent``, as ``--eval-opponent``, with each seat's wins, draws and losses)."""
     from zmq_rl.envs import env_shape
     from zmq_rl.learner.evaluation import evaluate_policy
 
-    if opponent != "random" and not env_shape(loaded.env_id, loaded.env_kwargs).turn_based:
+    shape = env_shape(loaded.env_id, loaded.env_kwargs)
+    if opponent != "random" and not shape.turn_based:
         raise CliFailure(f"--opponent {opponent}: {loaded.env_id} is not a turn-based game")
-    return evaluate_policy(
+    by_seat: dict[int, float] = {}
+    outcomes: dict[int, dict[str, int]] = {}
+    mean, std = evaluate_policy(
         loaded.agent_policies or loaded.policy,
         loaded.env_id,
         episodes,
         seed,
         loaded.env_kwargs,
         loaded.wrappers,
+        deterministic=deterministic,
         opponent=opponent,
+        by_agent=by_seat,
+        outcomes=outcomes,
     )
+    if not shape.turn_based:
+        return Evaluation(mean, std, deterministic)
+    seats = tuple(
+        (shape.agents[i], outcomes[i], by_seat[i])
+        for i in sorted(outcomes)
+        if i < len(shape.agents)
+    )
+    return Evaluation(mean, std, deterministic, opponent, seats)
+
+
+OPPONENT_NAMES = {"random": "random legal moves"}
+
+
+def _count(n: int, word: str) -> str:
+    """``1 win``, ``2 wins``, ``0 losses``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}{'es' if word.endswith('s') else 's'}"
+
+
+def describe(loaded: LoadedPolicy, result: Evaluation, episodes: int, seed: int) -> list[str]:
+    """The lines ``zmq-rl eval`` prints: in a turn-based game, against whom and each
+    seat's wins, draws and losses (as a board-game player reads them); then the mean
+    and std return, how the actions were chosen, the version and the file."""
+    how = "deterministic" if result.deterministic else f"sampled actions, seed {seed}"
+    lines = []
+    if result.opponent:
+        who = OPPONENT_NAMES.get(result.opponent, result.opponent)
+        lines.append(f"{loaded.env_id} against {who} (seats alternate; {how}):")
+        for seat, (agent, counts, mean) in enumerate(result.seats):
+            games = sum(counts.values())
+            first = " (moves first)" if seat == 0 else ""
+            tally = ", ".join(
+                _count(counts[key], word)
+                for key, word in (("wins", "win"), ("draws", "draw"), ("losses", "loss"))
+            )
+            lines.append(
+                f"  as {agent}{first}: {tally} in {_count(games, 'game')} (mean return {mean:.2f})"
+            )
+    lines.append(
+        f"{loaded.env_id}: mean return {result.mean:.2f} ± {result.std:.2f} over {episodes} "
+        f"episodes ({how}; policy version {loaded.version}, {loaded.path})"
+    )
+    return lines
 
 
 @contextlib.contextmanager

@@ -55,23 +55,30 @@ __all__ = [
     "Section",
     "add_config_flags",
     "add_logging_flag",
+    "add_short_help",
+    "add_version_flag",
     "build_configs",
     "dump_toml",
     "flag_name",
     "load_toml",
     "parse_with_config",
     "preset_for",
+    "version_line",
 ]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each flag's default, except where the help already says it."""
+    """Shows each flag's default, except where the help already says it, and for a
+    flag that takes no value (``--no-preset``: its "default: True" read as the
+    preset being off)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if "(default:" in text or action.default is None:
+            return text
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             return text
         return super()._get_help_string(action) or text
 
@@ -337,6 +344,89 @@ def _config_source(text: str) -> Path:
         return resolve_config_source(text)
     except UnknownPreset as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_short_help(
+    parser: argparse.ArgumentParser, common: Mapping[str, str], title: str, summary: str
+) -> None:
+    """``-h`` shows a one-line usage, ``summary`` and only the flags named in
+    ``common`` (an option string, e.g. ``--env``, to a short help text: ``""`` keeps
+    the flag's own), in that order, then how many more ``--help`` lists; ``--help``
+    keeps listing every flag, under the same one-line usage (argparse's own usage of
+    a command with every config field as a flag runs to dozens of lines)."""
+    import copy
+
+    full = next(a for a in parser._actions if isinstance(a, argparse._HelpAction))
+    full.option_strings = [o for o in full.option_strings if o != "-h"]
+    full.help = "show every flag with its default and exit"
+    parser._option_string_actions.pop("-h", None)
+    parser.usage = "%(prog)s [FLAGS]  (-h: the common flags; --help: all of them)"
+
+    class ShortHelp(argparse.Action):
+        def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+            chosen = []
+            for flag, text in common.items():
+                action = parser._option_string_actions[flag]
+                shown = copy.copy(action)
+                shown.option_strings = [flag]
+                shown.help = text.replace("%", "%%") if text else action.help
+                chosen.append(shown)
+            listed = {id(parser._option_string_actions[f]) for f in common}
+            others = [
+                a
+                for a in parser._actions
+                if a.option_strings and id(a) not in listed and a.help != argparse.SUPPRESS
+            ]
+            formatter = parser._get_formatter()
+            formatter.add_usage(parser.usage, parser._actions, [])
+            formatter.add_text(summary)
+            formatter.start_section(title)
+            formatter.add_arguments(chosen)
+            formatter.end_section()
+            formatter.add_text(
+                f"{len(others)} more flags (every setting of the run is one): "
+                f"'{parser.prog} --help' lists them all with their defaults."
+            )
+            parser._print_message(formatter.format_help(), sys.stdout)
+            parser.exit(0)
+
+    parser.add_argument(
+        "-h", action=ShortHelp, nargs=0, default=argparse.SUPPRESS, help="show the common flags"
+    )
+
+
+def version_line(prog: str) -> str:
+    """``zmq-rl 0.1.0 (wire protocol 2, Python 3.11.7, /path/to/zmq_rl)``: what
+    ``--version`` prints (nothing heavy is imported for it)."""
+    import platform
+
+    import zmq_rl
+    from zmq_rl.wire.codec import PROTOCOL_VERSION
+
+    where = Path(zmq_rl.__file__).resolve().parent
+    return (
+        f"{prog} {zmq_rl.__version__} (wire protocol {PROTOCOL_VERSION}, "
+        f"Python {platform.python_version()}, {where})"
+    )
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_line` and exit 0."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        parser._print_message(version_line(parser.prog.split()[0]) + "\n", sys.stdout)
+        parser.exit(0)
+
+
+def add_version_flag(parser: argparse.ArgumentParser) -> None:
+    """Add ``--version``."""
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        nargs=0,
+        default=argparse.SUPPRESS,
+        help="print the version (of zmq_rl and of its wire protocol) and exit",
+    )
 
 
 def add_logging_flag(parser: argparse.ArgumentParser, default: str = "warning") -> None:

@@ -22,6 +22,7 @@ from .flags import (
     HelpFormatter,
     add_config_flags,
     add_logging_flag,
+    add_version_flag,
     build_configs,
     parse_with_config,
 )
@@ -103,6 +104,7 @@ def build_parser(prog: str = "zmq-learner") -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     add_learner_flags(parser)
+    add_version_flag(parser)
     return parser
 
 

@@ -32,7 +32,7 @@ from .commands import (
     subparser,
 )
 from .exits import EXIT_INTERRUPTED, guard, setup_logging
-from .flags import LOG_LEVELS, Section, flag_name, parse_with_config
+from .flags import LOG_LEVELS, Section, add_short_help, flag_name, parse_with_config
 from .learner import LEARNER_SECTIONS, add_learner_flags, configs_from_args, preset_note
 from .plot import add_plot_flags, plot_from_args
 
@@ -42,7 +42,46 @@ __all__ = ["arg", "build_parser", "main", "subcommand"]
 # -- run ------------------------------------------------------------------------------
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    value = non_negative(float)(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+RUN_COMMON_FLAGS = {
+    "--env": "a gymnasium id, module:Id, module.path:EnvClass, or a PettingZoo env "
+    "module (pettingzoo.sisl.pursuit_v5)",
+    "--actors": "local actor processes",
+    "--num-envs": "env copies per actor",
+    "--total-env-steps": "the budget (agent steps in a multi-agent env)",
+    "--target-return": "stop once an evaluation's mean return reaches this",
+    "--eval-every": "evaluate every N updates",
+    "--seed": "",
+    "--run-dir": "where the run's files go ('' = none)",
+    "--config": "settings from a TOML file, or a shipped preset:NAME",
+    "--no-preset": "ignore the env's shipped preset (CartPole-v1, LunarLander-v3, ...)",
+    "--hidden-sizes": "",
+    "--policy-type": "mlp, or lstm / gru for partially observed envs",
+    "--learning-rate": "",
+    "--device": "where the update runs (actors stay on the CPU)",
+    "--port": "the learner's first port (it binds three)",
+    "--resume": "continue the run in RUN_DIR from its newest checkpoint",
+    "--log-level": "",
+}
+"""What ``zmq-rl run -h`` lists (``--help`` lists every flag)."""
+
+
 def _run_flags(parser: argparse.ArgumentParser) -> None:
+    add_short_help(
+        parser,
+        RUN_COMMON_FLAGS,
+        "common flags",
+        "Train with a learner in this process and --actors local actor processes; "
+        "writes runs/<env>-<timestamp>/ (metrics, report, policy.pt, learning_curve.png). "
+        "An env with a shipped preset takes its tuned settings, budget and target.",
+    )
     add_learner_flags(parser, defaults=RUN_DEFAULTS)
     parser.add_argument(
         "--actor-log-level",
@@ -79,6 +118,14 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="wait before restarting a dead actor, doubled with each consecutive failure "
         f"of that actor (at most {MAX_BACKOFF_S:g} s)",
+    )
+    supervision.add_argument(
+        "--actor-learner-timeout",
+        metavar="SECONDS",
+        type=positive_float,
+        default=None,
+        help="each actor gives up (exit 1) when the learner was silent this long: "
+        "zmq-actor's --learner-timeout (default: the actor's, 60 s)",
     )
     supervision.add_argument(
         "--resume",
@@ -150,6 +197,11 @@ def run_command(args: argparse.Namespace) -> int:
         resume_on_crash=args.resume_on_crash,
         resume_command="zmq-rl run --resume",
         plot=_plot_curve if args.plot else None,
+        actor_args=(
+            ["--learner-timeout", repr(args.actor_learner_timeout)]
+            if args.actor_learner_timeout is not None
+            else []
+        ),
     )
     print_summary(console, outcome, extra)
     return EXIT_INTERRUPTED if result.interrupted else 0
@@ -167,13 +219,22 @@ def _plot_curve(run_dir: Path) -> Path:
 
 @subcommand(
     "eval",
-    "measure a saved policy: mean ± std return over fresh episodes",
+    "measure a saved policy: mean ± std return over fresh episodes (a turn-based game: "
+    "wins, draws and losses per seat against --opponent)",
     arg(
         "target",
         metavar="RUN_DIR_OR_POLICY",
         help="a run directory, its policy.pt, or one of its checkpoints/ckpt-N.pt",
     ),
-    arg("--episodes", type=int, default=20, help="deterministic episodes to play"),
+    arg("--episodes", type=int, default=20, help="episodes to play"),
+    arg(
+        "--deterministic",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="act by the policy's mode; --no-deterministic samples actions (seeded by "
+        "--seed) (default: as the run evaluated, its config.toml's eval_deterministic: "
+        "pursuit's preset samples; the mode where there is no config.toml)",
+    ),
     arg(
         "--seed",
         type=int,
@@ -205,23 +266,33 @@ def _plot_curve(run_dir: Path) -> Path:
     ),
 )
 def eval_command(args: argparse.Namespace) -> int:
-    """Play a saved policy deterministically and print the mean ± std return."""
+    """Play a saved policy and print the mean ± std return (as the run evaluated: by its
+    mode unless the run sampled, --deterministic / --no-deterministic say otherwise); a
+    turn-based game says against whom, and each seat's wins, draws and losses."""
     from zmq_rl.config import ConfigError
 
-    from .evaluate import evaluate, load_policy, record_episodes
+    from .evaluate import (
+        Evaluation,
+        describe,
+        evaluate,
+        load_policy,
+        record_episodes,
+        run_deterministic,
+    )
 
     setup_logging(args.log_level)
     if args.episodes < 1:
         raise ConfigError("episodes", args.episodes, "must be an integer >= 1")
     loaded = load_policy(args.target, env_id=args.env)
+    deterministic = args.deterministic
+    if deterministic is None:
+        deterministic = run_deterministic(args.target)
     if args.video is not None:
-        mean, std = record_episodes(loaded, args.episodes, args.seed, args.video)
+        result = Evaluation(*record_episodes(loaded, args.episodes, args.seed, args.video))
     else:
-        mean, std = evaluate(loaded, args.episodes, args.seed, args.opponent)
-    print(
-        f"{loaded.env_id}: mean return {mean:.2f} ± {std:.2f} over {args.episodes} "
-        f"episodes (policy version {loaded.version}, {loaded.path})"
-    )
+        result = evaluate(loaded, args.episodes, args.seed, args.opponent, deterministic)
+    for line in describe(loaded, result, args.episodes, args.seed):
+        print(line)
     if args.video is not None:
         print(f"videos: {args.video}")
     return 0
@@ -312,7 +383,8 @@ def plot_command(args: argparse.Namespace) -> int:
         type=Path,
         default=None,
         help="take the checkpoints from DIR (copies kept along the run) instead of "
-        "RUN_DIR/checkpoints, which holds the newest three",
+        "RUN_DIR/checkpoints, which holds the newest three and, with the run's "
+        "--keep-checkpoint-every N, every N-th",
     ),
 )
 def ladder_command(args: argparse.Namespace) -> int:

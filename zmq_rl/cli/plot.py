@@ -118,7 +118,7 @@ def _sessions(
     for row in rows:
         if "env_steps" not in row:
             continue
-        if "charts/mean_return" not in row:  # an evaluation row
+        if not _is_update_row(row):  # an evaluation row
             waiting.append(row)
             continue
         update, wall = update_of(row), wall_of(row)
@@ -140,6 +140,12 @@ def _sessions(
         last_update, last_wall = update, wall
     kept.extend((r, offset + wall_of(r)) for r in waiting)
     return kept, sessions
+
+
+def _is_update_row(row: dict[str, Any]) -> bool:
+    """Whether a metrics.jsonl row is an update's (not an evaluation's): it counts the
+    episodes (``charts/mean_return`` comes only once one has ended)."""
+    return "charts/episodes" in row or "charts/mean_return" in row
 
 
 def _session_offset(sessions: list[tuple[int, float]], update: Any) -> float:

@@ -109,8 +109,9 @@ def make_env(
         raise EnvBuildError(
             "env_id",
             env_id,
-            "is a multi-agent (PettingZoo) env: this command runs single-agent envs "
-            "(training runs it: docs/multi_agent.md)",
+            "is a multi-agent (PettingZoo) env, and this needs a single-agent gymnasium env "
+            "(training, zmq-rl eval and zmq_rl.evaluate_policy take PettingZoo envs: "
+            "docs/multi_agent.md)",
         )
     return env
 
@@ -147,6 +148,14 @@ def env_shape(
         env.close()
 
 
+MISSING_PACKAGE_HINTS = {
+    "pettingzoo": "pip install 'zmq_rl[multi-agent]' (in a checkout: bin/train --extra "
+    "multi-agent ...); docs/multi_agent.md",
+}
+"""What to install when an env id names a module of one of these packages and the
+package is missing (instead of gymnasium's ``NameNotFound``)."""
+
+
 def _module_factory(env_id: str) -> Any:
     """``parallel_env`` (else ``env``) of a PettingZoo-style module named ``env_id``
     (``pettingzoo.sisl.pursuit_v5``), or None when ``env_id`` is no such module."""
@@ -157,6 +166,11 @@ def _module_factory(env_id: str) -> Any:
         module = importlib.import_module(env_id)
     except ModuleNotFoundError as exc:
         if exc.name and env_id.startswith(exc.name):  # no such module: a gymnasium id
+            top = env_id.split(".")[0]
+            if exc.name == top and top in MISSING_PACKAGE_HINTS:  # its package is missing
+                raise EnvBuildError(
+                    "env_id", env_id, f"{top} is not installed: {MISSING_PACKAGE_HINTS[top]}"
+                ) from None
             return None
         raise EnvBuildError(
             "env_id", env_id, f"cannot import it: {exc} (pip install the env's extras)"

@@ -39,16 +39,24 @@ class WriteFailed(OSError):
     the file, the bytes it needed and the space left, and the temp file is gone."""
 
 
-def write_checkpoint(folder: Path, name: str, state: dict[str, Any]) -> Path:
+def write_checkpoint(folder: Path, name: str, state: dict[str, Any], keep_every: int = 0) -> Path:
     """Save ``state`` as ``folder/name`` atomically and keep the newest
-    :data:`CHECKPOINTS_KEPT` ``ckpt-*.pt`` files. Raises :class:`WriteFailed`; the
-    checkpoints already there are kept."""
+    :data:`CHECKPOINTS_KEPT` ``ckpt-*.pt`` files, and those whose update is a multiple
+    of ``keep_every`` (``keep_checkpoint_every``; 0: none). Raises
+    :class:`WriteFailed`; the checkpoints already there are kept."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     atomic_torch_save({"format": CHECKPOINT_FORMAT, **state}, path)
     for old in sorted(folder.glob("ckpt-*.pt"))[:-CHECKPOINTS_KEPT]:
-        old.unlink(missing_ok=True)
+        if not (keep_every and _update_of(old) % keep_every == 0):
+            old.unlink(missing_ok=True)
     return path
+
+
+def _update_of(path: Path) -> int:
+    """The update of ``ckpt-<update>.pt`` (-1 for another name: never kept for good)."""
+    digits = path.stem.removeprefix("ckpt-")
+    return int(digits) if digits.isdigit() else -1
 
 
 class CorruptCheckpoint(ValueError):
@@ -170,10 +178,12 @@ def save_learner_checkpoint(
     queued: tuple[int, int],
 ) -> Path:
     """Write ``run_dir/checkpoints/ckpt-<updates>.pt``: the trainer's state plus the
-    run's (:func:`run_state`), atomically; the newest few are kept."""
+    run's (:func:`run_state`), atomically; the newest few are kept, and every
+    ``keep_checkpoint_every``-th of the learner config (``configs[0]``)."""
     state = {**trainer_state, **run_state(configs, report, counters, queued)}
     name = checkpoint_name(report.updates_completed)
-    return write_checkpoint(Path(run_dir) / "checkpoints", name, state)
+    keep_every = int(getattr(configs[0], "keep_checkpoint_every", 0))
+    return write_checkpoint(Path(run_dir) / "checkpoints", name, state, keep_every)
 
 
 def restore_run_state(state: dict[str, Any], report: LearnerReport, counters: Counter[str]) -> None:

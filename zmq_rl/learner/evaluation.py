@@ -43,6 +43,8 @@ def evaluate_policy(
     deterministic: bool = True,
     opponent: str | Policy = "random",
     by_agent: dict[int, float] | None = None,
+    outcomes: dict[int, dict[str, int]] | None = None,
+    episodes_played: list[tuple[float, int]] | None = None,
 ) -> tuple[float, float]:
     """Mean and std of the return of ``episodes`` deterministic episodes
     (``deterministic`` False: actions sampled from the policy, seeded by ``seed``
@@ -59,7 +61,12 @@ def evaluate_policy(
     policies: each agent acts by its own). A turn-based game's other seats are
     played by ``opponent`` (:func:`opponent_player`). ``by_agent`` (a dict to fill;
     multi-agent envs) gets each agent index's mean return: its agent's, or the
-    policy's in that seat of a turn-based game.
+    policy's in that seat of a turn-based game. ``outcomes`` (a dict to fill;
+    turn-based games) gets each seat's ``{"wins": W, "draws": D, "losses": L}`` of
+    the policy, read from the sign of its return in each game (+1 / 0 / -1 in
+    PettingZoo's classic games). ``episodes_played`` (a list to fill; multi-agent
+    envs) gets each episode's ``(score, length)``, its length the env steps (moves,
+    in a turn-based game) it took.
 
     The plain MLP's mode is computed in numpy (:func:`~zmq_rl.rl.numpy_mlp.mode_mlp`),
     whether ``policy`` is its torch module or a torch-free
@@ -79,9 +86,11 @@ def evaluate_policy(
         torch.manual_seed(seed)
         by_agent = {} if by_agent is None else by_agent
         if is_turn_based(envs[0]):
-            return _evaluate_turns(policy, envs, seed, deterministic, opponent, by_agent)
+            return _evaluate_turns(
+                policy, envs, seed, deterministic, opponent, by_agent, outcomes, episodes_played
+            )
         if not isinstance(envs[0], gym.Env):
-            return _evaluate_agents(policy, envs, seed, deterministic, by_agent)
+            return _evaluate_agents(policy, envs, seed, deterministic, by_agent, episodes_played)
         return _evaluate_envs(policy, envs, seed, deterministic)
 
 
@@ -169,6 +178,7 @@ def _evaluate_agents(
     seed: int,
     deterministic: bool,
     by_index: dict[int, float],
+    played: list[tuple[float, int]] | None = None,
 ) -> tuple[float, float]:
     """Mean and std over ``envs`` (one episode each, in lockstep) of the mean return
     of each episode's agents: every live agent acts by the policy (its mode when
@@ -183,6 +193,7 @@ def _evaluate_agents(
     state = by_agent[0].initial_state(len(envs) * k) if recurrent else None
     returns = np.zeros((len(envs), k), np.float64)
     seen = np.zeros((len(envs), k), bool)  # agents that took part in each episode
+    lengths = np.zeros(len(envs), np.int64)
     obs = [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, len(envs)), strict=True)]
     was_training = [p.training for p in by_agent]
     for p in by_agent:
@@ -207,6 +218,7 @@ def _evaluate_agents(
                 if not chosen[e]:
                     continue
                 obs[e], rewards, _, _, _ = env.step(chosen[e])
+                lengths[e] += 1
                 for agent, reward in rewards.items():
                     returns[e, slot_of[agent]] += float(reward)
                     seen[e, slot_of[agent]] = True
@@ -218,6 +230,8 @@ def _evaluate_agents(
     scores = (returns * seen).sum(axis=1) / np.maximum(seen.sum(axis=1), 1)
     for i in np.flatnonzero(seen.any(axis=0)):
         by_index[int(i)] = float(returns[seen[:, i], i].mean())
+    if played is not None:
+        played.extend((float(s), int(n)) for s, n in zip(scores, lengths, strict=True))
     return float(scores.mean()), float(scores.std())
 
 
@@ -228,12 +242,15 @@ def _evaluate_turns(
     deterministic: bool,
     opponent: str | Policy = "random",
     by_seat: dict[int, float] | None = None,
+    outcomes: dict[int, dict[str, int]] | None = None,
+    played: list[tuple[float, int]] | None = None,
 ) -> tuple[float, float]:
     """A turn-based game's evaluation: episode ``i`` (one per env) seats the policy as
     possible agent ``i % agents`` and every other seat is played by ``opponent``
     (:func:`opponent_player`; by default uniformly random legal moves), seeded; the
     score is the policy's return (in a zero-sum game: +1 win, 0 draw, -1 loss, as
-    the game pays). Mean and std over the episodes (``by_seat`` gets each seat's).
+    the game pays). Mean and std over the episodes (``by_seat`` gets each seat's,
+    ``outcomes`` each seat's wins, draws and losses by the sign of the score).
     Closes the envs."""
     by_seat = {} if by_seat is None else by_seat
     obs_space, space, agents = agent_spaces(envs[0], "evaluation env")
@@ -241,6 +258,7 @@ def _evaluate_turns(
     rng = np.random.default_rng(seed)
     scalar = isinstance(space, gym.spaces.Discrete)
     scores = np.zeros(len(envs), np.float64)
+    moves = np.zeros(len(envs), np.int64)
     by_agent = _per_agent(policy, len(agents))
     was_training = [p.training for p in by_agent]
     for p in by_agent:
@@ -256,6 +274,7 @@ def _evaluate_turns(
                 if terminated or truncated:
                     env.step(None)
                     continue
+                moves[i] += 1
                 if agent == seat:
                     action = _act(acting, [obs], (obs_space, space), None, [], deterministic)[0]
                     env.step(action.item() if scalar else action)
@@ -268,7 +287,16 @@ def _evaluate_turns(
             env.close()
     seats = np.arange(len(envs)) % len(agents)
     for seat in np.unique(seats):
-        by_seat[int(seat)] = float(scores[seats == seat].mean())
+        mine = scores[seats == seat]
+        by_seat[int(seat)] = float(mine.mean())
+        if outcomes is not None:
+            outcomes[int(seat)] = {
+                "wins": int((mine > 0).sum()),
+                "draws": int((mine == 0).sum()),
+                "losses": int((mine < 0).sum()),
+            }
+    if played is not None:
+        played.extend((float(s), int(n)) for s, n in zip(scores, moves, strict=True))
     return float(scores.mean()), float(scores.std())
 
 
@@ -307,6 +335,16 @@ def opponent_player(
 
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as exc:
+        raise ConfigError("eval_opponent", spec, f"cannot read it: {exc.strerror}") from None
+    except Exception as exc:  # noqa: BLE001 - not a torch file, truncated, pickled objects
+        raise ConfigError(
+            "eval_opponent",
+            spec,
+            f"not a policy file (torch.load refused it: {type(exc).__name__}); give a "
+            "policy.pt, policy-best.pt or policy-<id>.pt a run wrote",
+        ) from None
+    try:
         cfg = json.loads(saved["policy_config"])
         net = build_policy(
             observation_space,

@@ -238,8 +238,9 @@ class RunLog:
         self.report.evaluations.append(result)
         opponent = self.cfg.eval_opponent
         log.info(
-            "evaluation after %d steps: %.1f ± %.1f over %d episodes%s%s",
+            "evaluation after %d steps: %.1f ± %.1f over %d episodes%s%s%s",
             *(env_steps, mean, std, self.cfg.eval_episodes),
+            "" if self.cfg.eval_deterministic else " (sampled actions)",
             "" if opponent == "random" else f" against {opponent}",
             "".join(f"; {pid} {v:.2f}" for pid, v in (policies or {}).items()),
         )
@@ -304,11 +305,12 @@ class RunLog:
             "wall_seconds": elapsed,
             "version": version,
             "charts/SPS": (report.env_steps_consumed - self.steps_at_start) / max(elapsed, 1e-9),
-            "charts/mean_return": report.mean_recent_episode_reward(100),
             "charts/episodes": report.episodes_completed,
             "charts/actors": actors,
             **metrics,
         }
+        if report.episodes_completed:  # before any episode ended there is no return: no key
+            row["charts/mean_return"] = report.mean_recent_episode_reward(100)
         if self._metrics is not None:
             self._metrics.write(row)
         if self.on_update is not None:

@@ -26,6 +26,7 @@ __all__ = [
     "STOP_SIGNALS",
     "SUPPORTED_SPACES",
     "CliFailure",
+    "check_bind_host",
     "check_env",
     "check_learner_host",
     "check_spaces",
@@ -189,6 +190,24 @@ def check_learner_host(address: str) -> None:
             address,
             f"the host name {host!r} does not resolve ({exc.strerror}): check the "
             "spelling, or give the learner's IP address",
+        ) from None
+
+
+def check_bind_host(host: str) -> None:
+    """:class:`ConfigError` naming ``host`` when the learner's ``--host`` is a name that
+    does not resolve (libzmq's bind said "No such device", and the learner advised
+    another ``--port``). Wildcards and addresses pass; whether an address is this
+    machine's is for the bind to say."""
+    if host in ("", "*", "0.0.0.0", "::", "[::]"):
+        return
+    try:
+        socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(
+            "host",
+            host,
+            f"does not resolve ({exc.strerror}): give an address or name of this machine "
+            "(0.0.0.0 binds all of its interfaces)",
         ) from None
 
 

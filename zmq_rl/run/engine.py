@@ -188,6 +188,7 @@ def train(
     resume_command: str = "zmq-rl run --resume",
     plot: Callable[[Path], Path] | None = None,
     fleet: Callable[[FleetLearner], ActorFleet] | None = None,
+    actor_args: Sequence[str] = (),
 ) -> tuple[TrainResult, Any, dict[str, str]]:
     """The engine of :func:`zmq_rl.train`, :func:`zmq_rl.run_learner`, ``zmq-rl run``
     and ``zmq-learner``: returns the result, the session's training outcome (for the
@@ -195,7 +196,8 @@ def train(
     ``plot(run_dir)``, when given, draws the run's learning curve and returns its file
     (the command line's ``--plot``). ``fleet(learner)``: the actor fleet to run
     instead of local actor processes, with ``local_actors=False`` (``zmq-rl ray``'s
-    Ray actors)."""
+    Ray actors). ``actor_args``: flags every local actor process gets (``zmq-rl run
+    --actor-learner-timeout S`` gives ``--learner-timeout S``)."""
     from .local_actors import LocalActors, ResumingLearner, summary_lines
     from .session import train as run_training
 
@@ -218,6 +220,7 @@ def train(
             log_level=actor_log_level,
             max_restarts=actor_restarts,
             restart_backoff=actor_restart_backoff,
+            extra_args=actor_args,
         )
         return supervised["actors"]
 

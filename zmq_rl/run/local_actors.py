@@ -51,6 +51,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -93,8 +94,11 @@ READY_PATTERN = re.compile(r"actor \d+ collecting on ")
 """The actor's log line once it registered and built its envs and policy: from then
 on, a failure is not a start-up failure."""
 READY_AFTER_S = 30.0
-"""Without that line (no run dir, or an actor log level above info), an actor that
-has run this long counts as started."""
+"""Without that line (an actor log level above info), an actor that has run this
+long counts as started."""
+READY_FILE_FLAG = "--ready-file"
+"""Without a log to read (no run dir), each actor is given a file to create once it
+collects (``zmq-actor``'s hidden flag): a failure after it is not a start-up failure."""
 LOG_HEADER = "=== zmq-rl run: "
 """Start of the line written into an actor's log before each start of its process."""
 CLEAN_EXITS = (0, 130)
@@ -144,6 +148,8 @@ class _Slot:
     """Where this process's output starts in the log file."""
     ready: bool = False
     ready_scan: int = 0
+    ready_file: Path | None = None
+    """The file this process creates once it collects (no run dir: no log to read)."""
     restart_at: float | None = None
     """When a pending restart is due (None: none pending)."""
     pending: dict[str, Any] | None = None
@@ -200,6 +206,7 @@ class LocalActors:
         self._t0 = time.monotonic()
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._ready_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def procs(self) -> list[subprocess.Popen[bytes]]:
@@ -234,6 +241,8 @@ class LocalActors:
     def __enter__(self) -> LocalActors:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self._ready_dir = tempfile.TemporaryDirectory(prefix="zmq_rl-ready-")
         try:
             for slot in self.slots:
                 self._spawn(slot)
@@ -259,8 +268,12 @@ class LocalActors:
             slot.log.write(header.encode())
             slot.log.flush()
         log_file = slot.log
+        slot.ready_file = None
+        if self._ready_dir is not None:  # its log is not read: a file says it collects
+            slot.ready_file = Path(self._ready_dir.name) / f"actor-{slot.index}-{slot.starts}"
         slot.proc = subprocess.Popen(
-            self.command(slot.index, fixed_id=slot.starts == 0),
+            self.command(slot.index, fixed_id=slot.starts == 0)
+            + ([READY_FILE_FLAG, str(slot.ready_file)] if slot.ready_file else []),
             stdin=subprocess.DEVNULL,
             stdout=log_file if log_file else subprocess.DEVNULL,
             stderr=subprocess.STDOUT if log_file else None,
@@ -338,6 +351,7 @@ class LocalActors:
             return
         path = self.log_path(slot.index)
         if path is None:
+            slot.ready = slot.ready_file is not None and slot.ready_file.exists()
             return
         try:
             with open(path, "rb") as f:
@@ -451,6 +465,9 @@ class LocalActors:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         self._write_report()
+        if self._ready_dir is not None:
+            self._ready_dir.cleanup()
+            self._ready_dir = None
         if self.failure and exc_type in (None, KeyboardInterrupt):
             raise CliFailure(self.failure)
 
@@ -699,6 +716,7 @@ RESUME_CHANGEABLE = (
     "eval_episodes",
     "target_return",
     "checkpoint_every",
+    "keep_checkpoint_every",
     "starvation_timeout",
     "actor_timeout",
     "device",

@@ -1,12 +1,18 @@
 """The live progress line of a training run, fed by the learner's ``on_update`` hook.
 
-On a terminal it is a rich progress bar::
+On a terminal it is one line, its facts in the order of their worth::
 
-    update ━━━━━━━━ 120/390  5,210 steps/s  return 187.3  actors 2  lag 0.41  device cpu  0:00:06
+    update 120/390 ━━━━━━──────  eta 52.0s  eval 312.4  return 187.3  5,210 steps/s
+    actors 2  lag 0.41  elapsed 6.0s  device cpu
 
+(one line: wrapped here)
 and, once the learner measured its actors' links, ``rtt 201 ms  paused 72%`` after the
 lag (the worst round trip, the largest share of time a valve held an actor paused),
-and last the learner's device (``cpu``, ``cuda:0``) once it is known.
+and last the learner's device (``cpu``, ``cuda:0``) once it is known. A narrow
+terminal (an 80-column tmux pane) keeps the first ones and leaves out the rest,
+whole: the update counter, the time left to spend the budget (``eta``, at this
+session's speed), the last evaluation and the training return always show; the bar
+shrinks, then goes.
 
 Elsewhere (a pipe, a CI log) the same facts are printed as plain lines, at most
 every tenth of the run or every 15 seconds, plus one line per evaluation.
@@ -20,15 +26,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress, ProgressColumn, Task
+from rich.text import Text
 
 from ..learner.metrics import policy_returns_text
+from .common import format_duration
 
 __all__ = ["TrainingProgress", "format_row"]
 
@@ -38,6 +40,41 @@ PLAIN_INTERVAL_S = 15.0
 def _get(row: Mapping[str, Any], key: str) -> float:
     value = row.get(key)
     return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+BAR_WIDTH = (8, 24)
+"""The narrowest bar worth drawing, and the widest."""
+
+
+def eta_seconds(row: Mapping[str, Any], total_env_steps: int, steps_at_start: int = 0) -> float:
+    """Seconds left to spend ``total_env_steps`` at this session's speed (env steps
+    since ``steps_at_start`` over ``wall_seconds``); nan when it cannot be told yet.
+    A run that reaches its target return ends sooner."""
+    steps, wall = _get(row, "env_steps"), _get(row, "wall_seconds")
+    done = steps - steps_at_start
+    if not total_env_steps or not done > 0 or not wall > 0:
+        return math.nan
+    return max(0.0, total_env_steps - steps) * wall / done
+
+
+def fit_line(head: str, parts: list[str], width: int, fraction: float) -> str:
+    """``head`` (the update counter), a bar of ``fraction`` when there is room, then the
+    first of ``parts`` (in order of their worth) that fit in ``width`` columns, each
+    whole or not at all; the first part always shows."""
+    used = len(head)
+    kept: list[str] = []
+    for i, part in enumerate(parts):
+        if i and used + 2 + len(part) > width:
+            break
+        kept.append(part)
+        used += 2 + len(part)
+    room = width - used - 1
+    bar = ""
+    if room >= BAR_WIDTH[0]:
+        cells = min(room, BAR_WIDTH[1])
+        filled = int(round(cells * min(max(fraction, 0.0), 1.0)))
+        bar = " " + "━" * filled + "─" * (cells - filled)
+    return head + bar + "".join("  " + part for part in kept)
 
 
 def format_row(row: Mapping[str, Any], steps_at_start: int = 0) -> str:
@@ -111,19 +148,40 @@ class TrainingProgress:
         if self._waiting:
             self.console.print(self._waiting, markup=False)
         if self.live:
-            self._progress = Progress(
-                TextColumn("[bold]update"),
-                BarColumn(bar_width=24),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[stats]}"),
-                TimeElapsedColumn(),
-                console=self.console,
-            )
+            self._progress = Progress(_LineColumn(self), console=self.console)
             self._progress.start()
             self._task = self._progress.add_task(
                 "train", total=self.total, stats="waiting for actors" if self._waiting else ""
             )
         return self
+
+    def parts(self, row: Mapping[str, Any], elapsed: float | None = None) -> list[str]:
+        """The facts of ``row`` in the order of their worth (the live line keeps as many
+        as fit): the time left, the last evaluation, the training return and per-policy
+        returns, the speed, actors, lag, the links, the elapsed time, the device."""
+        eta = eta_seconds(row, self.total_env_steps, self.steps_at_start)
+        parts = [f"eta {format_duration(eta)}" if math.isfinite(eta) else "eta -"]
+        if not math.isnan(self.last_eval):
+            parts.append(f"eval {self.last_eval:.1f}")
+        pieces = format_row(row, self.steps_at_start).split("  ")  # speed, return, ...
+        speed, rest = pieces[0], pieces[1:]
+        actors = next((i for i, p in enumerate(rest) if p.startswith("actors ")), len(rest))
+        parts += rest[:actors] + [speed] + rest[actors:]  # the returns before the speed
+        if elapsed is not None:
+            parts.append(f"elapsed {format_duration(elapsed)}")
+        if self.device:
+            parts.append(f"device {self.device}")
+        return parts
+
+    def line(self, elapsed: float | None, width: int) -> str:
+        """The live line for a console ``width`` columns wide (:func:`fit_line`)."""
+        row = self.last_row
+        update = int(row.get("update", 0))
+        head = f"update {update}/{self.total}"
+        if not row:
+            return fit_line(head, ["waiting for actors" if self._waiting else ""], width, 0.0)
+        fraction = update / self.total if self.total else 0.0
+        return fit_line(head, self.parts(row, elapsed), width, fraction)
 
     def update(self, row: Mapping[str, Any]) -> None:
         """Take one metrics row (as the learner's ``on_update`` passes it)."""
@@ -140,10 +198,11 @@ class TrainingProgress:
         if self.device:
             stats += f"  device {self.device}"
         if self._progress is not None:
-            self._progress.update(
-                self._task, total=self.total, completed=min(update, self.total), stats=stats
-            )
+            self._progress.update(self._task, total=self.total, completed=min(update, self.total))
             return
+        eta = eta_seconds(row, self.total_env_steps, self.steps_at_start)
+        if math.isfinite(eta):
+            stats = f"eta {format_duration(eta)}  {stats}"
         now = time.monotonic()
         if (
             update == 1
@@ -180,3 +239,16 @@ class TrainingProgress:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+class _LineColumn(ProgressColumn):
+    """The whole live line as one column, fitted to the console's width at each
+    refresh (:meth:`TrainingProgress.line`; the elapsed time ticks between updates)."""
+
+    def __init__(self, progress: TrainingProgress) -> None:
+        super().__init__()
+        self.progress = progress
+
+    def render(self, task: Task) -> Text:
+        width = self.progress.console.width - 1
+        return Text(self.progress.line(task.elapsed, width), no_wrap=True, overflow="crop")

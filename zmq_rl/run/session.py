@@ -26,6 +26,7 @@ from ..learner.report import LearnerReport
 from .common import (
     STOP_SIGNALS,
     CliFailure,
+    check_bind_host,
     check_env,
     default_run_dir,
     format_duration,
@@ -151,9 +152,10 @@ def preset_line(name: str, cfg: LearnerConfig) -> str:
         changed.append(f"batches of {cfg.batch_rows_for():,} rows")
     here = f" (this run: {', '.join(changed)})" if changed else ""
     rows = f"batches of {batch:,} rows, " if batch else ""
+    sampled = "" if own.get("eval_deterministic", True) else ", evaluations sample actions"
     return (
         f"using preset {name} (zmq_rl/presets/{name}.toml: tuned settings, "
-        f"{rows}{steps:,} steps, target return {target:g}); "
+        f"{rows}{steps:,} steps, target return {target:g}{sampled}); "
         f"flags override it{here}, --no-preset ignores it"
     )
 
@@ -224,8 +226,10 @@ def train(
     try:
         if resume is None:
             check_run_dir_is_new(cfg.run_dir, resume_command)
+        check_bind_host(cfg.host)
         shape = check_env(cfg.env_id, policy.factory, cfg.env_kwargs_map(), cfg.wrappers)
         if resume is None:
+            check_before_start(cfg, policy, shape)
             write_config(cfg, ppo, policy, command, preset)
     except BaseException:
         release_run_dir(cfg.run_dir)
@@ -322,6 +326,32 @@ def train(
         except KeyboardInterrupt:
             outcome.interrupted = True
     return outcome
+
+
+def check_before_start(cfg: LearnerConfig, policy: PolicyConfig, shape: Any) -> None:
+    """What the learner would refuse when it is built, or an actor when it starts to
+    collect, refused here as a :class:`ConfigError` (one line, exit 2) before any
+    socket binds or actor starts (issue 44 section 5): the env-dependent settings
+    (:func:`~zmq_rl.learner.settings.check_env_settings`: an ``eval_opponent`` file
+    that is no policy, ...), the policy map, an ``action_mask`` whose size is not the
+    number of actions, and a recurrent policy on a turn-based game."""
+    from zmq_rl.learner.settings import check_env_settings, policy_plan
+    from zmq_rl.rl.masking import ActionMaskError, mask_key
+
+    check_env_settings(cfg, shape, shape.observation_space, shape.action_space)
+    policy_plan(cfg, policy, shape)
+    if shape.turn_based and policy.policy_type != "mlp":
+        raise ConfigError(
+            "policy_type",
+            policy.policy_type,
+            f"{cfg.env_id} is a turn-based game: its actors decide each move apart from "
+            "the others (one seat at a time), which needs a feed-forward policy (mlp)",
+        )
+    if not policy.factory:  # a custom network reads the observation its own way
+        try:
+            mask_key(shape.observation_space, shape.action_space)
+        except ActionMaskError as exc:
+            raise ConfigError("env_id", cfg.env_id, f"its {exc}") from None
 
 
 def bind_sockets(cfg: LearnerConfig, shape: Any) -> LearnerSockets:

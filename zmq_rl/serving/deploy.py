@@ -34,8 +34,10 @@ import copy
 import json
 import logging
 import pickle
+import re
 import struct
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +50,7 @@ from torch.nn import functional as F
 
 from ..config import PolicyConfig, parse_env_kwargs
 from ..learner.checkpoint import config_dict
-from ..rl.masking import check_observation_mask
+from ..rl.masking import MASK_KEY, check_observation_mask
 from ..rl.networks import RecurrentActorCritic, action_mask_of, leaf_paths
 from ..rl.policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
 from ..wire.spaces import leaves, map_value, wire_dtype
@@ -439,6 +441,20 @@ class DeployedPolicy(nn.Module):
             return torch.from_numpy(array[None] if single else array), single
         from ..actor.agent import coerce_value
 
+        if isinstance(space, gym.spaces.Dict):
+            if not isinstance(obs, Mapping):
+                raise ValueError(
+                    f"observation: a {type(obs).__name__}, but this policy's observation space "
+                    f"is a Dict: pass a dict with the keys {', '.join(map(repr, space.spaces))}"
+                )
+            missing = [key for key in space.spaces if key not in obs]
+            if missing:
+                mask = " (the env's action mask: pass the observation as the env returns it)"
+                raise ValueError(
+                    f"observation: no {', '.join(map(repr, missing))} key, which this policy's "
+                    f"observation space has (keys {', '.join(map(repr, space.spaces))})"
+                    + (mask if MASK_KEY in missing else "")
+                )
         value = coerce_value(space, obs)
         first_space = leaf_paths(space)[0][1]
         single = leaves(value)[0].shape == tuple(first_space.shape or ())
@@ -539,13 +555,13 @@ def load_policy(target: str | Path, env_id: str = "") -> DeployedPolicy:
     env_id = env_id or saved.env_id
     shape = env_shape(env_id, saved.env_kwargs, saved.wrappers)  # a multi-agent env's too
     spaces = (shape.observation_space, shape.action_space)
-    network = build_policy(*spaces, saved.config)
     try:
+        network = build_policy(*spaces, saved.config)
         network.load_state_dict(saved.weights)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (RuntimeError, ValueError, TypeError) as exc:
+        trained = f" (it was trained on {saved.env_id})" if env_id != saved.env_id else ""
         raise PolicyFileError(
-            f"{saved.path}: the weights do not fit env {env_id}: {first}"
+            f"{saved.path}: the weights do not fit env {env_id}{trained}: {_misfit(exc)}"
         ) from None
     network.eval()
     deployed = DeployedPolicy(
@@ -554,6 +570,29 @@ def load_policy(target: str | Path, env_id: str = "") -> DeployedPolicy:
     deployed.eval()
     deployed.source = saved  # type: ignore[attr-defined]  (path and config, for callers)
     return deployed
+
+
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[[^\]]*\])\) from "
+    r"checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])\)"
+)
+
+
+def _misfit(exc: BaseException) -> str:
+    """Why saved weights do not fit a network, in one line: the first tensor whose
+    shape differs (``load_state_dict``'s message is a header, ``Error(s) in loading
+    state_dict for ActorCritic:``, then one line per tensor), or the first line that
+    says something."""
+    text = str(exc)
+    found = _SIZE_MISMATCH.search(text)
+    if found:
+        name, saved, wanted = found.groups()
+        more = len(_SIZE_MISMATCH.findall(text)) - 1
+        others = f" (and {more} more tensors)" if more else ""
+        return f"{name} is {saved} in the file, {wanted} for this env's spaces{others}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith("Error(s) in loading")] or lines
+    return lines[0] if lines else type(exc).__name__
 
 
 # -- evaluation ---------------------------------------------------------------------
@@ -567,6 +606,7 @@ def evaluate_policy(
     *,
     seed: int | None = None,
     return_episode_rewards: bool = False,
+    opponent: str = "random",
 ) -> tuple[float, float] | tuple[list[float], list[int]]:
     """Play ``n_eval_episodes`` episodes with a policy and return the mean and std of
     their returns, as Stable-Baselines3's ``evaluate_policy``.
@@ -585,9 +625,17 @@ def evaluate_policy(
     or, with ``return_episode_rewards``, ``(returns, lengths)``: one float and one
     int per episode. :class:`~zmq_rl.config.ConfigError` names a bad
     ``n_eval_episodes``; :class:`ValueError` an env whose spaces are not the policy's.
+
+    A multi-agent (PettingZoo) policy is played as ``zmq-rl eval`` plays it
+    (:func:`zmq_rl.learner.evaluation.evaluate_policy`): ``env`` is then its id or None
+    (each episode gets a copy of its own, played in lockstep), every agent acts by the
+    policy, and an episode's return is the mean return of its agents; a turn-based
+    game seats the policy in each seat in turn against ``opponent`` (``"random"``
+    legal moves, ``"policy:PATH"``, or a scripted ``"module:name"``), its return the
+    seat's. Its length is the env steps (moves, in a game) of the episode.
     """
     from ..config import ConfigError
-    from ..envs import make_env
+    from ..envs import build_env
     from ..envs.seeding import env_seeds
 
     if isinstance(n_eval_episodes, bool) or not isinstance(n_eval_episodes, (int, np.integer)):
@@ -601,11 +649,28 @@ def evaluate_policy(
             "env: a gymnasium vector env is not supported; pass one gymnasium.Env, an env "
             "id, or None (the policy's own env)"
         )
+    if env is not None and not isinstance(env, (str, gym.Env)) and hasattr(env, "possible_agents"):
+        raise TypeError(
+            "env: a PettingZoo env instance; pass its id (or None: the policy's own env), "
+            "since a multi-agent evaluation builds a copy of the env per episode"
+        )
     own = env is None or isinstance(env, str)
-    if env is None:
-        env = policy.make_env()
-    elif isinstance(env, str):
-        env = make_env(env, policy.env_kwargs, policy.wrappers)
+    if own:
+        built = build_env(env or policy.env_id, policy.env_kwargs, policy.wrappers)
+        if not isinstance(built, gym.Env):  # a PettingZoo env: every agent by the policy
+            built.close()
+            return _evaluate_agents(
+                policy,
+                env or policy.env_id,
+                n_eval_episodes,
+                deterministic,
+                seed,
+                return_episode_rewards,
+                opponent,
+            )
+        env = built
+    elif opponent != "random":
+        raise ValueError(f"opponent={opponent!r}: only a turn-based game has other seats")
     try:
         _check_spaces(policy, env)
         seeds = env_seeds(seed, n_eval_episodes) if seed is not None else [None] * n_eval_episodes
@@ -633,6 +698,39 @@ def evaluate_policy(
     if return_episode_rewards:
         return returns, lengths
     return float(np.mean(returns)), float(np.std(returns))
+
+
+def _evaluate_agents(
+    policy: DeployedPolicy,
+    env_id: str,
+    episodes: int,
+    deterministic: bool,
+    seed: int | None,
+    return_episode_rewards: bool,
+    opponent: str,
+) -> tuple[float, float] | tuple[list[float], list[int]]:
+    """:func:`evaluate_policy` of a multi-agent env (see there)."""
+    from ..envs import env_shape
+    from ..learner.evaluation import evaluate_policy as evaluate_agents
+
+    if opponent != "random" and not env_shape(env_id, policy.env_kwargs).turn_based:
+        raise ValueError(f"opponent={opponent!r}: {env_id} is not a turn-based game")
+    seed = int(np.random.default_rng().integers(2**31)) if seed is None else seed
+    played: list[tuple[float, int]] = []
+    mean, std = evaluate_agents(
+        policy.network,
+        env_id,
+        episodes,
+        seed,
+        policy.env_kwargs,
+        policy.wrappers,
+        deterministic=deterministic,
+        opponent=opponent,
+        episodes_played=played,
+    )
+    if return_episode_rewards:
+        return [score for score, _ in played], [length for _, length in played]
+    return mean, std
 
 
 def _check_spaces(policy: DeployedPolicy, env: gym.Env) -> None:

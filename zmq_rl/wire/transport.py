@@ -15,6 +15,7 @@ explicit linger and high-water mark. The chosen behaviour at the HWM:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -422,6 +423,17 @@ class LearnerSockets:
             self.auth = None
 
 
+def _bind_advice(errno_: int) -> str:
+    """What to do about a bind that failed with ``errno_``."""
+    if errno_ == errno.EADDRINUSE:
+        return "choose another --port or stop the other learner"
+    if errno_ in (errno.EADDRNOTAVAIL, errno.ENODEV):
+        return "--host must be an address or name of this machine; 0.0.0.0 binds all of them"
+    if errno_ == errno.EACCES:
+        return "ports below 1024 need privileges: choose another --port"
+    return "check --host and --port"
+
+
 def bind_learner_sockets(
     ctx: zmq.Context,
     cfg: Any,
@@ -476,10 +488,7 @@ def bind_learner_sockets(
         ports = (
             f"ports {cfg.port}-{cfg.port + 2}" if leader else f"port {cfg.experience_port(rank)}"
         )
-        raise OSError(
-            f"cannot bind {cfg.host} {ports}: {exc} "
-            "(choose another --port or stop the other learner)"
-        ) from exc
+        raise OSError(f"cannot bind {cfg.host} {ports}: {exc} ({_bind_advice(exc.errno)})") from exc
     except BaseException:
         sockets.close()
         raise
