@@ -196,7 +196,7 @@ class GymActor:
         obs = stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds, strict=True)])
         log.info(
             "actor %d collecting on %d x %s (seed %d)",
-            *(agent.client.actor_id, len(envs), env_id, agent.seed),
+            *(agent.actor_id, len(envs), env_id, agent.seed),
         )
         rewards = np.zeros(len(envs), np.float32)
         terminated = np.zeros(len(envs), bool)
@@ -255,7 +255,7 @@ class GymActor:
             obs = slots.reset(env_seeds(agent.seed, len(envs)))
             log.info(
                 "actor %d collecting on %d x %s (%d agents each, seed %d)",
-                *(agent.client.actor_id, len(envs), env_id, k, agent.seed),
+                *(agent.actor_id, len(envs), env_id, k, agent.seed),
             )
             while not agent.shutdown_requested:
                 with _mask_errors_are_the_envs(env_id):
@@ -312,7 +312,7 @@ class GymActor:
         slots.reset(env_seeds(agent.seed, len(slots.envs)))
         log.info(
             "actor %d collecting on %d x %s (turn-based, %d agents each, seed %d)",
-            *(agent.client.actor_id, len(slots.envs), env_id, slots.agents_per_env, agent.seed),
+            *(agent.actor_id, len(slots.envs), env_id, slots.agents_per_env, agent.seed),
         )
         like_action = None
         while not agent.shutdown_requested:
@@ -362,7 +362,7 @@ class GymActor:
             "self_play/draws": float(results["draw"]),
             "self_play/losses": float(results["loss"]),
         }
-        agent.client.stats.update(extra)
+        agent.stats.update(extra)
         return dict(agent.stats)
 
     @staticmethod
