@@ -299,8 +299,11 @@ class Agent:
         self._keepalive: KeepAlive | None = None
         try:
             welcome = self._client.register()
-            # Alive from the welcome on: heartbeats while the networks (and the caller's
-            # envs) are built, until the first use of the client (docs/protocol.md §5.5).
+            # Alive from the welcome on: a heartbeat now (the learner knows it is a live
+            # actor building, not a bare hello), then on a thread while the networks (and
+            # the caller's envs) are built, until the first use of the client
+            # (docs/protocol.md §5.5).
+            self._client.serve_control()
             self._keepalive = self._client.keepalive().start()
             settings = welcome.settings
             self.seed = int(seed) if seed >= 0 else settings.seed + 1 + self._client.actor_id

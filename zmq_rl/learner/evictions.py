@@ -90,24 +90,27 @@ class Evictions:
     def silence_limit(self, rec: ActorRecord, kind: str) -> float:
         """Seconds of silence (no message at all, or for ``kind`` FRAGMENTS no fragment
         while the rollout waits on it) after which ``rec`` is declared dead
-        (:func:`~zmq_rl.learner.silence.silence_limit`). A member that has sent no
-        fragment yet is still building its envs and policy (heartbeating): the rollout
-        waits for it up to half the starvation timeout, so that it is dropped before
-        the learner would starve."""
+        (:func:`~zmq_rl.learner.silence.silence_limit`).
+
+        A registration that heartbeated since its welcome but has sent no fragment yet
+        is building its envs and policy (a thread heartbeats for it meanwhile, but
+        importing torch beside a busy host's other processes can hold it off for
+        seconds): it is given half the starvation timeout for either kind, so that it
+        is dropped before the learner would starve. A bare hello (no heartbeat since)
+        has shown nothing: ``actor_timeout``."""
         cfg = self.ingest.cfg
         floor, cap = cfg.actor_timeout, max(cfg.actor_timeout, cfg.starvation_timeout)
-        if kind == FRAGMENTS:
-            if not rec.fragments_received:
-                return max(floor, cap / 2)
-            return silence_limit(rec.fragment_gaps, floor, cap)
-        return silence_limit(rec.beats, floor, cap)
+        if not rec.fragments_received and (kind == FRAGMENTS or rec.beats.last is not None):
+            return max(floor, cap / 2)
+        gaps = rec.fragment_gaps if kind == FRAGMENTS else rec.beats
+        return silence_limit(gaps, floor, cap)
 
     def evict_silent(self, read_all: bool = True) -> None:
         """Declare dead every actor silent for its silence limit (:meth:`silence_limit`):
         its slots leave the rollout being filled and what it had queued is discarded
         (counted). Drop every registration that has not joined and has sent nothing
-        for :data:`PENDING_SILENCE_INTERVALS` heartbeat intervals, or for longer when
-        its heartbeats showed longer gaps (one line per pump).
+        for :data:`PENDING_SILENCE_INTERVALS` heartbeat intervals after its hello alone,
+        or its silence limit once it heartbeated (one line per pump).
 
         ``read_all``: the pump read every message that had arrived. When it did not (a
         backlog after a long update), nobody is judged until it did, or a heartbeat
@@ -121,8 +124,8 @@ class Evictions:
         self._judged = now
         silence = min(timeout, PENDING_SILENCE_INTERVALS * ingest.settings.heartbeat_interval)
 
-        def pending_limit(rec: ActorRecord, kind: str) -> float:
-            return silence_limit(rec.beats, silence, self.silence_limit(rec, kind))
+        def pending_limit(rec: ActorRecord, kind: str) -> float:  # a hello alone: silence
+            return silence if rec.beats.last is None else self.silence_limit(rec, kind)
 
         members = ingest.members
         dropped = (
@@ -132,8 +135,8 @@ class Evictions:
             ingest.counters["actors/dropped_silent"] += len(dropped)
             ids = [rec.actor_id for rec in dropped]
             log.warning(
-                "dropped %d registration(s) that sent nothing for %.1fs and had not joined "
-                "the rollout: actor id(s) %s%s",
+                "dropped %d registration(s) that had not joined the rollout and went silent "
+                "(%.1fs after a hello alone): actor id(s) %s%s",
                 *(len(ids), silence, ids[:10], " ..." if len(ids) > 10 else ""),
             )
             for rec in dropped:

@@ -350,10 +350,8 @@ class Membership:
             if r.member and r.actor_id in short_since:
                 waited = now - max(short_since[r.actor_id], r.last_fragment)
                 if waited > (most := allowed(r, FRAGMENTS)):
-                    found.append((r, (
-                        f"no fragment for {waited:.1f}s while the rollout waited on it > "
-                        f"{_limit(most, timeout)}"
-                    )))  # fmt: skip
+                    why = f"no fragment for {waited:.1f}s while the rollout waited on it"
+                    found.append((r, f"{why} > {_limit(most, timeout)}"))
         return found
 
     def evict_silent(
