@@ -94,10 +94,10 @@ class Evictions:
 
         A registration that heartbeated since its welcome but has sent no fragment yet
         is building its envs and policy (a thread heartbeats for it meanwhile, but
-        importing torch beside a busy host's other processes can hold it off for
-        seconds): it is given half the starvation timeout for either kind, so that it
-        is dropped before the learner would starve. A bare hello (no heartbeat since)
-        has shown nothing: ``actor_timeout``."""
+        importing torch beside a busy host's other processes held it off for 3-4 s:
+        the import holds the interpreter lock): it is given half the starvation
+        timeout for either kind, so that it is dropped before the learner would
+        starve. A bare hello (no heartbeat since) has shown nothing: ``actor_timeout``."""
         cfg = self.ingest.cfg
         floor, cap = cfg.actor_timeout, max(cfg.actor_timeout, cfg.starvation_timeout)
         if not rec.fragments_received and (kind == FRAGMENTS or rec.beats.last is not None):
