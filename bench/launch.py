@@ -46,6 +46,10 @@ def child(mode: str, port: int) -> None:
                     str(i),
                     "--log-level",
                     "warning",
+                    # Their own session, so it is not killed with this group: they exit
+                    # when this process is gone instead (a smoke test that timed out).
+                    "--parent-pid",
+                    str(os.getpid()),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.process_groups import ProcessGroups, run_in_group
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 SCRIPTS = (
@@ -49,10 +51,14 @@ sys.path.insert(0, str(BENCH))
 
 
 class SmokeRuns:
-    """All smoke runs, started together on first use."""
+    """All smoke runs, started together on first use; each in a process group of its
+    own that dies with the test (:class:`~tests.process_groups.ProcessGroups`: a script
+    that timed out is killed with its children, e.g. the ``zmq-rl serve`` of
+    ``inference_latency.py``, and all of them if the test process itself is killed)."""
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
+        self.groups = ProcessGroups()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
         self.started = 0.0
@@ -65,7 +71,7 @@ class SmokeRuns:
             log = self.out_dir / f"{name}.log"
             self.logs[name] = log
             with open(log, "wb") as fh:
-                self.procs[name] = subprocess.Popen(
+                self.procs[name] = self.groups.popen(
                     [
                         sys.executable,
                         str(BENCH / f"{name}.py"),
@@ -76,7 +82,6 @@ class SmokeRuns:
                     stdout=fh,
                     stderr=subprocess.STDOUT,
                     cwd=ROOT,
-                    start_new_session=True,
                 )
 
     def result(self, name: str) -> dict[str, Any]:
@@ -86,8 +91,7 @@ class SmokeRuns:
         try:
             code = proc.wait(remaining)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            self.groups.kill(proc)  # the script and every child it started
             pytest.fail(f"{name}.py --smoke did not finish in {TIMEOUT_S:.0f}s:\n{self.tail(name)}")
         assert code == 0, f"{name}.py --smoke exited {code}:\n{self.tail(name)}"
         path = self.out_dir / f"{name}.json"
@@ -102,10 +106,8 @@ class SmokeRuns:
         return self.logs[name].read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        """Kill every script's group (a script that exited may have left children)."""
+        self.groups.close()
 
 
 @pytest.fixture(scope="module")
@@ -398,10 +400,10 @@ def test_update_cost_compares_revisions(tmp_path: Path) -> None:
     """``--base-tree``: each tree's update timed in its own process, both rows filled
     (this tree against itself, so the figures only need to exist)."""
     out = tmp_path / "update_cost.json"
-    done = subprocess.run(
+    done = run_in_group(  # the trees' timing processes die with it
         [sys.executable, str(BENCH / "update_cost.py"), "--smoke", "--actions", "discrete",
          "--base-tree", str(ROOT), "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S,
+        TIMEOUT_S, cwd=ROOT, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     (row,) = json.loads(out.read_text())["rows"]

@@ -37,6 +37,7 @@ from ..rl.weights import WeightsMismatch, policy_config_from
 from ..wire.protocol import FEATURE_POLICIES, Weights, Welcome
 from ..wire.spaces import Value, as_value, env_actions, map_value, wire_dtype
 from .client import ActorClient
+from .keepalive import KeepAlive
 
 if TYPE_CHECKING:
     from ..rl.policy import Policy
@@ -268,7 +269,9 @@ class Agent:
     go to :class:`~zmq_rl.actor.client.ActorClient` (``env_id``, ``actor_id``, ``context``,
     ``register_timeout``, ``learner_timeout``, ``curve``, ...). The constructor
     registers (blocking up to ``register_timeout``) and raises what
-    :meth:`ActorClient.register` raises.
+    :meth:`ActorClient.register` raises; from the welcome on the agent heartbeats, on a
+    thread until the first :meth:`act` (or :meth:`decide`), so the learner keeps the
+    registration however long the networks and the simulator take to build.
     """
 
     def __init__(
@@ -286,28 +289,52 @@ class Agent:
         # their version (docs/protocol.md section 4.2).
         client_options.setdefault("weights_check", self._check_weights)
         client_options.setdefault("features", [FEATURE_POLICIES])  # it runs several
-        self.client = ActorClient(
+        self._client = ActorClient(
             learner,
             observation_space=observation_space,
             action_space=action_space,
             num_envs=num_envs,
             **client_options,
         )
+        self._keepalive: KeepAlive | None = None
         try:
-            welcome = self.client.register()
+            welcome = self._client.register()
+            # Alive from the welcome on: a heartbeat now (the learner knows it is a live
+            # actor building, not a bare hello), then on a thread while the networks (and
+            # the caller's envs) are built, until the first use of the client
+            # (docs/protocol.md §5.5).
+            self._client.serve_control()
+            self._keepalive = self._client.keepalive().start()
             settings = welcome.settings
-            self.seed = int(seed) if seed >= 0 else settings.seed + 1 + self.client.actor_id
+            self.seed = int(seed) if seed >= 0 else settings.seed + 1 + self._client.actor_id
             self._build_runners(welcome)
         except BaseException:
-            self.client.close()
+            self._release()
+            self._client.close()
             raise
         self.welcome = welcome
         self._pending: tuple[Value, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._recording = True
         log.info(
             "agent %d: %d slots, seed %d, policy version %d",
-            *(self.client.actor_id, self.client.num_envs, self.seed, self.runner.version),
+            *(self.actor_id, self.num_envs, self.seed, self.runner.version),
         )
+
+    @property
+    def client(self) -> ActorClient:
+        """The connection (:class:`~zmq_rl.actor.client.ActorClient`). From the welcome
+        until the first :meth:`act`, :meth:`decide`, :meth:`record`, :meth:`flush` or
+        :meth:`close` a thread heartbeats on it while the caller builds its simulator
+        (:class:`~zmq_rl.actor.keepalive.KeepAlive`); reading this property stops that
+        thread first, so the caller may use the client from then on."""
+        self._release()
+        return self._client
+
+    def _release(self) -> None:
+        """Stop the keep-alive thread (if it runs): the client is this thread's again."""
+        keepalive, self._keepalive = self._keepalive, None
+        if keepalive is not None:
+            keepalive.stop()
 
     def _build_runners(self, welcome: Welcome) -> None:
         """The networks of ``welcome``'s run: one, or one per policy (a several-policy
@@ -317,20 +344,25 @@ class Agent:
         ids = settings.policy_ids
         self.runners = {pid: PolicyRunner(welcome, self.seed + i, pid) for i, pid in enumerate(ids)}
         self.runner = next(iter(self.runners.values())) if ids else PolicyRunner(welcome, self.seed)
-        slots = np.arange(self.client.num_envs)
+        slots = np.arange(self._client.num_envs)
         self._slot_runner = (
             np.asarray([ids.index(settings.policy_of_slot(int(s))) for s in slots], np.int64)
             if ids
             else None
         )
-        self._state = self.runner.initial_state(self.client.num_envs)
+        self._state = self.runner.initial_state(self._client.num_envs)
 
     # ------------------------------------------------------------------ properties
 
     @property
     def num_envs(self) -> int:
         """The number of slots (the learner's ``num_envs`` when 0 was asked for)."""
-        return self.client.num_envs
+        return self._client.num_envs
+
+    @property
+    def actor_id(self) -> int:
+        """The id the learner's welcome gave this actor."""
+        return self._client.actor_id
 
     @property
     def observation_space(self) -> Any:
@@ -345,7 +377,7 @@ class Agent:
     @property
     def settings(self) -> Any:
         """The welcome's :class:`~zmq_rl.wire.protocol.RunSettings`."""
-        return self.client.settings
+        return self._client.settings
 
     @property
     def policy(self) -> Policy:
@@ -362,12 +394,12 @@ class Agent:
     @property
     def shutdown_requested(self) -> bool:
         """Whether the learner said the run is over: stop stepping, then :meth:`close`."""
-        return self.client.shutdown_requested
+        return self._client.shutdown_requested
 
     @property
     def stats(self) -> dict[str, float]:
         """The client's counters (steps_sent, fragments_sent, ...; sent in the bye)."""
-        return self.client.stats
+        return self._client.stats
 
     # ------------------------------------------------------------------ the loop
 

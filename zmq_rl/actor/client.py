@@ -92,6 +92,7 @@ from ..wire.transport import (
     readable,
     tcp_endpoint,
 )
+from .keepalive import KeepAlive
 from .link import LINK_SILENCE_INTERVALS as LINK_SILENCE_INTERVALS  # importable here as before
 from .link import LinkHealth
 from .sender import ExperienceSender
@@ -652,6 +653,18 @@ class LearnerConnection:
         poller.poll(int(timeout * 1000))
         return self.poll()
 
+    def serve_control(self, timeout: float = 0.0) -> None:
+        """Wait up to ``timeout`` seconds for a control message, handle what came (a
+        learner heartbeat, a shutdown, a ``refuse reregister``: noted for the next
+        :meth:`poll`) and send a heartbeat when one is due. Reads no weights and never
+        registers again: what a long pause (building envs) needs to stay alive."""
+        if self._control is None:
+            raise RuntimeError("register() first")
+        if timeout > 0:
+            self._control.poll(int(timeout * 1000))
+        self._poll_control()
+        self._maybe_heartbeat()
+
     def reject_weights(self, weights: Weights, error: Exception) -> None:
         """Undo accepting ``weights`` the policy could not load (wrong tensors): the
         client goes back to the version it had, counts and logs the rejection. (A
@@ -748,6 +761,13 @@ class ActorClient(LearnerConnection):
     :attr:`settings` holds the welcome's :class:`~zmq_rl.wire.protocol.RunSettings`.
     The experience side is :attr:`sender` (:class:`~zmq_rl.actor.sender.ExperienceSender`).
     """
+
+    def keepalive(self) -> KeepAlive:
+        """A :class:`~zmq_rl.actor.keepalive.KeepAlive` that runs :meth:`serve_control`
+        on a thread once started: ``with client.keepalive(): build_the_sim()`` keeps a
+        registration alive while the caller's thread is busy (use nothing of the
+        client inside; docs/protocol.md §5.5: heartbeats from the welcome on)."""
+        return KeepAlive(self.serve_control)
 
     def should_pause(self) -> bool:
         """Whether to wait instead of stepping: the staleness valve says wait for newer

@@ -267,7 +267,7 @@ class GymActor:
         check_observations(env_id, spaces[0], obs, "observation at reset")
         self._collecting(
             "actor %d collecting on %d x %s (seed %d)",
-            *(agent.client.actor_id, len(envs), env_id, agent.seed),
+            *(agent.actor_id, len(envs), env_id, agent.seed),
         )
         rewards = np.zeros(len(envs), np.float32)
         terminated = np.zeros(len(envs), bool)
@@ -339,7 +339,7 @@ class GymActor:
             check_observations(env_id, obs_space, obs, "observation at reset")
             self._collecting(
                 "actor %d collecting on %d x %s (%d agents each, seed %d)",
-                *(agent.client.actor_id, len(envs), env_id, k, agent.seed),
+                *(agent.actor_id, len(envs), env_id, k, agent.seed),
             )
             while not agent.shutdown_requested:
                 with _mask_errors_are_the_envs(env_id):
@@ -400,7 +400,7 @@ class GymActor:
         slots.reset(env_seeds(agent.seed, len(slots.envs)))
         self._collecting(
             "actor %d collecting on %d x %s (turn-based, %d agents each, seed %d)",
-            *(agent.client.actor_id, len(slots.envs), env_id, slots.agents_per_env, agent.seed),
+            *(agent.actor_id, len(slots.envs), env_id, slots.agents_per_env, agent.seed),
         )
         like_action = None
         while not agent.shutdown_requested:
@@ -453,7 +453,7 @@ class GymActor:
             "self_play/draws": float(results["draw"]),
             "self_play/losses": float(results["loss"]),
         }
-        agent.client.stats.update(extra)
+        agent.stats.update(extra)
         return dict(agent.stats)
 
     @staticmethod

@@ -12,10 +12,8 @@ version (a callable) and what to forget when an actor leaves.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -57,6 +55,8 @@ from .membership import (
 )
 from .queues import SlotQueues
 from .report import LearnerReport
+from .serve_thread import ServingThread
+from .serve_thread import wake_pair as wake_pair  # importable here as before
 
 __all__ = ["Ingest", "IngestObserver", "RankPart"]
 
@@ -76,21 +76,6 @@ PENDING_SILENCE_INTERVALS = PENDING_SILENCE_INTERVALS  # re-exported (defined in
 CONTROL_SLACK_BYTES = 128 * 1024
 """Room in the control message limit beyond the spaces and the per-slot lists: ids,
 host and env names, a bye's stats (a legitimate one is under 2 KB)."""
-
-
-def wake_pair(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
-    """An inproc PAIR (receiving end, sending end) that wakes a thread blocked in a
-    poll; HWM 1 each (one pending wake is enough), linger 0."""
-    ends = []
-    for _ in range(2):
-        sock = ctx.socket(zmq.PAIR)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 1)
-        sock.setsockopt(zmq.RCVHWM, 1)
-        ends.append(sock)
-    ends[0].bind(f"inproc://{name}")
-    ends[1].connect(f"inproc://{name}")
-    return ends[0], ends[1]
 
 
 def largest_control_bytes(observation_space: Any, action_space: Any, max_envs: int) -> int:
@@ -262,32 +247,23 @@ class Ingest:
         self.poller = zmq.Poller()
         for sock in receiving:
             self.poller.register(sock, zmq.POLLIN)
-        # serve_during's thread also polls a wake socket, so the work's end stops it
-        # at once instead of after a poll timeout (made only when the thread is on;
-        # always on rank 0 of several learner ranks, which waits in collectives).
-        self.serve_thread = cfg.ingest_thread or (world_size > 1 and rank == 0)
-        self._wake = self._waker = None
-        self._serve_poller = zmq.Poller()
-        if self.serve_thread:
-            self._wake, self._waker = wake_pair(
-                self.experience.context, f"zmq-rl-ingest-{id(self)}"
-            )
-            for sock in (*receiving, self._wake):
-                self._serve_poller.register(sock, zmq.POLLIN)
+        # serve_during's thread: on by default with ingest_thread, and always on rank 0
+        # of several learner ranks, which waits in collectives.
+        by_default = cfg.ingest_thread or (world_size > 1 and rank == 0)
+        self.serving = ServingThread(self, by_default, POLL_MS)
         log.info("learner %s: run id %s", tcp_endpoint(cfg.host, cfg.port), run_id)
 
     def close(self) -> None:
         """Close every socket (linger 0)."""
-        for sock in (self._wake, self._waker):
-            if sock is not None:
-                sock.close(linger=0)
+        self.serving.close()
         self.sockets.close()
 
-    def serve_during(self, work: Callable[[], T]) -> T:
+    def serve_during(self, work: Callable[[], T], thread: bool | None = None) -> T:
         """Run ``work()`` on this thread while a thread of the ingest serves both
         receiving sockets (fragments, hellos, heartbeats, byes, evictions), so
-        receiving never stops while PPO trains (``ingest_thread``; off: just
-        ``work()``). The caller must not touch the sockets, the queues or the
+        receiving never stops while PPO trains (``thread``, by default
+        ``ingest_thread``; off: just ``work()``; :class:`~zmq_rl.learner.serve_thread.
+        ServingThread`). The caller must not touch the sockets, the queues or the
         membership inside ``work``: the thread owns them until it is joined, which
         happens before this returns (the handover is the join, so what the thread
         queued is seen whole). ``forget_slots`` calls made meanwhile are applied after
@@ -299,37 +275,23 @@ class Ingest:
 
         The time ``work`` takes counts as the learner's busy time (the valve's lead
         advice), as without the thread: rows arrive, but the version does not move."""
-        if not self.serve_thread:
-            return work()
-        stop = threading.Event()
-        failure: list[BaseException] = []
+        return self.serving.during(work, thread)
 
-        def serve() -> None:
-            try:
-                while not stop.is_set():
-                    self.pump(POLL_MS, self._serve_poller)
-                    while self._wake.poll(0):
-                        self._wake.recv()
-            except BaseException as exc:  # re-raised on the caller's thread
-                failure.append(exc)
+    @property
+    def serve_thread(self) -> bool:
+        """Whether :meth:`serve_during` serves on a thread unless told (``ingest_thread``)."""
+        return self.serving.by_default
 
+    def defer_forgetting(self) -> None:
+        """From now on ``forget_slots`` calls wait (the serving thread's work owns the
+        trainer's per-slot state) until :meth:`forget_deferred`."""
         self._deferred_forget = []
-        busy, start = self.links.busy, time.monotonic()
-        thread = threading.Thread(target=serve, name="zmq-rl-ingest", daemon=True)
-        thread.start()
-        try:
-            return work()
-        finally:
-            stop.set()
-            with contextlib.suppress(zmq.Again):  # a wake is already waiting
-                self._waker.send(b"", zmq.NOBLOCK)
-            thread.join()
-            deferred, self._deferred_forget = self._deferred_forget, None
-            for keys in deferred:
-                self.forget_slots(keys)
-            self.links.worked(busy, start, time.monotonic())
-            if failure:
-                raise failure[0]
+
+    def forget_deferred(self) -> None:
+        """Apply the ``forget_slots`` calls that waited since :meth:`defer_forgetting`."""
+        deferred, self._deferred_forget = self._deferred_forget or [], None
+        for keys in deferred:
+            self.forget_slots(keys)
 
     def publish(self, weights: Weights | list[Weights], send: bool = True) -> None:
         """Make ``weights`` what welcomes carry and, with ``send``, PUBlish them (a list
@@ -378,29 +340,40 @@ class Ingest:
         Each socket is drained for at most :data:`DRAIN_S`, so a flood on one of them
         can neither starve the other nor delay the rollout check. Silent actors are
         evicted only after what arrived was read: while the learner was busy (a long
-        update, an evaluation), live actors' heartbeats queued up and must count.
+        update, an evaluation), live actors' heartbeats queued up and must count (a
+        backlog longer than one drain is read by the next pumps first; under a flood
+        that never drains, evictions still run once a heartbeat interval).
         """
         self.links.pump_started(time.monotonic())
         self.evictions.declare_exited()
         events = dict((poller or self.poller).poll(timeout_ms))
+        read_all = True  # every socket drained: nothing that arrived is left unread
         if self.control in events:
-            _drain(lambda: self.control.recv_multipart(zmq.NOBLOCK, copy=False), self._on_control)
+            read_all &= _drain(
+                lambda: self.control.recv_multipart(zmq.NOBLOCK, copy=False), self._on_control
+            )
         if self.experience in events:
-            _drain(lambda: self.experience.recv(zmq.NOBLOCK, copy=False), self._on_experience)
+            read_all &= _drain(
+                lambda: self.experience.recv(zmq.NOBLOCK, copy=False), self._on_experience
+            )
         # After reading: a heartbeat echoes the newest one each actor sent (an actor
         # paused for the link resumes on that echo), also right after a long update.
         self._maybe_heartbeat()
-        self.evictions.evict_silent()
+        self.evictions.evict_silent(read_all)
         if self.sockets.handshakes is not None:  # counted by its thread, copied here
             for kind, count in list(self.sockets.handshakes.failures.items()):
                 self.counters[f"auth/handshake_failed/{kind}"] = count
         self.links.pump_ended(time.monotonic())
 
-    def _reject(self, where: str, reason: str, detail: str) -> None:
+    def _reject(self, where: str, reason: str, detail: str, token: bytes | None = None) -> None:
+        """Count a rejected message and log it sparsely; one of a registration the
+        evictions removed (its ``token``, told to register again) at DEBUG only."""
         key = f"rejected/{where}/{reason}"
         self.counters[key] += 1
         count = self.counters[key]
-        log_sparsely(log, count, logging.WARNING, "rejected %s message #%d (%s): %s",
+        forgotten = reason == "unknown_actor" and self.evictions.forgotten(token) is not None
+        level = logging.DEBUG if forgotten else logging.WARNING
+        log_sparsely(log, count, level, "rejected %s message #%d (%s): %s",
                      where, count, reason, detail)  # fmt: skip
 
     def _sender_key(self, frame: zmq.Frame) -> str:
@@ -457,7 +430,7 @@ class Ingest:
                 and self.ranks.hold(fragment, key, size, held_before)
             ):
                 return None
-            self._reject("experience", exc.reason, str(exc))
+            self._reject("experience", exc.reason, str(exc), fragment.token)
             return exc.reason
         self._queue(rec, fragment, gap)
         return None
@@ -498,7 +471,8 @@ class Ingest:
             if isinstance(message, Heartbeat) and message.run_id != self.run_id:
                 self.counters["control/other_run"] += 1  # left in flight by a restart (5.6)
             else:
-                self._reject("control", "unknown_actor", f"{message.TYPE} from unregistered peer")
+                detail = f"{message.TYPE} from unregistered peer"
+                self._reject("control", "unknown_actor", detail, message.token)
             reason = f"actor {message.actor_id} is not registered in run {self.run_id}"
             self.send_control(routing_id, Refuse("reregister", f"{reason}; say hello again"))
             return
@@ -677,6 +651,7 @@ class Ingest:
         rest (:meth:`Links.on_heartbeat <zmq_rl.learner.links.Links.on_heartbeat>`)."""
         if beat.sent_at is not None:
             rec.peer_sent_at, rec.peer_heard_at = beat.sent_at, now
+        rec.beats.add(now if beat.sent_at is None else beat.sent_at)  # its silence limit
         self.links.on_heartbeat(rec, beat, now)
         sent = self.sent_weights  # never weights made current without a send
         if sent is not None and self.links.weights_overdue(beat, sent[0].version, now):
@@ -702,15 +677,17 @@ class Ingest:
         self.report.departed_actors.append({**rec.summary(), "left_because": reason})
 
 
-def _drain(receive: Callable[[], Any], handle: Callable[[Any], None]) -> None:
-    """Handle what ``receive`` returns until it raises zmq.Again or DRAIN_S passed."""
+def _drain(receive: Callable[[], Any], handle: Callable[[Any], None]) -> bool:
+    """Handle what ``receive`` returns until it raises zmq.Again (True: all read) or
+    DRAIN_S passed (False: more may wait)."""
     end = time.monotonic() + DRAIN_S
     while time.monotonic() < end:
         try:
             message = receive()
         except zmq.Again:
-            return
+            return True
         handle(message)
+    return False
 
 
 def send_weights(socket: zmq.Socket, weights: Weights, several: list[Weights]) -> None:

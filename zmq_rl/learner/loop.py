@@ -14,7 +14,8 @@ an update or an evaluation runs, :meth:`~zmq_rl.learner.ingest.Ingest.serve_duri
 
 The run ends when the env-step budget is spent (or an evaluation reaches
 ``target_return``); then every actor is told to shut down and its ``bye`` (with its
-stats) is collected for the report. RL lives in the trainer; the sockets, the
+stats) is collected for the report, and only then does the final evaluation run
+(no actor waits on the learner meanwhile). RL lives in the trainer; the sockets, the
 membership and the slot queues live in the :class:`~zmq_rl.learner.ingest.Ingest`.
 """
 
@@ -47,7 +48,7 @@ from .checkpoint import (
 from .ingest import POLL_MS, Ingest
 from .outputs import BEST_POLICY_FILE, RunFiles
 from .queues import SlotQueues
-from .report import LearnerReport
+from .report import BUDGET_SPENT, TARGET_REACHED, LearnerReport
 from .runlog import RunLog
 from .self_play import self_play_table
 from .settings import (
@@ -58,6 +59,7 @@ from .settings import (
     policy_plan,
     run_settings,
 )
+from .silence import Patience
 
 if TYPE_CHECKING:
     from ..wire.transport import LearnerSockets
@@ -233,10 +235,11 @@ class Learner:
 
     def run(self) -> LearnerReport:
         """Train until the budget is spent (or a stop is requested); shut the actors
-        down; write the final checkpoint and report; return the report."""
+        down; then (a run that ended by its budget or target) the final evaluation;
+        write the final checkpoint and report; return the report."""
         cfg, runlog = self.cfg, self.runlog
         runlog.restart_clock()
-        stop_reason = "budget spent"
+        stop_reason, final = BUDGET_SPENT, False
         lost: LearnerRankLost | None = None
         try:
             if self.ranks is not None:
@@ -249,7 +252,9 @@ class Learner:
                 metrics = self._one_update() if self.ranks is None else self.ranks.update()
                 if metrics is None:
                     break
-                solved = self.ingest.serve_during(lambda: runlog.maybe_evaluate(self.eval_policy))
+                solved = self.ingest.serve_during(  # an evaluation here: actors are answered
+                    lambda: runlog.maybe_evaluate(self.eval_policy), runlog.evaluates_here() or None
+                )
                 metrics.update(self.ingest.links.stats(self.members))  # round trips, valve shares
                 runlog.record(metrics, self.version, sum(1 for r in self.members if r.member))
                 if (
@@ -258,14 +263,11 @@ class Learner:
                 ):
                     self.files.periodic_checkpoint()
                 if solved:
-                    stop_reason = f"evaluation reached target_return {cfg.target_return:g}"
+                    stop_reason = f"{TARGET_REACHED} {cfg.target_return:g}"
                     break
                 if self._stop_reason:
                     raise StopRequested(self._stop_reason)
-            # The actors are still connected: their heartbeats are served meanwhile.
-            self.ingest.serve_during(runlog.finish_background)
-            if not runlog.evaluated_last_update():
-                self.ingest.serve_during(lambda: runlog.evaluate(self.eval_policy))
+            final = True  # the final evaluation, after the actors were let go
         except StopRequested as stop:  # asked for (Ctrl-C, a callback): not a warning,
             stop_reason = str(stop)  # which Python prints even with logging unconfigured
             log.info("stopping: %s", stop_reason)
@@ -278,6 +280,8 @@ class Learner:
         self.shutdown_actors(stop_reason)
         if self.ranks is not None:
             self.ranks.collect()
+        if final:  # no actor waits on the learner now, however long it takes
+            runlog.final_evaluation(self.eval_policy)
         self.report.wall_seconds = runlog.elapsed()
         self._finish()
         if lost is not None:
@@ -353,14 +357,14 @@ class Learner:
     def _fill(self) -> None:
         """Receive until the next update's rows are queued (:meth:`Batches.ready
         <zmq_rl.learner.batches.Batches.ready>`)."""
-        cfg = self.cfg
-        deadline = time.monotonic() + cfg.starvation_timeout
+        cfg = self.cfg  # patience: starved when no rows arrive, however slow the fill
+        patience = Patience(cfg.starvation_timeout, lambda: self.counters["received/steps"])
         self.pump(0)  # control and heartbeats are served even when data is backlogged
         while True:
             if self.batches.ready(cfg.total_env_steps - self.report.env_steps_consumed):
                 return
             self._check_stop()
-            if time.monotonic() > deadline:
+            if patience.spent():
                 raise self.starved(self.batches.waited_on())
             self.pump(POLL_MS)
 
@@ -369,7 +373,7 @@ class Learner:
         names the actors owning the ``short`` slots it waited on."""
         waiting = self.members.describe_waiting(short, self.report.dead_actors)
         return LearnerStarved(
-            f"learner starved: no rollout completed within "
+            f"learner starved: no rollout completed, no rows arrived for "
             f"starvation_timeout={self.cfg.starvation_timeout}s; waiting on {waiting}"
         )
 

@@ -34,9 +34,16 @@ from ..wire.codec import (
 )
 from ..wire.protocol import FEATURE_POLICIES, MAX_SEQ_GAP, TOKEN_BYTES, Fragment, Hello, Refuse
 from ..wire.spaces import space_from_spec, value_problem
+from .silence import GapEstimate
 
 RunSpaces = tuple[gym.Space, gym.Space]
 """The run's ``(observation_space, action_space)`` (gymnasium spaces)."""
+HEARTBEATS, FRAGMENTS = "heartbeats", "fragments"
+"""The two kinds of silence a :data:`SilenceLimit` is asked about."""
+SilenceLimit = Callable[["ActorRecord", str], float]
+"""``limit(record, kind)``: the seconds of silence (no message at all for
+:data:`HEARTBEATS`; no fragment while the rollout waits on it for :data:`FRAGMENTS`)
+after which that actor is declared dead."""
 
 RTT_GAIN = 0.125
 """Weight of a new round-trip sample in the smoothed round trip (TCP's SRTT gain)."""
@@ -147,6 +154,8 @@ class ActorRecord:
     peer_heard_at: float = 0.0  # when the learner read that heartbeat
     grant: int | None = None  # steps per slot it may have recorded (None: S/L valve)
     link: LinkEstimate = field(default_factory=LinkEstimate)
+    beats: GapEstimate = field(default_factory=GapEstimate)  # its heartbeats' gaps
+    fragment_gaps: GapEstimate = field(default_factory=GapEstimate)  # its fragments'
 
     def slots(self) -> list[SlotKey]:
         """The ``(actor_id, slot)`` keys of this actor."""
@@ -167,6 +176,12 @@ class ActorRecord:
             "at_version": version,
         }
 
+    def _gaps(self) -> dict[str, float]:
+        """The longest gaps between its heartbeats and between its fragments (seconds;
+        only those measured): what its silence limit adapted to (learner/silence.py)."""
+        gaps = {"longest_heartbeat_gap_s": self.beats, "longest_fragment_gap_s": self.fragment_gaps}
+        return {k: round(g.longest, 3) for k, g in gaps.items() if g.mean is not None}
+
     def summary(self) -> dict[str, Any]:
         """The actor's line in the report."""
         return {
@@ -180,6 +195,7 @@ class ActorRecord:
             "steps_received": self.steps_received,
             "steps_consumed": self.steps_consumed,
             **self.link.summary(),
+            **self._gaps(),
             **{f"actor/{k}": v for k, v in self.bye_stats.items()},
         }
 
@@ -280,11 +296,18 @@ class Membership:
             rec.member = True
         return admitted
 
-    def drop_silent_pending(self, now: float, silence: float) -> list[ActorRecord]:
+    def drop_silent_pending(
+        self, now: float, silence: float, limit: SilenceLimit | None = None
+    ) -> list[ActorRecord]:
         """Remove and return the registrations that never joined the rollout and have
-        sent nothing (no heartbeat, no fragment) for ``silence`` seconds: a hello
-        alone holds a place in ``max_actors`` only that long."""
-        dropped = [r for r in self.pending() if now - r.last_seen > silence]
+        sent nothing (no heartbeat, no fragment) for ``silence`` seconds (or, with
+        ``limit``, ``limit(record, HEARTBEATS)``): a hello alone holds a place in
+        ``max_actors`` only that long."""
+        dropped = [
+            r
+            for r in self.pending()
+            if now - r.last_seen > (silence if limit is None else limit(r, HEARTBEATS))
+        ]
         return [self.remove(r.actor_id) for r in dropped]
 
     def silent(
@@ -293,6 +316,7 @@ class Membership:
         timeout: float,
         short_since: dict[int, float] | None = None,
         heard: bool = True,
+        limit: SilenceLimit | None = None,
     ) -> list[ActorRecord]:
         """Actors that have not said bye and were last heard more than ``timeout`` ago,
         and members whose slots the rollout has waited on (``short_since``: actor id
@@ -300,24 +324,43 @@ class Membership:
         heartbeats alone do not hold a rollout. (A member paused by its valve while
         the learner waited on someone else becomes short only when that rollout is
         taken, and resumes at once.) ``heard=False``: only the second rule (a learner
-        rank that receives no heartbeats)."""
-        short_since = short_since or {}
-        return [
-            r
-            for r in self.actors.values()
-            if not r.said_bye
-            and (
-                (heard and now - r.last_seen > timeout)
-                or (
-                    r.member
-                    and r.actor_id in short_since
-                    and now - max(short_since[r.actor_id], r.last_fragment) > timeout
-                )
-            )
-        ]
+        rank that receives no heartbeats). ``limit(record, kind)``, when given, is
+        each actor's own timeout for :data:`HEARTBEATS` and :data:`FRAGMENTS`
+        (:mod:`zmq_rl.learner.silence`) instead of ``timeout``."""
+        return [r for r, _ in self._silent(now, timeout, short_since or {}, heard, limit)]
+
+    def _silent(
+        self,
+        now: float,
+        timeout: float,
+        short_since: dict[int, float],
+        heard: bool,
+        limit: SilenceLimit | None,
+    ) -> list[tuple[ActorRecord, str]]:
+        """:meth:`silent`'s actors, each with why (the rule and its limit)."""
+        allowed = limit or (lambda rec, kind: timeout)
+        found = []
+        for r in list(self.actors.values()):
+            if r.said_bye:
+                continue
+            quiet = now - r.last_seen
+            if heard and quiet > (most := allowed(r, HEARTBEATS)):
+                found.append((r, f"silent for {quiet:.1f}s > {_limit(most, timeout)}"))
+                continue
+            if r.member and r.actor_id in short_since:
+                waited = now - max(short_since[r.actor_id], r.last_fragment)
+                if waited > (most := allowed(r, FRAGMENTS)):
+                    why = f"no fragment for {waited:.1f}s while the rollout waited on it"
+                    found.append((r, f"{why} > {_limit(most, timeout)}"))
+        return found
 
     def evict_silent(
-        self, now: float, timeout: float, short: set[int], heard: bool = True
+        self,
+        now: float,
+        timeout: float,
+        short: set[int],
+        heard: bool = True,
+        limit: SilenceLimit | None = None,
     ) -> list[tuple[ActorRecord, str]]:
         """Remove and return every actor that is dead by :meth:`silent`, each with why.
 
@@ -327,16 +370,8 @@ class Membership:
         else becomes short only when that rollout is taken, and resumes at once).
         """
         self._short_since = {a: self._short_since.get(a, now) for a in short}
-        dead = []
-        for rec in self.silent(now, timeout, self._short_since, heard):
-            quiet = now - rec.last_seen
-            if heard and quiet > timeout:
-                why = f"silent for {quiet:.1f}s"
-            else:  # heartbeats alone do not hold a rollout
-                waited = now - max(self._short_since[rec.actor_id], rec.last_fragment)
-                why = f"no fragment for {waited:.1f}s while the rollout waited on it"
-            dead.append((self.remove(rec.actor_id), why))
-        return dead
+        dead = self._silent(now, timeout, self._short_since, heard, limit)
+        return [(self.remove(rec.actor_id), why) for rec, why in dead]
 
     def describe_waiting(self, short: list[SlotKey], dead: list[dict[str, Any]]) -> str:
         """Who a starved rollout waits on (for the LearnerStarved message): the actors
@@ -439,6 +474,7 @@ class Membership:
                 )
         rec.next_seq = fragment.seq + 1
         rec.last_seen = rec.last_fragment = now
+        rec.fragment_gaps.add(now)
         rec.fragments_received += 1
         rec.steps_received += length * fragment.num_slots
         return rec, fragment.seq - expected
@@ -567,6 +603,13 @@ def _over_limits(
             f"max_total_envs={limits.max_total_envs}"
         )
     return None
+
+
+def _limit(seconds: float, timeout: float) -> str:
+    """A silence limit as a death line says it: ``actor_timeout``, or what it adapted to."""
+    if seconds <= timeout:
+        return f"actor_timeout={timeout:g}s"
+    return f"{seconds:.1f}s (actor_timeout={timeout:g}s, adapted to the gaps its link showed)"
 
 
 class FragmentRejected(Exception):

@@ -37,7 +37,7 @@ from ..wire.protocol import Fragment
 from .ingest import POLL_MS, SHUTDOWN_GRACE_S, Ingest
 from .membership import ActorRecord, Membership
 from .queues import SlotQueues
-from .report import LearnerReport
+from .report import BUDGET_SPENT, LearnerReport
 from .settings import LearnerStarved, StopRequested, run_settings
 
 __all__ = ["LeaderRanks", "RankRouting", "RankZero", "round_outcome", "run_learner_rank"]
@@ -341,9 +341,9 @@ class LeaderRanks:
         coming: the next plan says so)."""
         learner = self.learner
         cfg, report, ingest = learner.cfg, learner.report, learner.ingest
-        stop = self.stop_reason() or ("budget spent" if self.out_of_budget else "")
+        stop = self.stop_reason() or (BUDGET_SPENT if self.out_of_budget else "")
         if not stop and self.budget_spent():
-            stop = "budget spent"
+            stop = BUDGET_SPENT
         plan = self._plan(stop)
         self._call(lambda c: c.broadcast(plan))
         if stop:

@@ -9,9 +9,21 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+BUDGET_SPENT = "budget spent"
+"""The stop reason of a run that consumed its ``total_env_steps``."""
+TARGET_REACHED = "evaluation reached target_return"
+"""How the stop reason of a run that an evaluation ended early begins (the target follows)."""
 EPISODE_REWARDS_KEPT = 10_000
 """The report keeps the returns of (at least) the most recent this many episodes, so a
 long run's memory stays flat; ``episodes_completed`` counts them all."""
+
+
+def succeeded(stop_reason: str) -> bool:
+    """Whether a run that stopped for ``stop_reason`` ended as it was meant to: its
+    budget spent, or an evaluation reached ``target_return`` (not stopped, starved or
+    failed). ``zmq-rl run`` then exits 0 with its summary, whatever its actors did
+    after that end."""
+    return stop_reason == BUDGET_SPENT or stop_reason.startswith(TARGET_REACHED)
 
 
 @dataclass
@@ -51,6 +63,11 @@ class LearnerReport:
     device: str = ""
     """Where the learner's policy and PPO update ran (``"cpu"``, ``"cuda:0"``): the
     ``device`` setting resolved on this machine."""
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the run ended as it was meant to (:func:`succeeded`)."""
+        return succeeded(self.stop_reason)
 
     def add_episodes(self, returns: list[float]) -> None:
         """Count finished episodes and keep their returns (the newest

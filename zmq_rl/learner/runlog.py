@@ -269,6 +269,23 @@ class RunLog:
             finished = [self._add_background_result(*done) for done in self.evaluator.results()]
         return any(r["mean_return"] >= self.cfg.target_return for r in finished)
 
+    def evaluates_here(self) -> bool:
+        """Whether :meth:`maybe_evaluate` runs an evaluation in this process now (no
+        background evaluator, and one is due): the learner then serves its actors on a
+        thread meanwhile, however long the evaluation takes."""
+        every = self.cfg.eval_every
+        return self.evaluator is None and bool(every) and self.report.updates_completed % every == 0
+
+    def final_evaluation(self, policy: Policy | list[Policy]) -> None:
+        """At the end of a run that spent its budget (or reached its target), after the
+        actors were told to shut down: collect the background evaluation still running
+        (:meth:`finish_background`) and evaluate the final policy unless the newest
+        evaluation is of it. Nobody waits on the learner meanwhile: before, its actors
+        waited for both (minutes on a busy host) and gave up (``learner_timeout``)."""
+        self.finish_background()
+        if not self.evaluated_last_update():
+            self.evaluate(policy)
+
     def finish_background(self, timeout: float = BACKGROUND_FINISH_S) -> None:
         """At the end of the run: collect the evaluation still running (up to
         ``timeout`` seconds; a snapshot still waiting for its turn is dropped, the

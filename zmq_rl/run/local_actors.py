@@ -26,10 +26,18 @@ the same error:
 
 Those stop the run at once (``Learner.request_stop``), as does an actor whose
 restarts are exhausted, or the last actor leaving; the command then fails (exit 1)
-with a message naming the actor, its exit and the end of its log. An actor that
-exits 0 or 130 (it was told to stop, or interrupted on purpose) is not restarted
-either, and the run goes on without it. Every restart and exit is listed in
-:meth:`LocalActors.summary` (``report.json``'s ``supervisor`` section).
+with a message naming the actor, its exit and the end of its log, unless the
+learner's report says that the run succeeded (its budget spent or its target
+reached before the stop took effect: exit 0, the summary, the failure logged and
+kept in ``report.json``). An actor that exits 0 or 130 (it was told to stop, or
+interrupted on purpose) is not restarted either, and the run goes on without it.
+Every restart and exit is listed in :meth:`LocalActors.summary` (``report.json``'s
+``supervisor`` section).
+
+The run's end is not a failure: once the learner has a stop reason (it sets it
+before it tells its actors to shut down), no exit is restarted or counted against
+the run, whatever its code (an actor still waiting for its welcome when the
+learner stopped exits 1).
 
 Stopping: wait for the actors to exit after the learner's shutdown, then SIGTERM,
 wait, SIGKILL, wait: no orphans. SIGINT, SIGTERM and SIGHUP are ignored meanwhile.
@@ -60,7 +68,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..config import LearnerConfig
-from ..learner.report import LearnerReport
+from ..learner.report import LearnerReport, succeeded
 from .common import CliFailure
 from .fleet import FleetLearner
 
@@ -469,7 +477,13 @@ class LocalActors:
             self._ready_dir.cleanup()
             self._ready_dir = None
         if self.failure and exc_type in (None, KeyboardInterrupt):
-            raise CliFailure(self.failure)
+            if not succeeded(self.learner.report.stop_reason):
+                raise CliFailure(self.failure)
+            # The learner ended the run as meant before the failure could stop it: the
+            # run succeeded (exit 0, its summary); the failure stays in report.json.
+            log.warning(
+                "after the run ended (%s): %s", self.learner.report.stop_reason, self.failure
+            )
 
     def _stop_all(self, natural: bool) -> None:
         """Wait (if the run ended) then terminate, then kill; reap every actor."""

@@ -359,7 +359,8 @@ class InferenceServer:
             seed = self.cfg.seed
             if seed < 0:  # as an actor: the run's seed + 1 + its (first) actor id
                 seed = welcome.settings.seed + 1 + client.actor_id
-            self.runner = PolicyRunner(welcome, seed)
+            with client.keepalive():  # building it may import torch: heartbeat meanwhile
+                self.runner = PolicyRunner(welcome, seed)
             self.shutdown_seen = False
         elif not self.runner.load(welcome.weights):
             client.reject_weights(welcome.weights, ValueError("weights do not fit the network"))
