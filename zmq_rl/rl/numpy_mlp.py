@@ -244,7 +244,12 @@ class NumpyMLP:
     :meth:`load` takes broadcast weights (``(name, array)`` pairs) after checking them
     against the layout, all or nothing; :meth:`named_arrays` gives them back in
     ``state_dict`` order (to build the torch module from them when a caller wants
-    one: :attr:`zmq_rl.actor.agent.PolicyRunner.policy`)."""
+    one: :attr:`zmq_rl.actor.agent.PolicyRunner.policy`), and :meth:`bind` adopts a
+    torch module's tensors as numpy views, so that the module holds the weights. The
+    interface is :class:`~zmq_rl.rl.numpy_nets.NumpyNetwork`'s (feed-forward, no mask)."""
+
+    state_size = 0
+    mask_key = None
 
     def __init__(self, dims: MLPDims, cfg: PolicyConfig, rng: np.random.Generator) -> None:
         self.dims, self.cfg, self.rng = dims, cfg, rng
@@ -267,9 +272,20 @@ class NumpyMLP:
         self._arrays = {name: np.array(seen[name], copy=True) for name in self.layout}
         self._index()
 
+    def bind(self, arrays: dict[str, np.ndarray]) -> None:
+        """Act on ``arrays`` (by name, the layout's) as they are, without copying: numpy
+        views of a torch module's tensors, which loading weights into the module updates
+        in place."""
+        self._arrays = {name: arrays[name] for name in self.layout}
+        self._index()
+
     def named_arrays(self) -> list[tuple[str, np.ndarray]]:
         """The weights as ``(name, array)`` copies in ``state_dict`` order."""
         return [(name, array.copy()) for name, array in self._arrays.items()]
+
+    def initial_state(self, batch: int) -> np.ndarray:
+        """``[batch, 0]``: the plain MLP carries no state."""
+        return np.zeros((batch, 0), np.float32)
 
     def _index(self) -> None:
         """The arrays as :class:`MLPArrays` and the normalisation statistics."""
@@ -299,6 +315,11 @@ class NumpyMLP:
     def mode(self, obs: Any) -> np.ndarray:
         """The policy's mode for a batch of observations (:func:`mode_mlp`)."""
         return mode_mlp(self.arrays, self._flat(obs), self.relu)
+
+    def forward(self, obs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(the policy head's output ``[B, n]``, values ``[B]``) (:func:`mlp_forward`)."""
+        _, _, params, value = mlp_forward(self.arrays, self._flat(obs), self.relu)
+        return params, value
 
     def _flat(self, obs: Any) -> np.ndarray:
         return flat_obs(obs, self.dims.obs_dim, self.arrays.head[0].dtype, self.norm)
