@@ -27,10 +27,10 @@ refuses them; :meth:`~NumpyNetwork.act` samples as the module's ``act`` does
 ``tests/test_numpy_nets.py`` holds each to its torch module on 1,000 observations
 (modes, log-probabilities, values, recurrent states).
 
-Convolutions run as one matrix product per layer over the windows of
-``numpy.lib.stride_tricks.sliding_window_view`` (im2col), channels last; the
-measured cost per step against torch and ONNX Runtime is in docs/benchmarks.md
-(section 24, "Actor hosts without torch").
+Convolutions run channels last as one matrix product per layer over the windows
+(im2col, after a space-to-depth of the strided ones); the measured cost per step
+against torch and ONNX Runtime is in docs/benchmarks.md (section 26, "Actor hosts
+without torch").
 """
 
 from __future__ import annotations
@@ -51,7 +51,11 @@ from .weights import Layout, check_arrays
 __all__ = [
     "FACTORIES",
     "IMAGE_MIN_SIDE",
+    "LEARNER_INSTALL",
+    "TORCH_FIRST",
     "NumpyNetwork",
+    "TorchMissing",
+    "acting_network",
     "canonical_factory",
     "check_board_spaces",
     "check_cnn_spaces",
@@ -59,8 +63,11 @@ __all__ = [
     "is_board_space",
     "is_image_space",
     "leaf_paths",
+    "module_installed",
     "needs_torch_line",
     "numpy_network",
+    "require_torch",
+    "torch_installed",
     "value_at",
 ]
 
@@ -233,10 +240,13 @@ def _conv_out(side: int, kernel: int, stride: int) -> int:
 
 
 class _Conv:
-    """``nn.Conv2d`` (no padding) on channels-last input ``[N, H, W, C]`` -> ``[N, H', W',
-    F]``: the windows as rows of one matrix (im2col) times the filters."""
+    """``nn.Conv2d`` (no padding; a stride that divides the kernel, as in every shipped
+    network) on channels-last input ``[N, H, W, C]`` -> ``[N, H', W', F]``: the windows
+    as rows of one matrix (im2col) times the filters."""
 
     def __init__(self, prefix: str, channels: int, filters: int, kernel: int, stride: int) -> None:
+        if kernel % stride:
+            raise ValueError(f"{prefix}: a stride ({stride}) that does not divide the kernel")
         self.weight, self.bias = f"{prefix}.weight", f"{prefix}.bias"
         self.channels, self.filters, self.kernel, self.stride = channels, filters, kernel, stride
 
@@ -248,15 +258,27 @@ class _Conv:
         ]
 
     def __call__(self, w: Weights, x: np.ndarray) -> np.ndarray:
-        n, k, s = x.shape[0], self.kernel, self.stride
-        windows = sliding_window_view(x, (k, k), axis=(1, 2))  # [N, H', W', C, k, k]
+        n, rows, cols, channels = x.shape
+        k, s, filters = self.kernel, self.stride, self.filters
+        out_rows, out_cols = _conv_out(rows, k, s), _conv_out(cols, k, s)
+        # Space to depth: s x s blocks of cells become one cell of s * s * C channels,
+        # and the k x k stride-s window an m x m stride-1 window of blocks (m = k / s),
+        # whose columns copy runs of s * s * C contiguous floats, not runs of C: this
+        # im2col copy is the larger part of a layer's cost.
+        m = k // s
         if s > 1:
-            windows = windows[:, ::s, ::s]
-        height, width = windows.shape[1:3]
-        columns = windows.reshape(n * height * width, -1)  # (C, k, k): the weight's order
-        out = columns @ w[self.weight].reshape(self.filters, -1).T
+            rows_b, cols_b = out_rows + m - 1, out_cols + m - 1
+            x = x[:, : rows_b * s, : cols_b * s].reshape(n, rows_b, s, cols_b, s, channels)
+            x = x.transpose(0, 1, 3, 2, 4, 5).reshape(n, rows_b, cols_b, s * s * channels)
+        columns = np.concatenate(
+            [x[:, i : i + out_rows, j : j + out_cols] for i in range(m) for j in range(m)],
+            axis=3,
+        )
+        # the weight [F, C, k, k] in the columns' order (i, j, row in block, column, C)
+        weight = w[self.weight].reshape(filters, channels, m, s, m, s).transpose(0, 2, 4, 3, 5, 1)
+        out = columns.reshape(n * out_rows * out_cols, -1) @ weight.reshape(filters, -1).T
         out += w[self.bias]
-        return out.reshape(n, height, width, self.filters)
+        return out.reshape(n, out_rows, out_cols, filters)
 
 
 def _flat_nchw(x: np.ndarray) -> np.ndarray:
@@ -991,6 +1013,38 @@ def numpy_network(
 LEARNER_INSTALL = "pip install 'zmq_rl[learner]'"
 """What a host without torch installs to get it (docs/multi-host.md)."""
 
+TORCH_FIRST = frozenset({"zmq_rl.rl.cnn:nature_cnn"})
+"""Shipped networks that a host with torch runs in torch, where it acts faster than
+numpy at an actor's batch sizes (docs/benchmarks.md section 26: the Nature-DQN
+torso); a host without torch runs them in numpy."""
+
+
+class TorchMissing(ImportError):
+    """What this process was asked for needs torch, which is not installed: the message
+    is one line that names the install (:data:`LEARNER_INSTALL`)."""
+
+
+def module_installed(name: str) -> bool:
+    """Whether ``import <name>`` would find the module (without importing it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # an import hook that refuses it; sys.modules None
+        return False
+
+
+def torch_installed() -> bool:
+    """Whether ``import torch`` would find torch (without importing it)."""
+    return module_installed("torch")
+
+
+def require_torch(what: str) -> None:
+    """Raise :class:`TorchMissing` ("<what> needs torch: pip install ...") unless torch
+    is installed."""
+    if not torch_installed():
+        raise TorchMissing(f"{what} needs torch: {LEARNER_INSTALL}")
+
 
 def needs_torch_line(factory: str) -> str:
     """The one line a host without torch prints for a network only torch builds."""
@@ -998,3 +1052,22 @@ def needs_torch_line(factory: str) -> str:
         f"the run's network is a custom factory ({factory}), which needs torch on this "
         f"host: {LEARNER_INSTALL} (the shipped networks act without it)"
     )
+
+
+def acting_network(
+    observation_space: gymnasium.Space,
+    action_space: gymnasium.Space,
+    cfg: PolicyConfig,
+    rng: np.random.Generator,
+) -> NumpyNetwork | NumpyMLP | None:
+    """The numpy network an actor acts with (:func:`numpy_network`), or None where a
+    torch module acts instead: a custom factory, or a network of :data:`TORCH_FIRST`
+    on a host with torch. A custom factory on a host without torch raises
+    :class:`TorchMissing` with :func:`needs_torch_line`."""
+    factory = canonical_factory(cfg.factory) if cfg.factory else ""
+    if factory in TORCH_FIRST and torch_installed():
+        return None
+    net = numpy_network(observation_space, action_space, cfg, rng)
+    if net is None and not torch_installed():
+        raise TorchMissing(needs_torch_line(cfg.factory))
+    return net
