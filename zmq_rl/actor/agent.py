@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 
 from ..rl.device import import_torch
+from ..rl.installs import require_torch
 from ..rl.masking import check_action_mask, mask_key, mask_nvec
 from ..rl.numpy_mlp import NumpyMLP, rng_of
-from ..rl.numpy_nets import NumpyNetwork, acting_network, require_torch
+from ..rl.numpy_nets import NumpyNetwork, acting_network
 from ..rl.weights import WeightsMismatch, policy_config_from
 from ..wire.protocol import FEATURE_POLICIES, Weights, Welcome
 from ..wire.spaces import Value, as_value, env_actions, map_value, wire_dtype
@@ -94,7 +95,7 @@ class PolicyRunner:
     torch is installed and faster (:data:`~zmq_rl.rl.numpy_nets.TORCH_FIRST`), or the
     network is a custom factory that only torch builds, the network is a torch module
     from the start; without torch a custom factory is refused with one line
-    (:class:`~zmq_rl.rl.numpy_nets.TorchMissing`). The torch module of a numpy network
+    (:class:`~zmq_rl.rl.installs.TorchMissing`). The torch module of a numpy network
     is built from the current weights the first time :attr:`policy` is read, and from
     then on holds them (sampling goes on in numpy on its memory, with the same random
     stream)."""

@@ -112,7 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from zmq_rl.actor.client import LearnerLost, LearnerRefused, LearnerUnreachable
         from zmq_rl.actor.gym_actor import BadEnvValue, GymActor, SpaceMismatch
-        from zmq_rl.rl.numpy_nets import TorchMissing
 
         setup_logging(args.log_level)
         if args.parent_pid:
@@ -133,8 +132,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliFailure(f"{exc}; giving up (see --learner-timeout)") from None
         except SpaceMismatch as exc:
             raise CliFailure(str(exc)) from None
-        except TorchMissing as exc:  # a custom network on a host without torch
-            raise CliFailure(str(exc), EXIT_CONFIG) from None
         except BadEnvValue as exc:  # a restart would run into it again: not restarted
             raise CliFailure(str(exc), EXIT_CONFIG) from None
         except gym.error.Error as exc:  # the learner's env id does not exist here

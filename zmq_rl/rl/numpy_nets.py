@@ -44,6 +44,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..config import PolicyConfig
+from .installs import TorchMissing, needs_torch_line, torch_installed
 from .masking import mask_key
 from .numpy_mlp import OBS_CLIP, OBS_NORM_EPS, NumpyMLP, mlp_dims
 from .weights import Layout, check_arrays
@@ -51,23 +52,18 @@ from .weights import Layout, check_arrays
 __all__ = [
     "FACTORIES",
     "IMAGE_MIN_SIDE",
-    "LEARNER_INSTALL",
     "TORCH_FIRST",
     "NumpyNetwork",
-    "TorchMissing",
     "acting_network",
     "canonical_factory",
     "check_board_spaces",
     "check_cnn_spaces",
     "check_drop_game_spaces",
+    "fresh_weights",
     "is_board_space",
     "is_image_space",
     "leaf_paths",
-    "module_installed",
-    "needs_torch_line",
     "numpy_network",
-    "require_torch",
-    "torch_installed",
     "value_at",
 ]
 
@@ -1010,48 +1006,39 @@ def numpy_network(
     return StructuredNet(observation_space, action_space, cfg, rng)
 
 
-LEARNER_INSTALL = "pip install 'zmq_rl[learner]'"
-"""What a host without torch installs to get it (docs/multi-host.md)."""
+def fresh_weights(
+    observation_space: gymnasium.Space,
+    action_space: gymnasium.Space,
+    cfg: PolicyConfig,
+    rng: np.random.Generator,
+) -> list[tuple[str, np.ndarray]]:
+    """Weights of an untrained network of these spaces and ``cfg`` (a shipped one:
+    :func:`numpy_network`), as a learner broadcasts them, without torch: every tensor
+    of the layout, weights ``N(0, 1 / fan_in)``, biases and ``obs_mean`` 0, ``obs_var``
+    1, ``log_std`` ``cfg.log_std_init``. What a scripted learner (the conformance tool's
+    ``conformance actor``) sends; not torch's initialisation."""
+    net = numpy_network(observation_space, action_space, cfg, rng)
+    if net is None:
+        raise TorchMissing(needs_torch_line(cfg.factory))
+    out = []
+    for name, (shape, dtype) in net.layout.items():
+        if name.endswith("obs_var"):
+            array = np.ones(shape, dtype)
+        elif name.endswith("log_std"):
+            array = np.full(shape, cfg.log_std_init, dtype)
+        elif len(shape) >= 2:
+            fan_in = int(np.prod(shape[1:]))
+            array = (rng.standard_normal(shape) / math.sqrt(fan_in)).astype(dtype)
+        else:
+            array = np.zeros(shape, dtype)
+        out.append((name, array))
+    return out
+
 
 TORCH_FIRST = frozenset({"zmq_rl.rl.cnn:nature_cnn"})
 """Shipped networks that a host with torch runs in torch, where it acts faster than
 numpy at an actor's batch sizes (docs/benchmarks.md section 26: the Nature-DQN
 torso); a host without torch runs them in numpy."""
-
-
-class TorchMissing(ImportError):
-    """What this process was asked for needs torch, which is not installed: the message
-    is one line that names the install (:data:`LEARNER_INSTALL`)."""
-
-
-def module_installed(name: str) -> bool:
-    """Whether ``import <name>`` would find the module (without importing it)."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # an import hook that refuses it; sys.modules None
-        return False
-
-
-def torch_installed() -> bool:
-    """Whether ``import torch`` would find torch (without importing it)."""
-    return module_installed("torch")
-
-
-def require_torch(what: str) -> None:
-    """Raise :class:`TorchMissing` ("<what> needs torch: pip install ...") unless torch
-    is installed."""
-    if not torch_installed():
-        raise TorchMissing(f"{what} needs torch: {LEARNER_INSTALL}")
-
-
-def needs_torch_line(factory: str) -> str:
-    """The one line a host without torch prints for a network only torch builds."""
-    return (
-        f"the run's network is a custom factory ({factory}), which needs torch on this "
-        f"host: {LEARNER_INSTALL} (the shipped networks act without it)"
-    )
 
 
 def acting_network(

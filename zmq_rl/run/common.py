@@ -79,7 +79,7 @@ def require_learner_install(
     (``pip install zmq_rl``, no torch) was asked for ``what`` (the learner, an export, a
     plot). Until issue 46 ``pip install zmq_rl`` installed torch: this is the line a
     learner host installed that way before gets from now on."""
-    from zmq_rl.rl.numpy_nets import LEARNER_INSTALL, module_installed
+    from zmq_rl.rl.installs import LEARNER_INSTALL, module_installed
 
     missing = [m for m in modules if not module_installed(m)]
     if missing:
