@@ -15,8 +15,8 @@ of ``B`` rows (B = 1, 8, 64; one thread each):
 
 ``install``: zmq_rl's wheel built from this tree (not timed), a fresh venv
 (``python -m venv``), then ``pip install`` of the wheel with no extras (the actor
-host's install, its dependencies from the wheels pip finds): seconds, and megabytes
-on disk of the venv, of its site-packages, and of what the install added
+host's install, tests/actor_host.py; its dependencies from the wheels pip finds):
+seconds, and megabytes on disk of the venv and of what the install added
 (site-packages less the venv's own pip and setuptools); checks that torch is absent.
 
     python bench/torch_free.py                 # both
@@ -296,75 +296,28 @@ def _time(fn: Any, seconds: float) -> float:
     return best
 
 
-def _megabytes(path: Path) -> float:
-    return (
-        sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()) / 1e6
-    )
-
-
-def build_wheel(python: str, out: Path) -> Path:
-    """zmq_rl's wheel from a copy of this repository's package files (the copy keeps
-    ``build/`` and ``*.egg-info`` out of the worktree), built by ``python``'s own
-    setuptools without build isolation: what a package index would hold."""
-    source = out / "src"
-    source.mkdir(parents=True)
-    for name in ("setup.cfg", "pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, source / name)
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(ROOT / "zmq_rl", source / "zmq_rl", ignore=ignore)
-    (source / "bin").mkdir()
-    shutil.copy2(ROOT / "bin" / "zmq-rl-tmux", source / "bin" / "zmq-rl-tmux")
-    subprocess.run(
-        [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--wheel-dir", str(out), str(source)],
-        check=True,
-    )  # fmt: skip
-    return next(out.glob("zmq_rl-*.whl"))
-
-
-def install_cost(python: str) -> dict[str, Any]:
+def install_cost() -> dict[str, Any]:
     """A fresh venv and ``pip install`` of zmq_rl's wheel, no extras (the actor host's
-    install; its dependencies from the wheels pip finds: its cache, local indexes)."""
+    install, tests/actor_host.py; its dependencies from the wheels pip finds)."""
+    from tests.actor_host import make_actor_host
+
     tmp = Path(tempfile.mkdtemp(prefix="actor-host-"))
     try:
-        wheel = build_wheel(sys.executable, tmp / "wheel")
-        venv = tmp / "venv"
-        t0 = time.perf_counter()
-        subprocess.run([python, "-m", "venv", str(venv)], check=True)
-        t1 = time.perf_counter()
-        subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-             "--disable-pip-version-check", str(wheel)],
-            check=True,
-        )  # fmt: skip
-        t2 = time.perf_counter()
-        site = next((venv / "lib").glob("python3*/site-packages"))
-        own = ("pip", "setuptools", "_distutils_hack", "distutils-precedence.pth", "pkg_resources")
-        own_mb = sum(
-            _megabytes(p) if p.is_dir() else p.stat().st_size / 1e6
-            for p in site.iterdir()
-            if p.name.split("-")[0] in own or p.name in own
-        )
-        torch = subprocess.run(
-            [str(venv / "bin" / "python"), "-c", "import torch"], capture_output=True
-        ).returncode == 0  # fmt: skip
-        listing = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "freeze",
-             "--disable-pip-version-check"], capture_output=True, text=True, check=True,
-        ).stdout.split()  # fmt: skip
+        host = make_actor_host(tmp)
+        torch = subprocess.run([str(host.python), "-c", "import torch"], capture_output=True)
         out = {
-            "venv_s": t1 - t0,
-            "pip_install_s": t2 - t1,
-            "venv_mb": _megabytes(venv),
-            "site_packages_mb": _megabytes(site),
-            "added_mb": _megabytes(site) - own_mb,
-            "torch_importable": torch,
-            "packages": listing,
+            "venv_s": host.venv_s,
+            "pip_install_s": host.install_s,
+            "venv_mb": host.venv_mb,
+            "installed_mb": host.installed_mb,
+            "torch_importable": torch.returncode == 0,
+            "packages": host.packages,
         }
         print(
-            f"actor host: venv {out['venv_s']:.1f} s, pip install {out['pip_install_s']:.1f} s; "
-            f"{out['venv_mb']:.0f} MB venv, {out['added_mb']:.0f} MB installed by zmq_rl "
-            f"({len(listing)} packages with pip and setuptools); torch importable: {torch}",
+            f"actor host: venv {host.venv_s:.1f} s, pip install {host.install_s:.1f} s; "
+            f"{host.venv_mb:.0f} MB venv, {host.installed_mb:.0f} MB installed by zmq_rl "
+            f"({len(host.packages)} packages with pip and setuptools); torch importable: "
+            f"{out['torch_importable']}",
             flush=True,
         )
         return out
@@ -376,15 +329,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", nargs="?", choices=("step", "install", "both"), default="both")
     parser.add_argument("--seconds", type=float, default=1.5, help="per timing")
-    parser.add_argument("--python", default=sys.executable, help="the venv's base interpreter")
     _util.add_common_flags(parser)
     args = parser.parse_args()
     data: dict[str, Any] = {}
     if args.what in ("step", "both"):
         data["step"] = step_costs(0.2 if args.smoke else args.seconds)
     if args.what in ("install", "both"):
-        base = getattr(sys, "_base_executable", sys.executable)
-        data["install"] = install_cost(args.python if args.python != sys.executable else base)
+        data["install"] = install_cost()
     _util.write_result("torch_free", args, data)
     return 0
 
