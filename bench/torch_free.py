@@ -1,8 +1,9 @@
 """Actor hosts without torch (issue 46): what acting costs per step in numpy, in torch
 and in ONNX Runtime, and what the actor host's install costs.
 
-``step``: for each shipped network at its preset's size, the time of one acting step
-of ``B`` rows (B = 1, 8, 64; one thread each):
+``step``: for each shipped network at its preset's size, the CPU time of one acting
+step of ``B`` rows (B = 1, 8, 64; one thread each; CPU time, not wall time, so that a
+shared box's load does not count):
 
 * ``numpy``: :mod:`zmq_rl.rl.numpy_nets` / :mod:`~zmq_rl.rl.numpy_mlp` ``act``
   (the forward pass and the sampling), what every actor runs;
@@ -275,24 +276,28 @@ def _util_threads() -> None:
 
 
 def _time(fn: Any, seconds: float) -> float:
-    """Seconds per call of ``fn``: the best of 3 runs of about ``seconds / 3`` each."""
+    """CPU seconds of this process per call of ``fn``: the least of 5 runs of about
+    ``seconds / 5`` each. CPU time, not wall time: on a box that other work shares
+    (this one's two cores often are), waiting for a core is not the cost of a step;
+    every variant runs on one thread (BLAS, torch, ONNX Runtime), so the two agree on
+    an idle box."""
     fn()
     n = 1
     while True:
-        t = time.perf_counter()
+        t = time.process_time()
         for _ in range(n):
             fn()
-        dt = time.perf_counter() - t
+        dt = time.process_time() - t
         if dt > 0.02:
             break
         n *= 2
-    reps = max(1, int(seconds / 3 / (dt / n)))
+    reps = max(1, int(seconds / 5 / (dt / n)))
     best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
+    for _ in range(5):
+        t = time.process_time()
         for _ in range(reps):
             fn()
-        best = min(best, (time.perf_counter() - t) / reps)
+        best = min(best, (time.process_time() - t) / reps)
     return best
 
 

@@ -50,6 +50,7 @@ from ..rl.networks import RecurrentActorCritic, action_mask_of, leaf_paths
 from ..rl.policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
 from ..rl.policy_file import (
     NOT_OURS,
+    POLICY_NAME,  # noqa: F401  (defined here before rl/policy_file.py)
     PolicyFileError,
     SavedPolicy,
     policy_path,
