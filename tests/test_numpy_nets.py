@@ -31,6 +31,9 @@ from zmq_rl.conformance.vectors import masked_spaces
 from zmq_rl.rl.numpy_mlp import NumpyMLP, rng_of
 from zmq_rl.rl.numpy_nets import NumpyNetwork, leaf_paths, numpy_network
 from zmq_rl.rl.policy import build_policy, export_weights
+from zmq_rl.wire.spaces import batch_obs
+
+from .test_protocol_network import CASES as PAGE_CASES
 
 ROWS = 1000
 TOL = {"rtol": 1e-4, "atol": 1e-4}
@@ -60,24 +63,8 @@ CASES: dict[str, tuple[gym.Space, gym.Space, PolicyConfig]] = {
         *masked_spaces(),
         PolicyConfig(hidden_sizes=(16,), normalize_obs=True),
     ),
-    "dict-masked-multidiscrete": (
-        gym.spaces.Dict(
-            [
-                ("action_mask", gym.spaces.MultiBinary(5)),
-                ("gear", gym.spaces.Discrete(3, start=1)),
-                ("pos", gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32)),
-            ]
-        ),
-        gym.spaces.MultiDiscrete([2, 3]),
-        PolicyConfig(hidden_sizes=(8, 4), activation="relu", normalize_obs=True),
-    ),
-    "tuple-multibinary": (
-        gym.spaces.Tuple(
-            (gym.spaces.MultiDiscrete([3, 2], start=[1, 0]), gym.spaces.Box(0, 9, (2,), np.int16))
-        ),
-        gym.spaces.MultiBinary(3),
-        PolicyConfig(hidden_sizes=(4,), shared_trunk=True),
-    ),
+    "dict-masked-multidiscrete": PAGE_CASES["multi-discrete-masked"],
+    "tuple-multibinary": PAGE_CASES["tuple-multi-binary"],
     "box-2d-action": (
         gym.spaces.Box(-5, 5, (3,), np.int64),
         gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32),
@@ -159,14 +146,6 @@ def replay(monkeypatch: pytest.MonkeyPatch, draws: list[np.ndarray]) -> None:
     monkeypatch.setattr(torch, "randn", lambda shape, *a, **k: next_draw(shape))
 
 
-def stack(values: list[Any], space: gym.Space) -> Any:
-    if isinstance(space, gym.spaces.Dict):
-        return {k: stack([v[k] for v in values], s) for k, s in space.spaces.items()}
-    if isinstance(space, gym.spaces.Tuple):
-        return tuple(stack([v[i] for v in values], s) for i, s in enumerate(space.spaces))
-    return np.stack(values)
-
-
 def tensors(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: tensors(v) for k, v in value.items()}
@@ -179,7 +158,7 @@ def tensors(value: Any) -> Any:
 def observations(space: gym.Space, rows: int, seed: int) -> Any:
     """``rows`` observations of ``space``; every mask allows an action per component."""
     space.seed(seed)
-    obs = stack([space.sample() for _ in range(rows)], space)
+    obs = batch_obs(space, [space.sample() for _ in range(rows)])  # (in the wire's dtypes)
     if isinstance(space, gym.spaces.Dict) and "action_mask" in space.spaces:
         obs["action_mask"][:, 0] = 1
         obs["action_mask"][:, 2] = 1  # (MultiDiscrete [2, 3]: component 1 starts at 2)

@@ -227,36 +227,49 @@ def test_training_through_a_torch_free_actor_equals_training_through_a_torch_one
 
 # -- separate hosts -------------------------------------------------------------------
 
-AGENT_SIM = textwrap.dedent(
+SLOTS = textwrap.dedent(
     """
-    # A simulator that embeds zmq_rl.Agent: CartPole envs stepped by its own loop.
-    import sys
-    import time
-
+    # CartPole envs stepped in lockstep, one per slot, as a simulator's own loop would.
     import gymnasium as gym
     import numpy as np
 
+
+    def make(slots, seed):
+        envs = [gym.make("CartPole-v1") for _ in range(slots)]
+        return envs, np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+
+
+    def step(envs, actions):
+        rewards, terminated, truncated, final, nxt = np.zeros(len(envs)), [], [], {}, []
+        for j, env in enumerate(envs):
+            o, rewards[j], te, tr, _ = env.step(int(actions[j]))
+            terminated.append(te)
+            truncated.append(tr)
+            if te or tr:
+                if tr and not te:
+                    final[j] = o
+                o, _ = env.reset()
+            nxt.append(o)
+        return rewards, terminated, truncated, final, np.stack(nxt)
+    """
+)
+
+AGENT_SIM = textwrap.dedent(
+    """
+    # A simulator that embeds zmq_rl.Agent.
+    import sys
+    import time
+
+    import slots as sim
     from zmq_rl import Agent
 
     learner, slots = sys.argv[1], int(sys.argv[2])
-    envs = [gym.make("CartPole-v1") for _ in range(slots)]
-    obs = np.stack([env.reset(seed=100 + i)[0] for i, env in enumerate(envs)])
+    envs, obs = sim.make(slots, seed=100)
     first = None
     with Agent(learner, envs[0].observation_space, envs[0].action_space, slots,
                register_timeout=120, learner_timeout=60) as agent:
         while not agent.shutdown_requested:
-            actions = agent.act(obs)
-            rewards, terminated, truncated, final, nxt = np.zeros(slots), [], [], {}, []
-            for j, env in enumerate(envs):
-                o, rewards[j], te, tr, _ = env.step(int(actions[j]))
-                terminated.append(te)
-                truncated.append(tr)
-                if te or tr:
-                    if tr and not te:
-                        final[j] = o
-                    o, _ = env.reset()
-                nxt.append(o)
-            obs = np.stack(nxt)
+            rewards, terminated, truncated, final, obs = sim.step(envs, agent.act(obs))
             agent.observe(rewards, terminated, truncated, obs, final)
             if first is None and agent.stats.get("fragments_sent", 0) >= 1:
                 first = time.process_time()
@@ -270,32 +283,18 @@ SERVED_SIM = textwrap.dedent(
     # A simulator that asks zmq-rl serve for its actions (docs/inference.md).
     import sys
 
-    import gymnasium as gym
-    import numpy as np
-
+    import slots as sim
     from zmq_rl.actor.inference import InferenceClient, RunOver
 
     endpoint, slots = sys.argv[1], int(sys.argv[2])
     client = InferenceClient(endpoint, timeout=120)
-    envs = [gym.make("CartPole-v1") for _ in range(slots)]
     client.attach(slots, env_id="CartPole-v1")
-    obs = np.stack([env.reset(seed=200 + i)[0] for i, env in enumerate(envs)])
-    outcome = (None, None, None, None)
-    steps = 0
+    envs, obs = sim.make(slots, seed=200)
+    outcome, steps = (None, None, None, None), 0
     try:
         while True:
-            actions = client.infer(obs, *outcome)
-            rewards, terminated, truncated, final, nxt = np.zeros(slots), [], [], {}, []
-            for j, env in enumerate(envs):
-                o, rewards[j], te, tr, _ = env.step(int(actions[j]))
-                terminated.append(te)
-                truncated.append(tr)
-                if te or tr:
-                    if tr and not te:
-                        final[j] = o
-                    o, _ = env.reset()
-                nxt.append(o)
-            obs, outcome, steps = np.stack(nxt), (rewards, terminated, truncated, final), steps + 1
+            *outcome, obs = sim.step(envs, client.infer(obs, *outcome))
+            steps += 1
     except RunOver:
         print(f"run over after {steps} steps", flush=True)
     finally:
@@ -366,7 +365,7 @@ def first_fragment_cpu(text: str) -> float:
 def scripts(tmp_path: Path) -> dict[str, Path]:
     out = {}
     for name, body in (("agent_sim", AGENT_SIM), ("served_sim", SERVED_SIM),
-                       ("actor", FIRST_FRAGMENT_ACTOR)):  # fmt: skip
+                       ("actor", FIRST_FRAGMENT_ACTOR), ("slots", SLOTS)):  # fmt: skip
         out[name] = tmp_path / f"{name}.py"
         out[name].write_text(body)
     return out

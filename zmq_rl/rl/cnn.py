@@ -28,13 +28,12 @@ from __future__ import annotations
 import math
 
 import gymnasium
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from zmq_rl.config import PolicyConfig
-from zmq_rl.rl.numpy_nets import check_cnn_spaces
+from zmq_rl.rl.numpy_nets import check_cnn_spaces, nature_settings
 
 __all__ = ["NatureCNN", "minatar_cnn", "minatar_conv", "nature_cnn"]
 
@@ -174,17 +173,8 @@ def nature_cnn(
     ``ortho_init`` applies (the MLP settings do not; ``normalize_obs`` is refused:
     pixels are scaled, not standardised).
     """
-    check_cnn_spaces(
-        "nature_cnn", observation_space, action_space, (2, 3), "(C, H, W), (H, W, C) or (H, W)"
-    )
-    if cfg.normalize_obs:
-        raise ValueError(
-            "zmq_rl.rl.cnn:nature_cnn scales pixels by 1/255; turn normalize_obs off "
-            "(--no-normalize-obs)"
-        )
+    channels_last, scale = nature_settings(observation_space, action_space, cfg)
     shape = tuple(int(d) for d in observation_space.shape)
-    channels_last = len(shape) == 3 and shape[-1] < shape[0]
-    scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
     return NatureCNN(
         shape,
         int(action_space.n),

@@ -53,6 +53,7 @@ from .masking import mask_key, masked_logits
 from .normalization import merge_moments
 from .numpy_nets import (
     IMAGE_MIN_SIDE,  # noqa: F401  (defined here before rl/numpy_nets.py)
+    category_index,
     is_board_space,
     is_image_space,
     leaf_paths,
@@ -348,13 +349,7 @@ class ActionHeads(nn.Module):
                 if isinstance(space, gymnasium.spaces.Discrete)
                 else np.asarray(space.nvec, np.int64).reshape(-1)
             )
-            widest = int(nvec.max())
-            offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
-            index = np.zeros((len(nvec), widest), np.int64)
-            valid = np.zeros((len(nvec), widest), bool)
-            for k, (n, off) in enumerate(zip(nvec, offsets, strict=True)):
-                index[k, :n] = off + np.arange(n)
-                valid[k, :n] = True
+            index, valid = category_index(nvec)
             self.register_buffer("index", torch.from_numpy(index), persistent=False)
             self.register_buffer("valid", torch.from_numpy(valid), persistent=False)
             self.padded = not bool(valid.all())

@@ -27,13 +27,12 @@ module knows the network from its config alone:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from zmq_rl.config import PolicyConfig
-from zmq_rl.rl.weights import Layout, check_arrays
+from zmq_rl.rl.weights import ArrayWeights, Layout
 
 __all__ = [
     "OBS_CLIP",
@@ -237,7 +236,7 @@ def rng_of(seed: int) -> np.random.Generator:
     return np.random.default_rng(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
-class NumpyMLP:
+class NumpyMLP(ArrayWeights):
     """The plain MLP of ``dims`` and ``cfg`` (:func:`mlp_layout`) as numpy arrays, acting
     as :meth:`ActorCritic.act` samples, with its own random stream ``rng``.
 
@@ -255,41 +254,15 @@ class NumpyMLP:
         self.dims, self.cfg, self.rng = dims, cfg, rng
         self.layout: Layout = mlp_layout(dims, cfg)
         self.relu = cfg.activation == "relu"
-        self._arrays: dict[str, np.ndarray] = {
-            name: np.zeros(shape, dtype) for name, (shape, dtype) in self.layout.items()
-        }
-        self._index()
-
-    def check(self, weights: Sequence[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        """Raise :class:`~zmq_rl.rl.weights.WeightsMismatch` unless ``weights`` fit the
-        network exactly; the arrays by name."""
-        return check_arrays(self.layout, weights)
-
-    def load(self, weights: Sequence[tuple[str, np.ndarray]]) -> None:
-        """Check ``weights`` (:meth:`check`), then take them (copies: frames from a
-        socket are read-only and reused); nothing changes when they do not fit."""
-        seen = self.check(weights)
-        self._arrays = {name: np.array(seen[name], copy=True) for name in self.layout}
-        self._index()
-
-    def bind(self, arrays: dict[str, np.ndarray]) -> None:
-        """Act on ``arrays`` (by name, the layout's) as they are, without copying: numpy
-        views of a torch module's tensors, which loading weights into the module updates
-        in place."""
-        self._arrays = {name: arrays[name] for name in self.layout}
-        self._index()
-
-    def named_arrays(self) -> list[tuple[str, np.ndarray]]:
-        """The weights as ``(name, array)`` copies in ``state_dict`` order."""
-        return [(name, array.copy()) for name, array in self._arrays.items()]
+        self._zeros()
 
     def initial_state(self, batch: int) -> np.ndarray:
         """``[batch, 0]``: the plain MLP carries no state."""
         return np.zeros((batch, 0), np.float32)
 
-    def _index(self) -> None:
+    def _held(self) -> None:
         """The arrays as :class:`MLPArrays` and the normalisation statistics."""
-        w = self._arrays
+        w = self.w
         depth = len(self.cfg.hidden_sizes)
 
         def layers(trunk: str) -> tuple[Layer, ...]:

@@ -47,7 +47,7 @@ from ..config import PolicyConfig
 from .installs import TorchMissing, needs_torch_line, torch_installed
 from .masking import mask_key
 from .numpy_mlp import OBS_CLIP, OBS_NORM_EPS, NumpyMLP, mlp_dims
-from .weights import Layout, check_arrays
+from .weights import ArrayWeights, Layout
 
 __all__ = [
     "FACTORIES",
@@ -56,6 +56,7 @@ __all__ = [
     "NumpyNetwork",
     "acting_network",
     "canonical_factory",
+    "category_index",
     "check_board_spaces",
     "check_cnn_spaces",
     "check_drop_game_spaces",
@@ -63,6 +64,7 @@ __all__ = [
     "is_board_space",
     "is_image_space",
     "leaf_paths",
+    "nature_settings",
     "numpy_network",
     "value_at",
 ]
@@ -496,6 +498,21 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
+def category_index(nvec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each categorical component's logits are among the ``sum(nvec)``
+    parameters, laid out ``[K, widest]`` (component ``k``'s in row ``k``), and which
+    entries are real (the rest pad the narrower components): the layout of
+    :class:`~zmq_rl.rl.networks.ActionHeads`'s softmax, shared with :class:`_Heads`."""
+    widest = int(nvec.max())
+    offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
+    index = np.zeros((len(nvec), widest), np.int64)
+    valid = np.zeros((len(nvec), widest), bool)
+    for k, (n, off) in enumerate(zip(nvec, offsets, strict=True)):
+        index[k, :n] = off + np.arange(n)
+        valid[k, :n] = True
+    return index, valid
+
+
 class _Heads:
     """:class:`~zmq_rl.rl.networks.ActionHeads`: the distribution of the action space
     from ``num_params`` parameters per row, sampled and scored in numpy."""
@@ -510,13 +527,7 @@ class _Heads:
                 if isinstance(space, gymnasium.spaces.Discrete)
                 else np.asarray(space.nvec, np.int64).reshape(-1)
             )
-            widest = int(nvec.max())
-            offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
-            self.index = np.zeros((len(nvec), widest), np.int64)
-            self.valid = np.zeros((len(nvec), widest), bool)
-            for k, (n, off) in enumerate(zip(nvec, offsets, strict=True)):
-                self.index[k, :n] = off + np.arange(n)
-                self.valid[k, :n] = True
+            self.index, self.valid = category_index(nvec)
             self.padded = not bool(self.valid.all())
             self.num_params = int(nvec.sum())
         elif isinstance(space, gymnasium.spaces.MultiBinary):
@@ -612,7 +623,7 @@ class _Heads:
 # --------------------------------------------------------------------------- networks
 
 
-class NumpyNetwork:
+class NumpyNetwork(ArrayWeights):
     """A network of :func:`numpy_network` holding its weights as numpy arrays.
 
     :attr:`layout` is the torch module's ``state_dict`` (names, shapes, dtypes, in
@@ -629,30 +640,7 @@ class NumpyNetwork:
     def __init__(self, entries: Entries, rng: np.random.Generator) -> None:
         self.rng = rng
         self.layout: Layout = {name: (tuple(shape), dtype) for name, shape, dtype in entries}
-        self.w: Weights = {
-            name: np.zeros(shape, dtype) for name, (shape, dtype) in self.layout.items()
-        }
-
-    # -- weights ---------------------------------------------------------------------
-
-    def check(self, weights: Sequence[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        """Raise :class:`~zmq_rl.rl.weights.WeightsMismatch` unless ``weights`` fit the
-        network exactly; the arrays by name."""
-        return check_arrays(self.layout, weights)
-
-    def load(self, weights: Sequence[tuple[str, np.ndarray]]) -> None:
-        """Check ``weights`` (:meth:`check`), then take copies of them (frames from a
-        socket are read-only and reused); nothing changes when they do not fit."""
-        seen = self.check(weights)
-        self.w = {name: np.array(seen[name], copy=True) for name in self.layout}
-
-    def bind(self, arrays: dict[str, np.ndarray]) -> None:
-        """Act on ``arrays`` (by name, the layout's) as they are, without copying."""
-        self.w = {name: arrays[name] for name in self.layout}
-
-    def named_arrays(self) -> list[tuple[str, np.ndarray]]:
-        """The weights as ``(name, array)`` copies in ``state_dict`` order."""
-        return [(name, self.w[name].copy()) for name in self.layout]
+        self._zeros()
 
     @property
     def dtype(self) -> np.dtype:
@@ -909,12 +897,13 @@ class DropGameNet(NumpyNetwork):
 # --------------------------------------------------------------------------- builders
 
 
-def _nature(
-    observation_space: gymnasium.Space,
-    action_space: gymnasium.Space,
-    cfg: PolicyConfig,
-    rng: np.random.Generator,
-) -> ConvNet:
+def nature_settings(
+    observation_space: gymnasium.Space, action_space: gymnasium.Space, cfg: PolicyConfig
+) -> tuple[bool, float]:
+    """What ``zmq_rl.rl.cnn:nature_cnn`` takes of its spaces and ``cfg``: whether the
+    frames are channels last, and the scale of their pixels (1/255 for uint8); a
+    ValueError in its words for what it refuses (:func:`check_cnn_spaces`,
+    ``normalize_obs``)."""
     check_cnn_spaces(
         "nature_cnn", observation_space, action_space, (2, 3), "(C, H, W), (H, W, C) or (H, W)"
     )
@@ -924,12 +913,23 @@ def _nature(
             "(--no-normalize-obs)"
         )
     shape = tuple(int(d) for d in observation_space.shape)
+    channels_last = len(shape) == 3 and shape[-1] < shape[0]
+    return channels_last, 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
+
+
+def _nature(
+    observation_space: gymnasium.Space,
+    action_space: gymnasium.Space,
+    cfg: PolicyConfig,
+    rng: np.random.Generator,
+) -> ConvNet:
+    channels_last, scale = nature_settings(observation_space, action_space, cfg)
     return ConvNet(
         observation_space,
         action_space,
         rng,
-        channels_last=len(shape) == 3 and shape[-1] < shape[0],
-        scale=1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0,
+        channels_last=channels_last,
+        scale=scale,
         hidden=512,
         conv=NATURE_CONV,
     )
