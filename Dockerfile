@@ -16,7 +16,8 @@ ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}
 
 # torch from the CPU wheel index first (the default index would fetch the CUDA build,
-# gigabytes larger), then zmq_rl (classic-control envs; add extras for others).
+# gigabytes larger), then zmq_rl with its learner extra (classic-control envs; add
+# extras for others). Actors need none of torch: Dockerfile.actor is their slim image.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 ENV PYTHONUNBUFFERED=1 \
@@ -30,7 +31,7 @@ WORKDIR /opt/zmq_rl
 COPY pyproject.toml setup.cfg README.md ./
 COPY bin/zmq-rl-tmux bin/zmq-rl-tmux
 COPY zmq_rl zmq_rl
-RUN python -m pip install .
+RUN python -m pip install '.[learner]'
 
 # Not root; run dirs go to /runs (mount a volume there).
 RUN useradd --create-home --uid 1000 rl && mkdir /runs && chown rl /runs

@@ -4,18 +4,20 @@
 
 ensure_venv() {
     # ensure_venv train|test. Create .venv if missing; install torch 2.13.0 (the CPU wheel
-    # pip finds locally) first, so that zmq_rl's torch>=2.2 adds nothing, then zmq_rl
-    # itself (editable): for "train" only its runtime (what `zmq-rl run --env CartPole-v1`
-    # imports: pyzmq, msgpack, numpy, gymnasium, torch, matplotlib, rich), for "test" with
-    # the test extras (every env, export, tracking and cluster package the suite uses).
+    # pip finds locally) first, so that the learner extra's torch>=2.2 adds nothing, then
+    # zmq_rl itself (editable) with its learner extra: for "train" only the learner's
+    # runtime (what `zmq-rl run --env CartPole-v1` imports: pyzmq, msgpack, numpy,
+    # gymnasium, torch, matplotlib, rich), for "test" with the test extras (every env,
+    # export, tracking and cluster package the suite uses).
     # Skipped when nothing changed since the last install of that level or above: the
     # stamp file holds the level installed ("test" serves train; "train" does not serve
     # test; an empty stamp, written before levels existed, was a test install).
     local level=${1:?ensure_venv needs train or test} py=${PYTHON:-} stamp=.venv/.zmq_rl-installed
-    local target=. installed="" modules='"zmq_rl", "torch", "zmq", "gymnasium", "rich", "matplotlib"'
+    local target='.[learner]' installed=""
+    local modules='"zmq_rl", "torch", "zmq", "gymnasium", "rich", "matplotlib"'
     case "$level" in
         train) ;;
-        test) target='.[test]'; modules+=', "pytest", "ruff", "psutil"' ;;
+        test) target='.[learner,test]'; modules+=', "pytest", "ruff", "psutil"' ;;
         *) echo "ensure_venv: unknown level '$level' (train or test)" >&2; exit 2 ;;
     esac
     if [ ! -x .venv/bin/python ]; then
@@ -45,7 +47,7 @@ sys.exit(any(u.find_spec(m) is None for m in ($modules)))"
     fi
     # A test install keeps serving train after setup.cfg changes: reinstall what it had.
     if [ "$installed" = test ]; then
-        level=test target='.[test]'
+        level=test target='.[learner,test]'
     fi
     echo "installing torch 2.13.0 and zmq_rl${target#.} ($level) into .venv" >&2
     .venv/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0

@@ -29,11 +29,11 @@ import sys
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from examples.thermostat_physics import OBS_LIMIT, POWER_LEVELS_KW, Building
 from zmq_rl import Agent
 from zmq_rl.actor.client import LearnerLost, LearnerRefused, LearnerUnreachable
+from zmq_rl.rl.device import set_compute_threads
 
 log = logging.getLogger("thermostat_sim")
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    torch.set_num_threads(1)
+    set_compute_threads(1)  # numpy's BLAS (the agent's network acts in numpy: no torch)
     try:
         stats = run(
             args.learner,

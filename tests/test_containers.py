@@ -118,7 +118,7 @@ def test_the_dockerfile_installs_the_package_and_runs_its_console_scripts():
         assert kind != "ADD", "ADD fetches URLs and unpacks archives: use COPY"
     runs = " ".join(v for k, v in instructions if k == "RUN")
     assert "torch==${TORCH_VERSION}" in runs and "--index-url" in runs
-    assert "pip install ." in runs
+    assert "pip install '.[learner]'" in runs
     assert parser.args["TORCH_VERSION"] == "2.13.0"
     users = [v for k, v in instructions if k == "USER"]
     assert users and users[-1] not in ("root", "0")
@@ -132,10 +132,43 @@ def test_the_dockerfile_installs_the_package_and_runs_its_console_scripts():
     ]
     assert scripts == ["zmq-learner", "zmq-actor", "zmq-rl"]
     # the manifests start scripts that the image installs, from the image it builds
-    for name in ("zmq-rl-learner", "zmq-rl-actor"):
+    for name, image in (("zmq-rl-learner", "zmq-rl:"), ("zmq-rl-actor", "zmq-rl-actor:")):
         c = container(by_kind("Deployment", name))
-        assert c["image"].startswith("zmq-rl:")
+        assert c["image"].startswith(image)
         started = c["command"][0] if c["command"][0] != "/bin/sh" else "zmq-learner"
         assert started in scripts
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and "runs" in ignored and ".git" in ignored
+
+
+def test_the_actor_dockerfile_installs_zmq_rl_without_torch():
+    """Dockerfile.actor (issue 46): the actor host's install, ``pip install .`` with no
+    extras, checked for the absence of torch; the same base, sources, user and scripts
+    as the learner's image, and no port."""
+    with open(ROOT / "Dockerfile.actor", "rb") as file:
+        parser = dockerfile_parse.DockerfileParser(fileobj=file)
+        instructions = [
+            (i["instruction"], i["value"])
+            for i in parser.structure
+            if i["instruction"] != "COMMENT"
+        ]
+        base = parser.baseimage
+    assert base.startswith("python:3.11")
+    for kind, value in instructions:
+        if kind == "COPY":
+            *sources, _ = value.split()
+            for source in sources:
+                assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+        assert kind not in ("ADD", "EXPOSE"), kind
+    runs = " ".join(v for k, v in instructions if k == "RUN")
+    assert "pip install . ${EXTRA_PACKAGES}" in runs and "find_spec('torch') is not None" in runs
+    assert "torch" not in runs.replace("find_spec('torch')", "")
+    assert "[" not in runs.split("pip install", 1)[1].split("&&")[0]  # no extra of zmq_rl
+    users = [v for k, v in instructions if k == "USER"]
+    assert users and users[-1] not in ("root", "0")
+    (cmd,) = [v for k, v in instructions if k == "CMD"]
+    assert cmd.startswith('["zmq-actor"')
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    required = setup["options"]["install_requires"]
+    assert "torch" not in required and "torch" in setup["options.extras_require"]["learner"]

@@ -137,12 +137,12 @@ def _closure(requirements: list[Requirement]) -> set[str]:
 
 def test_train_installs_torch_then_the_runtime_and_test_the_test_extras(repo) -> None:
     train = _installs(_script(repo, "train", "--actors", "1"))
-    assert train == ["torch==2.13.0", "."]
+    assert train == ["torch==2.13.0", ".[learner]"]
     assert (repo / ".venv" / ".zmq_rl-installed").read_text().strip() == "train"
     # bin/train ran zmq-rl run with CartPole and the user's arguments
     assert "zmq-rl run --env CartPole-v1 --actors 1" in (repo / "shim.log").read_text()
     # a train-only venv is not test-ready: bin/test installs the test extras
-    assert _installs(_script(repo, "test", "-x")) == ["torch==2.13.0", ".[test]"]
+    assert _installs(_script(repo, "test", "-x")) == ["torch==2.13.0", ".[learner,test]"]
     assert (repo / ".venv" / ".zmq_rl-installed").read_text().strip() == "test"
     # a test venv serves both without a new installation
     assert _installs(_script(repo, "train")) == []
@@ -155,7 +155,11 @@ def test_train_installs_an_extra_once_and_passes_the_rest_on(repo) -> None:
     ``multi-agent``: pip does not normalise a requested extra's name, and installed
     nothing."""
     args = ("--extra", "multi_agent", "--env", "pettingzoo.sisl.pursuit_v5")
-    assert _installs(_script(repo, "train", *args)) == ["torch==2.13.0", ".", ".[multi-agent]"]
+    assert _installs(_script(repo, "train", *args)) == [
+        "torch==2.13.0",
+        ".[learner]",
+        ".[multi-agent]",
+    ]
     assert (repo / ".venv" / ".zmq_rl-extra-multi-agent").is_file()
     log = (repo / "shim.log").read_text()
     assert "zmq-rl run --env CartPole-v1 --env pettingzoo.sisl.pursuit_v5" in log
@@ -296,7 +300,7 @@ def test_a_train_venv_serves_train_and_an_old_stamp_serves_both(repo) -> None:
 def test_a_changed_setup_cfg_reinstalls_a_test_venv_with_its_test_extras(repo) -> None:
     _script(repo, "test")
     os.utime(repo / "setup.cfg")  # now newer than the stamp
-    assert _installs(_script(repo, "train")) == ["torch==2.13.0", ".[test]"]
+    assert _installs(_script(repo, "train")) == ["torch==2.13.0", ".[learner,test]"]
     assert _installs(_script(repo, "test")) == []
 
 
@@ -355,5 +359,5 @@ def test_the_readme_starts_with_the_two_commands_and_says_what_each_installs() -
     first = text[: text.index("\n## ", 1)]
     assert re.findall(r"```bash\n(.*?)```", first, re.S) == ["bin/train\nbin/test\n"]
     train, test = first.split("`bin/test` installs", 1)
-    assert "`pip install -e .`" in train and "runtime only" in train
-    assert "`pip install -e '.[test]'`" in test
+    assert "`pip install -e '.[learner]'`" in train and "runtime only" in train
+    assert "`pip install -e '.[learner,test]'`" in test

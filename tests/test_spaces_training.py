@@ -19,20 +19,23 @@ from zmq_rl.cli import main as main_cli
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT = 420.0
 
-# (env, random policy's return, bound the trained evaluation must pass). DictObs: a
-# policy blind to the Box part gets at most 10 (it knows the mode, not the side), one
-# blind to the Discrete part 6.7, so > 12 needs both encoders. MultiDiscreteAct: a
-# policy that only learns one component gets 13.3 or 15 at best, random 8.3.
+# (env, random policy's return, bound the trained evaluation must pass, env steps).
+# DictObs: a policy blind to the Box part gets at most 10 (it knows the mode, not the
+# side), one blind to the Discrete part 6.7, so > 12 needs both encoders; after 4096
+# steps seed 1 ends anywhere in 10.6-15.8 by the actors' random stream (the same
+# spread over seeds 1-5 with torch's stream and numpy's, issue 46), after 8192 steps
+# at 16.5 or so. MultiDiscreteAct: a policy that only learns one component gets 13.3
+# or 15 at best, random 8.3.
 CASES = [
-    ("tests.space_envs:DictObs-v0", 6.7, 12.0),
-    ("tests.space_envs:MultiDiscreteAct-v0", 8.3, 14.0),
+    ("tests.space_envs:DictObs-v0", 6.7, 12.0, 8192),
+    ("tests.space_envs:MultiDiscreteAct-v0", 8.3, 14.0, 4096),
 ]
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)
-@pytest.mark.parametrize(("env_id", "random_return", "bound"), CASES)
+@pytest.mark.parametrize(("env_id", "random_return", "bound", "steps"), CASES)
 def test_structured_spaces_train_through_real_processes(
-    tmp_path, learner_port, env_id, random_return, bound
+    tmp_path, learner_port, env_id, random_return, bound, steps
 ):
     run_dir = tmp_path / "run"
     argv = [
@@ -45,7 +48,7 @@ def test_structured_spaces_train_through_real_processes(
         "--port",
         str(learner_port),
         "--total-env-steps",
-        "4096",
+        str(steps),
         "--gamma",
         "0.5",
         "--learning-rate",
@@ -71,13 +74,13 @@ def test_structured_spaces_train_through_real_processes(
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((run_dir / "report.json").read_text())
     assert report["stop_reason"] == "budget spent"
-    assert report["env_steps_consumed"] == 4096
+    assert report["env_steps_consumed"] == steps
     # Nothing was refused on the way: every fragment of structured values validated.
     rejected = {k: v for k, v in report.get("counters", {}).items() if "reject" in k and v}
     assert not rejected, rejected
     final = report["evaluations"][-1]["mean_return"]
     assert final >= bound, (
-        f"{env_id}: evaluation {final} after 4096 steps (random policy ~{random_return}); "
+        f"{env_id}: evaluation {final} after {steps} steps (random policy ~{random_return}); "
         f"metrics: {report['evaluations']}"
     )
 

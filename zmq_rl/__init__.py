@@ -77,7 +77,7 @@ _EXPORTS: dict[str, str] = {
     "DeployedPolicy": "serving.deploy",
     "Prediction": "serving.deploy",
     "evaluate_policy": "serving.deploy",
-    "PolicyFileError": "serving.deploy",
+    "PolicyFileError": "rl.policy_file",  # (serving.deploy's, without torch)
     "EXPORT_FORMATS": "serving.deploy",
     # embedding (zmq_rl.actor.agent)
     "Agent": "actor.agent",
@@ -145,10 +145,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
     )
     from .config import ActorConfig, ConfigError, LearnerConfig, PolicyConfig, PPOConfig
     from .envs import EnvBuildError, EnvShape, build_env, env_shape, make_env
+    from .rl.policy_file import PolicyFileError
     from .serving.deploy import (
         EXPORT_FORMATS,
         DeployedPolicy,
-        PolicyFileError,
         Prediction,
         evaluate_policy,
         export_policy,
@@ -161,7 +161,16 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'zmq_rl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    try:
+        imported = importlib.import_module(f".{module}", __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        from .rl.installs import TorchMissing, require_torch
+
+        require_torch(f"zmq_rl.{name}")  # one line naming the install (an actor host)
+        raise TorchMissing(str(exc)) from None  # (torch found, yet not importable)
+    value = getattr(imported, name)
     globals()[name] = value
     return value
 

@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 
 from ..rl.device import import_torch
+from ..rl.installs import require_torch
 from ..rl.masking import check_action_mask, mask_key, mask_nvec
-from ..rl.numpy_mlp import NumpyMLP, mlp_dims, rng_of
+from ..rl.numpy_mlp import NumpyMLP, rng_of
+from ..rl.numpy_nets import NumpyNetwork, acting_network
 from ..rl.weights import WeightsMismatch, policy_config_from
 from ..wire.protocol import FEATURE_POLICIES, Weights, Welcome
 from ..wire.spaces import Value, as_value, env_actions, map_value, wire_dtype
@@ -86,12 +88,18 @@ class PolicyRunner:
     of every row for a policy whose ``state_size`` > 0). Shared by :class:`Agent` and
     the inference server (:mod:`zmq_rl.serving.serve`).
 
-    The plain MLP (:func:`~zmq_rl.rl.numpy_mlp.mlp_dims`) is held and run in numpy
-    (:class:`~zmq_rl.rl.numpy_mlp.NumpyMLP`), and torch is not imported: an actor host
-    starts ~1.4 s of CPU sooner and ~190 MB lighter. The torch module is built from
-    the current weights the first time :attr:`policy` is read, and from then on holds
-    them (sampling goes on in numpy on its memory, with the same random stream).
-    Every other network is a torch module from the start."""
+    Every shipped network -- the MLP, the structured and recurrent ones, the CNNs of
+    the pixel presets and the board networks (:func:`~zmq_rl.rl.numpy_nets.numpy_network`)
+    -- is held and run in numpy, and torch is not imported: an actor host needs no
+    torch (``pip install zmq_rl``), starts ~1.4 s of CPU sooner and ~190 MB lighter,
+    and a torch host samples exactly as a torch-free one for the same seed. Where
+    torch is installed and faster (:data:`~zmq_rl.rl.numpy_nets.TORCH_FIRST`), or the
+    network is a custom factory that only torch builds, the network is a torch module
+    from the start; without torch a custom factory is refused with one line
+    (:class:`~zmq_rl.rl.installs.TorchMissing`). The torch module of a numpy network
+    is built from the current weights the first time :attr:`policy` is read, and from
+    then on holds them (sampling goes on in numpy on its memory, with the same random
+    stream)."""
 
     def __init__(self, welcome: Welcome, seed: int, policy_id: str = "") -> None:
         settings = welcome.settings
@@ -108,16 +116,16 @@ class PolicyRunner:
             weights = next(w for w in welcome.policy_weights if w.policy == policy_id)
         self._policy: Policy | None = None
         self._generator: Any = None
-        self.sampler: Any = None
-        dims = mlp_dims(self.observation_space, self.action_space, self._cfg)
-        self.mlp: NumpyMLP | None = None
-        """The network in numpy while no torch module was asked for (None after)."""
-        if dims is not None:
-            self.mlp = NumpyMLP(dims, self._cfg, rng_of(self._seed))
-            self.mlp.load(weights.tensors)
+        self.net: NumpyNetwork | NumpyMLP | None = acting_network(
+            self.observation_space, self.action_space, self._cfg, rng_of(self._seed)
+        )
+        """The network in numpy (None: a torch module acts, :attr:`policy`)."""
+        self._numpy_holds = self.net is not None
+        if self.net is not None:
+            self.net.load(weights.tensors)
         else:
             self._build_torch(weights.tensors)
-        size = 0 if self.mlp is not None else int(getattr(self.policy, "state_size", 0) or 0)
+        size = self.net.state_size if self.net is not None else self.policy_state_size()
         if size != settings.state_size:
             raise ValueError(
                 f"the policy built from the welcome has state_size {size}, the learner "
@@ -125,41 +133,51 @@ class PolicyRunner:
             )
         self.state_size = size
 
+    def policy_state_size(self) -> int:
+        """The torch module's ``state_size`` (0: feed-forward)."""
+        return int(getattr(self.policy, "state_size", 0) or 0)
+
+    @property
+    def mlp(self) -> NumpyNetwork | NumpyMLP | None:
+        """The numpy network while it holds the weights (no torch module was asked
+        for); None after, or when a torch module acts."""
+        return self.net if self._numpy_holds else None
+
     @property
     def policy(self) -> Policy:
-        """The torch module of the network, with the newest loaded weights (for the
-        plain MLP built, and torch imported, the first time it is read)."""
+        """The torch module of the network, with the newest loaded weights (for a numpy
+        network built, and torch imported, the first time it is read)."""
         if self._policy is None:
-            assert self.mlp is not None
-            self._build_torch(self.mlp.named_arrays())
+            assert self.net is not None
+            self._build_torch(self.net.named_arrays())
         assert self._policy is not None
         return self._policy
 
     @policy.setter
     def policy(self, policy: Policy) -> None:
-        self._policy, self.mlp = policy, None
+        self._policy, self.net, self._numpy_holds = policy, None, False
 
     def _build_torch(self, tensors: list[tuple[str, np.ndarray]]) -> None:
         """Build the torch module, load ``tensors`` into it and let it hold the weights
-        from now on; the plain MLP goes on sampling in numpy (rl/numpy_act.py: ~2.5x
-        cheaper than torch on an actor's few rows) with the random stream it had."""
+        from now on; a numpy network goes on sampling (with the random stream it had)
+        on the module's memory."""
+        if self.net is not None:  # (without one, acting_network found torch installed)
+            require_torch("the torch module of the network (Agent.policy)")
         import_torch()  # the actor's thread count applies (set_compute_threads)
-        from ..rl.numpy_act import NumpySampler, numpy_act_support
         from ..rl.policy import build_policy, import_weights
 
         policy = build_policy(self.observation_space, self.action_space, self._cfg)
         import_weights(policy, tensors)
         policy.eval()
-        if numpy_act_support(policy) is None:
-            rng = self.mlp.rng if self.mlp is not None else None
-            self.sampler = NumpySampler(policy, self._seed, rng=rng)
-        self._policy, self.mlp = policy, None
+        if self.net is not None:
+            self.net.bind({k: t.numpy() for k, t in policy.state_dict().items()})
+        self._policy, self._numpy_holds = policy, False
 
     def check(self, tensors: list[tuple[str, np.ndarray]]) -> None:
         """Raise :class:`~zmq_rl.rl.weights.WeightsMismatch` unless ``tensors`` fit the
         network exactly (docs/protocol.md section 4.2)."""
-        if self.mlp is not None:
-            self.mlp.check(tensors)
+        if self._numpy_holds:
+            self.net.check(tensors)  # type: ignore[union-attr]
         else:
             from ..rl.policy import check_weights
 
@@ -167,16 +185,16 @@ class PolicyRunner:
 
     def named_weights(self) -> list[tuple[str, np.ndarray]]:
         """The current weights as ``(name, array)`` copies in ``state_dict`` order."""
-        if self.mlp is not None:
-            return self.mlp.named_arrays()
+        if self._numpy_holds:
+            return self.net.named_arrays()  # type: ignore[union-attr]
         from ..rl.policy import export_weights
 
         return export_weights(self.policy)
 
     def load_tensors(self, tensors: list[tuple[str, np.ndarray]]) -> None:
         """Load ``(name, array)`` pairs, all or nothing (WeightsMismatch: none)."""
-        if self.mlp is not None:
-            self.mlp.load(tensors)
+        if self._numpy_holds:
+            self.net.load(tensors)  # type: ignore[union-attr]
         else:
             from ..rl.policy import import_weights
 
@@ -213,9 +231,7 @@ class PolicyRunner:
 
     def initial_state(self, batch: int) -> np.ndarray:
         """Zero recurrent states for ``batch`` rows (``[batch, 0]`` when feed-forward)."""
-        if not self.state_size:
-            return np.zeros((batch, 0), np.float32)
-        return np.asarray(self.policy.initial_state(batch), np.float32).copy()
+        return np.zeros((batch, self.state_size), np.float32)
 
     def act(
         self, obs: Value, state: np.ndarray | None = None
@@ -223,11 +239,13 @@ class PolicyRunner:
         """Sample actions for a batch: the policy's actions, log-probs, values and (a
         recurrent policy only) the next state of every row; ``state`` is the state each
         row acts from (rows of episodes that just began zeroed by the caller)."""
-        if self.mlp is not None:
-            return (*self.mlp.act(obs), None)
-        sampler = self.sampler
-        if sampler is not None and sampler.policy is self._policy:  # (not swapped since)
-            return (*sampler.act(obs), None)
+        net = self.net
+        if net is not None:
+            if not self.state_size:
+                return (*net.act(obs), None)
+            assert state is not None
+            action, log_prob, value, next_state = net.act_recurrent(obs, state)  # type: ignore
+            return action, log_prob, value, next_state.astype(np.float32)
         torch = import_torch()
         if self._generator is None:
             self._generator = torch.Generator().manual_seed(self._seed)

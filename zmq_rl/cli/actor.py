@@ -7,8 +7,11 @@ makes it print the reason and exit 1; a host name that does not resolve, or an e
 whose spaces zmq_rl cannot train on, is a config error (exit 2). Every
 :class:`~zmq_rl.config.ActorConfig` field is a flag (``zmq-actor --help``).
 
-torch, gymnasium and ``zmq_rl.actor.gym_actor`` are imported only after the arguments
-are parsed, so ``--help`` and usage errors answer at once.
+gymnasium and ``zmq_rl.actor.gym_actor`` are imported only after the arguments are
+parsed, so ``--help`` and usage errors answer at once; torch is not imported at all
+(every shipped network acts in numpy, :mod:`zmq_rl.rl.numpy_nets`), and a run whose
+network is a custom factory that only torch builds stops, on a host without torch, at
+its welcome with one line naming the install (exit 2).
 """
 
 from __future__ import annotations

@@ -73,7 +73,13 @@ def load_policy(target: str | Path, env_id: str = "") -> LoadedPolicy:
     :func:`zmq_rl.serving.deploy.load_policy`; a bad file is a :class:`CliFailure`.
 
     ``env_id`` overrides the saved env id (e.g. a variant with the same spaces).
+    On a host without torch (``pip install zmq_rl``) the file is read without it and
+    the policy is its numpy network (:func:`_load_numpy`).
     """
+    from zmq_rl.rl.installs import torch_installed
+
+    if not torch_installed():
+        return _load_numpy(target, env_id)
     from zmq_rl.serving.deploy import PolicyFileError
     from zmq_rl.serving.deploy import load_policy as load
 
@@ -135,6 +141,44 @@ def run_deterministic(target: str | Path) -> bool:
                 return True
             return bool(learner.get("eval_deterministic", True))
     return True
+
+
+def _load_numpy(target: str | Path, env_id: str = "") -> LoadedPolicy:
+    """:func:`load_policy` without torch: the file read by
+    :func:`~zmq_rl.serving.policy_file.read_saved_policy`, each network a numpy one
+    (:func:`~zmq_rl.serving.policy_file.numpy_policy`); a custom factory's network
+    is refused in one line (exit 2)."""
+    from zmq_rl.envs import env_shape
+    from zmq_rl.rl.installs import TorchMissing
+    from zmq_rl.rl.policy_file import PolicyFileError, numpy_policy, read_saved_policy
+
+    try:
+        saved = read_saved_policy(target)
+        env_id = env_id or saved.env_id
+        shape = env_shape(env_id, saved.env_kwargs, saved.wrappers)
+        spaces = (shape.observation_space, shape.action_space)
+        network = numpy_policy(saved, *spaces)
+        networks = {}
+        for pid in dict.fromkeys(saved.agent_policies):  # a run of several policies
+            sibling = saved.path.parent / f"policy-{pid}.pt"
+            try:
+                networks[pid] = numpy_policy(read_saved_policy(sibling), *spaces)
+            except PolicyFileError as exc:
+                raise PolicyFileError(f"{exc} (policy {pid!r} of {saved.path})") from None
+    except PolicyFileError as exc:
+        raise CliFailure(str(exc)) from None
+    except TorchMissing as exc:
+        raise CliFailure(str(exc), 2) from None
+    return LoadedPolicy(
+        network,
+        env_id,
+        saved.version,
+        saved.config,
+        saved.path,
+        saved.env_kwargs,
+        saved.wrappers,
+        [networks[pid] for pid in saved.agent_policies],
+    )
 
 
 def evaluate(
@@ -261,9 +305,12 @@ def _record(loaded: LoadedPolicy, episodes: int, seed: int, video_dir: Path) -> 
 
     from zmq_rl.envs import make_env
     from zmq_rl.envs.seeding import env_seeds
-    from zmq_rl.rl.networks import batch_obs, obs_tensor
-    from zmq_rl.rl.policy import is_recurrent
-    from zmq_rl.wire.spaces import env_actions
+    from zmq_rl.learner.evaluation import NUMPY_NETWORKS, _numpy_actions
+    from zmq_rl.rl.weights import is_recurrent
+    from zmq_rl.wire.spaces import batch_obs, env_actions
+
+    if not isinstance(loaded.policy, NUMPY_NETWORKS):
+        from zmq_rl.rl.networks import obs_tensor
 
     try:
         env = make_env(loaded.env_id, loaded.env_kwargs, loaded.wrappers, render_mode="rgb_array")
@@ -286,7 +333,15 @@ def _record(loaded: LoadedPolicy, episodes: int, seed: int, video_dir: Path) -> 
             total, done = 0.0, False
             state = policy.initial_state(1) if recurrent else None
             while not done:
-                batch = obs_tensor(batch_obs(env.observation_space, [obs]))
+                raw = batch_obs(env.observation_space, [obs])
+                if isinstance(policy, NUMPY_NETWORKS):  # a host without torch
+                    action = _numpy_actions(policy, raw, state, [0], deterministic=True)
+                    a = env_actions(env.action_space, action)[0]
+                    obs, reward, terminated, truncated, _ = env.step(a.item() if scalar else a)
+                    total += float(reward)
+                    done = terminated or truncated
+                    continue
+                batch = obs_tensor(raw)
                 if recurrent:
                     action, _, _, state = policy.act_recurrent(batch, state, deterministic=True)
                 else:

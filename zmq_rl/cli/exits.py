@@ -20,6 +20,7 @@ from typing import TextIO
 
 from ..config import ConfigError
 from ..config_toml import ConfigFileError
+from ..rl.installs import TorchMissing
 from ..run.common import STOP_SIGNALS, CliFailure, note_hangup
 
 __all__ = [
@@ -125,9 +126,11 @@ def guard(body: Callable[[], int], on_interrupt: Callable[[], None] | None = Non
     """Run a command body and turn its expected failures into messages and exit codes.
 
     :class:`ConfigError` and :class:`ConfigFileError` print ``error: ...`` and give
-    2; :class:`CliFailure` gives its code; :class:`KeyboardInterrupt` (Ctrl-C,
-    SIGTERM or SIGHUP, which raise it while the body runs) calls ``on_interrupt``
-    and gives 130. Anything else is a bug and keeps its traceback.
+    2; :class:`CliFailure` gives its code; :class:`~zmq_rl.rl.installs.TorchMissing`
+    (what this host without torch was asked for needs it) prints its line and gives
+    2; :class:`KeyboardInterrupt` (Ctrl-C, SIGTERM or SIGHUP, which raise it while
+    the body runs) calls ``on_interrupt`` and gives 130. Anything else is a bug and
+    keeps its traceback.
     """
     try:
         with sigterm_as_interrupt(), _own_log_handlers():
@@ -138,6 +141,9 @@ def guard(body: Callable[[], int], on_interrupt: Callable[[], None] | None = Non
     except CliFailure as exc:
         error(str(exc))
         return exc.code
+    except TorchMissing as exc:  # e.g. a custom network on an actor host without torch
+        error(str(exc))
+        return EXIT_CONFIG
     except KeyboardInterrupt:
         with _no_traceback_on_interrupt():
             if on_interrupt is not None:

@@ -177,6 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> int:
+        from ..run.common import require_learner_install
+
+        if not any(a in ("-h", "--help") for a in argv):
+            require_learner_install()  # one line, exit 2, on an actor host's install
         from ..run.engine import train as run_engine
         from ..run.session import RESUME_COMMAND, make_console, print_summary
 

@@ -166,6 +166,9 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """``zmq-rl run``: parse, then the run's engine (:func:`zmq_rl.run.engine.train`,
     as :func:`zmq_rl.train`) plus the summary."""
+    from ..run.common import require_learner_install
+
+    require_learner_install()  # before the engine imports torch: one line, exit 2
     from ..run.engine import train as run_engine
     from ..run.local_actors import resume_configs
     from ..run.session import make_console, print_summary
@@ -334,9 +337,10 @@ def export_command(args: argparse.Namespace) -> int:
     Discrete, float32 [batch, act_dim] clipped to the bounds for Box); a recurrent
     policy also takes state [batch, state_size] and episode_start [batch] and returns
     next_state. See docs/embedding.md for running the ONNX file from C."""
-    from zmq_rl.serving.deploy import ExportUnavailable, PolicyFileError, export_policy
+    from ..run.common import CliFailure, require_learner_install
 
-    from ..run.common import CliFailure
+    require_learner_install("zmq-rl export", ("torch",))
+    from zmq_rl.serving.deploy import ExportUnavailable, PolicyFileError, export_policy
 
     setup_logging(args.log_level)
     try:
@@ -364,6 +368,9 @@ def plot_command(args: argparse.Namespace) -> int:
     (mean ± std) against env steps, from each run's metrics.jsonl and report.json;
     --label or --group overlays seeds as their mean with a band, --reference adds a
     published score."""
+    from ..run.common import require_learner_install
+
+    require_learner_install("zmq-rl plot", ("matplotlib",))
     return plot_from_args(args)
 
 
@@ -390,6 +397,10 @@ def plot_command(args: argparse.Namespace) -> int:
 def ladder_command(args: argparse.Namespace) -> int:
     """Play every pair of snapshots, fit Elo ratings, print them and write ladder.csv."""
     from zmq_rl.config import ConfigError
+
+    from ..run.common import require_learner_install
+
+    require_learner_install("zmq-rl ladder", ("torch",))
 
     from .ladder import ladder, write_ladder_csv
 

@@ -389,6 +389,9 @@ def ray_command(args: argparse.Namespace) -> int:
         import ray
     except ImportError:
         raise CliFailure("Ray is not installed: pip install 'zmq_rl[ray]'") from None
+    from ..run.common import require_learner_install
+
+    require_learner_install()  # the learner runs here
     from ..run.engine import train as run_engine
     from ..run.local_actors import resume_configs
     from ..run.session import make_console, print_summary

@@ -402,7 +402,8 @@ class ScriptedLearner:
     def __init__(self, options: ActorCheckOptions, observer: Observer, port: int) -> None:
         from ..envs import env_shape
         from ..learner.settings import policy_plan
-        from ..rl.policy import build_policy, export_weights
+        from ..rl.numpy_mlp import rng_of
+        from ..rl.numpy_nets import fresh_weights
 
         self.options, self.observer = options, observer
         self.cfg = LearnerConfig(
@@ -425,8 +426,10 @@ class ScriptedLearner:
         policy_cfg = PolicyConfig().validate()
         self.plan = plan = policy_plan(self.cfg, policy_cfg, shape)
         self.tensors = {  # each policy's ("": the one policy's)
-            pid: export_weights(build_policy(*spaces, config))
-            for pid, config in (plan.configs if plan.several else {"": policy_cfg}).items()
+            pid: fresh_weights(*spaces, config, rng_of(i))  # (numpy: no torch on this host)
+            for i, (pid, config) in enumerate(
+                (plan.configs if plan.several else {"": policy_cfg}).items()
+            )
         }
         self.version = 0
         self.run_id = "x" * 12  # (for the weights' size; start() gives each run its own)

@@ -7,7 +7,7 @@ threads' overhead (the GIL runs one at a time). :class:`EnvStepper` ``"auto"`` m
 which kind it has: it steps sequentially for its first :data:`PROBE_STEPS` steps (or
 until they took :data:`PROBE_SECONDS`), and switches to threads when their wall time is
 more than :data:`WAIT_RATIO` times the CPU time this thread spent in them
-(docs/benchmarks.md section 26 measures threads against gymnasium's
+(docs/benchmarks.md section 28 measures threads against gymnasium's
 ``AsyncVectorEnv``, a process per env). The built-in actor and the evaluator use it.
 """
 

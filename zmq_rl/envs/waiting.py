@@ -6,7 +6,7 @@ simulator's pace before you have it at hand::
     zmq-rl run --env CartPole-v1 --actors 16 --wrapper 'zmq_rl.envs:StepDelay(seconds=0.01)'
 
 (every actor's envs and the evaluator's wait 10 ms a step: a 100 Hz simulator;
-docs/benchmarks.md section 26 measures fleets of them).
+docs/benchmarks.md section 28 measures fleets of them).
 """
 
 from __future__ import annotations

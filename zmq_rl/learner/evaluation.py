@@ -24,17 +24,22 @@ from ..envs.multi_agent import agent_spaces, is_turn_based
 from ..envs.seeding import env_seeds
 from ..envs.stepping import steps_wait
 from ..rl.device import import_torch, set_compute_threads
+from ..rl.installs import TorchMissing, torch_installed
 from ..rl.masking import check_observation_mask
 from ..rl.numpy_mlp import NumpyMLP, mlp_dims, rng_of
+from ..rl.numpy_nets import NumpyNetwork
 from ..rl.weights import is_recurrent
 from ..wire.spaces import batch_obs, env_actions
 
 if TYPE_CHECKING:
     from ..rl.policy import Policy
 
+NUMPY_NETWORKS = (NumpyMLP, NumpyNetwork)
+"""Networks that act in numpy (:mod:`zmq_rl.rl.numpy_nets`): evaluated without torch."""
+
 
 def evaluate_policy(
-    policy: Policy | NumpyMLP | Sequence[Policy],
+    policy: Policy | NumpyMLP | NumpyNetwork | Sequence[Any],
     env_id: str,
     episodes: int,
     seed: int = 0,
@@ -70,28 +75,63 @@ def evaluate_policy(
 
     The plain MLP's mode is computed in numpy (:func:`~zmq_rl.rl.numpy_mlp.mode_mlp`),
     whether ``policy`` is its torch module or a torch-free
-    :class:`~zmq_rl.rl.numpy_mlp.NumpyMLP` (the background evaluator's: single-agent
-    envs, deterministic only), so both score a policy alike.
+    :class:`~zmq_rl.rl.numpy_mlp.NumpyMLP` (the background evaluator's), so both score
+    a policy alike. ``policy`` may be any numpy network (:data:`NUMPY_NETWORKS`,
+    ``zmq-rl eval`` on a host without torch): then torch is not imported.
     """
     envs = [build_env(env_id, env_kwargs, wrappers) for _ in range(episodes)]
-    if isinstance(policy, NumpyMLP):
-        if not deterministic or not isinstance(envs[0], gym.Env):
-            for env in envs:
-                env.close()
-            raise ValueError("a NumpyMLP evaluates by its mode on single-agent envs only")
-        return _evaluate_envs(policy, envs, seed, deterministic)
+    by_agent = {} if by_agent is None else by_agent
+    played = episodes_played
+    policies = list(policy) if isinstance(policy, Sequence) else [policy]
+    if all(isinstance(p, NUMPY_NETWORKS) for p in policies):  # torch is not imported
+        with _numpy_streams(policies, seed, deterministic):
+            return _evaluate(
+                policy, envs, seed, deterministic, opponent, by_agent, outcomes, played
+            )
     import torch
 
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        by_agent = {} if by_agent is None else by_agent
-        if is_turn_based(envs[0]):
-            return _evaluate_turns(
-                policy, envs, seed, deterministic, opponent, by_agent, outcomes, episodes_played
-            )
-        if not isinstance(envs[0], gym.Env):
-            return _evaluate_agents(policy, envs, seed, deterministic, by_agent, episodes_played)
-        return _evaluate_envs(policy, envs, seed, deterministic)
+        return _evaluate(policy, envs, seed, deterministic, opponent, by_agent, outcomes, played)
+
+
+def _evaluate(
+    policy: Any,
+    envs: list[Any],
+    seed: int,
+    deterministic: bool,
+    opponent: str | Policy,
+    by_agent: dict[int, float],
+    outcomes: dict[int, dict[str, int]] | None,
+    played: list[tuple[float, int]] | None,
+) -> tuple[float, float]:
+    """:func:`evaluate_policy` on built envs, by the kind of env (``played``: its
+    ``episodes_played``)."""
+    if is_turn_based(envs[0]):
+        return _evaluate_turns(
+            policy, envs, seed, deterministic, opponent, by_agent, outcomes, played
+        )
+    if not isinstance(envs[0], gym.Env):
+        return _evaluate_agents(policy, envs, seed, deterministic, by_agent, played)
+    return _evaluate_envs(policy, envs, seed, deterministic)
+
+
+@contextlib.contextmanager
+def _numpy_streams(policies: list[Any], seed: int, deterministic: bool) -> Any:
+    """Numpy networks that sample (``deterministic`` False) draw from a stream of ``seed``
+    for the evaluation's duration, and go on with their own afterwards (as the torch
+    path forks torch's)."""
+    if deterministic:
+        yield
+        return
+    streams = [p.rng for p in policies]
+    for i, p in enumerate(policies):
+        p.rng = rng_of(seed + i)
+    try:
+        yield
+    finally:
+        for p, stream in zip(policies, streams, strict=True):
+            p.rng = stream
 
 
 def _act(
@@ -108,8 +148,8 @@ def _act(
     obs_space, space = spaces
     raw = batch_obs(obs_space, observations)
     check_observation_mask(obs_space, space, raw, "evaluation observation")
-    if isinstance(policy, NumpyMLP):
-        return env_actions(space, policy.mode(raw))
+    if isinstance(policy, NUMPY_NETWORKS):
+        return env_actions(space, _numpy_actions(policy, raw, state, rows, deterministic))
     from ..rl.numpy_act import numpy_act_support, numpy_mode
 
     if deterministic and state is None and numpy_act_support(policy) is None:
@@ -125,6 +165,21 @@ def _act(
     else:
         actions, _, _ = policy.act(batch, deterministic=deterministic)
     return env_actions(space, actions.numpy())
+
+
+def _numpy_actions(
+    net: Any, raw: Any, state: Any, rows: list[int], deterministic: bool
+) -> np.ndarray:
+    """A numpy network's policy actions for ``raw``: its mode, or a sample; a recurrent
+    one acts from ``state[rows]``, which it then advances."""
+    if net.state_size:
+        if deterministic:
+            actions, next_state = net.mode_recurrent(raw, state[rows])
+        else:
+            actions, _, _, next_state = net.act_recurrent(raw, state[rows])
+        state[rows] = next_state
+        return actions
+    return net.mode(raw) if deterministic else net.act(raw)[0]
 
 
 def _evaluate_envs(
@@ -195,9 +250,7 @@ def _evaluate_agents(
     seen = np.zeros((len(envs), k), bool)  # agents that took part in each episode
     lengths = np.zeros(len(envs), np.int64)
     obs = [env.reset(seed=s)[0] for env, s in zip(envs, env_seeds(seed, len(envs)), strict=True)]
-    was_training = [p.training for p in by_agent]
-    for p in by_agent:
-        p.eval()
+    was_training = _eval_modes(by_agent)
     try:
         while True:
             cells = [(e, agent) for e, env in enumerate(envs) for agent in env.agents]
@@ -223,8 +276,7 @@ def _evaluate_agents(
                     returns[e, slot_of[agent]] += float(reward)
                     seen[e, slot_of[agent]] = True
     finally:
-        for p, mode in zip(by_agent, was_training, strict=True):
-            p.train(mode)
+        _restore_modes(by_agent, was_training)
         for env in envs:
             env.close()
     scores = (returns * seen).sum(axis=1) / np.maximum(seen.sum(axis=1), 1)
@@ -260,9 +312,7 @@ def _evaluate_turns(
     scores = np.zeros(len(envs), np.float64)
     moves = np.zeros(len(envs), np.int64)
     by_agent = _per_agent(policy, len(agents))
-    was_training = [p.training for p in by_agent]
-    for p in by_agent:
-        p.eval()
+    was_training = _eval_modes(by_agent)
     try:
         for i, (env, episode_seed) in enumerate(zip(envs, env_seeds(seed, len(envs)), strict=True)):
             seat, acting = agents[i % len(agents)], by_agent[i % len(agents)]
@@ -281,8 +331,7 @@ def _evaluate_turns(
                 else:
                     env.step(other(obs, rng))
     finally:
-        for p, mode in zip(by_agent, was_training, strict=True):
-            p.train(mode)
+        _restore_modes(by_agent, was_training)
         for env in envs:
             env.close()
     seats = np.arange(len(envs)) % len(agents)
@@ -329,6 +378,16 @@ def opponent_player(
     if not spec.startswith("policy:"):
         return import_callable(spec, "eval_opponent")
     path = spec.removeprefix("policy:")
+    if not torch_installed():  # a host without torch: the file's network in numpy
+        from ..rl.policy_file import PolicyFileError, numpy_policy, read_saved_policy
+
+        try:
+            net: Any = numpy_policy(read_saved_policy(path), observation_space, action_space)
+        except (PolicyFileError, TorchMissing, ValueError) as exc:
+            raise ConfigError(
+                "eval_opponent", spec, f"not a policy file of this env's spaces: {exc}"
+            ) from None
+        return _network_player(net, spaces, deterministic)
     import torch
 
     from ..rl.policy import build_policy
@@ -370,6 +429,21 @@ def _network_player(
         return action.item() if np.ndim(action) == 0 else action
 
     return snapshot
+
+
+def _eval_modes(policies: list[Any]) -> list[bool | None]:
+    """Put torch modules in eval mode; their modes before (None: a numpy network)."""
+    modes = [getattr(p, "training", None) for p in policies]
+    for p, mode in zip(policies, modes, strict=True):
+        if mode is not None:
+            p.eval()
+    return modes
+
+
+def _restore_modes(policies: list[Any], modes: list[bool | None]) -> None:
+    for p, mode in zip(policies, modes, strict=True):
+        if mode is not None:
+            p.train(mode)
 
 
 def _per_agent(policy: Policy | Sequence[Policy], agents: int) -> list[Policy]:

@@ -19,17 +19,15 @@ from torch.nn import functional as F
 
 from zmq_rl.config import PolicyConfig
 from zmq_rl.rl.layers import layer, trunk
-from zmq_rl.rl.masking import mask_key
 from zmq_rl.rl.networks import (
     ActionHeads,
     BoardPart,
     FeedForwardActorCritic,
     StructuredActorCritic,
-    is_board_space,
     landing_cells,
-    leaf_paths,
     value_at,
 )
+from zmq_rl.rl.numpy_nets import check_board_spaces, check_drop_game_spaces
 
 __all__ = ["DropGameCNN", "board_cnn", "drop_game_cnn", "gravity_board_cnn"]
 
@@ -45,7 +43,7 @@ def board_cnn(
     line of four cells lies in one window; smaller boards get windows as large as
     the board) instead of being flattened; the MLP trunks of ``cfg.hidden_sizes``
     follow. A space without a board part is refused by name."""
-    _require_board(observation_space, "board_cnn")
+    check_board_spaces(observation_space, "board_cnn")
     return StructuredActorCritic(observation_space, action_space, cfg, boards=True)
 
 
@@ -59,7 +57,7 @@ def gravity_board_cnn(
     playable, which depends on the cell below it: for a diagonal whose free cell is its
     lowest, no 4 x 4 window holds both; for other lines the trunk has to combine two
     windows' features."""
-    _require_board(observation_space, "gravity_board_cnn")
+    check_board_spaces(observation_space, "gravity_board_cnn")
     return StructuredActorCritic(observation_space, action_space, cfg, boards="gravity")
 
 
@@ -71,14 +69,6 @@ def drop_game_cnn(
     as connect four (one board, an optional ``action_mask``, one discrete action per
     column; anything else is refused by name)."""
     return DropGameCNN(observation_space, action_space, cfg)
-
-
-def _require_board(observation_space: gymnasium.Space, name: str) -> None:
-    if not any(is_board_space(leaf) for _, leaf in leaf_paths(observation_space)):
-        raise ValueError(
-            f"zmq_rl.rl.boards:{name} needs a board in the observation: a Box of shape "
-            f"(H, W, C) with fewer channels than either side, got {observation_space!r}"
-        )
 
 
 class DropGameCNN(FeedForwardActorCritic):
@@ -110,27 +100,10 @@ class DropGameCNN(FeedForwardActorCritic):
     ) -> None:
         super().__init__()
         cfg.validate()
-        self.mask_key = mask_key(observation_space, action_space)
-        boards = [p for p, leaf in leaf_paths(observation_space) if is_board_space(leaf)]
-        others = [
-            p
-            for p, leaf in leaf_paths(observation_space)
-            if not is_board_space(leaf) and p != (self.mask_key,)
-        ]
-        if len(boards) != 1 or others:
-            raise ValueError(
-                "zmq_rl.rl.boards:drop_game_cnn needs an observation of one board (a Box "
-                "of shape (H, W, C) with fewer channels than either side) and at most an "
-                f"action_mask beside it, got {observation_space!r}"
-            )
-        self.board_path = boards[0]
-        board = value_at(observation_space, self.board_path)
+        self.board_path, board, self.mask_key = check_drop_game_spaces(
+            observation_space, action_space
+        )
         width, channels = int(board.shape[1]), int(board.shape[2])
-        if not isinstance(action_space, gymnasium.spaces.Discrete) or int(action_space.n) != width:
-            raise ValueError(
-                "zmq_rl.rl.boards:drop_game_cnn needs one discrete action per column: "
-                f"Discrete({width}) for a board {width} wide, got {action_space!r}"
-            )
         self.heads = ActionHeads(action_space, cfg)
         side = 2 * self.reach + 1
         height = int(board.shape[0])

@@ -28,12 +28,12 @@ from __future__ import annotations
 import math
 
 import gymnasium
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from zmq_rl.config import PolicyConfig
+from zmq_rl.rl.numpy_nets import check_cnn_spaces, nature_settings
 
 __all__ = ["NatureCNN", "minatar_cnn", "minatar_conv", "nature_cnn"]
 
@@ -161,30 +161,6 @@ class NatureCNN(nn.Module):
         return log_prob, entropy, value
 
 
-def _check_spaces(
-    factory: str,
-    observation_space: gymnasium.Space,
-    action_space: gymnasium.Space,
-    ranks: tuple[int, ...],
-    shapes: str,
-) -> None:
-    """ValueError naming ``factory`` unless the observation space is a Box of one of
-    ``ranks`` (described as ``shapes``) and the action space Discrete from 0."""
-    if (
-        not isinstance(observation_space, gymnasium.spaces.Box)
-        or len(observation_space.shape) not in ranks
-    ):
-        raise ValueError(  # noqa: TRY004
-            f"zmq_rl.rl.cnn:{factory} needs an image Box observation space of shape {shapes}, "
-            f"got {observation_space!r}"
-        )
-    if not isinstance(action_space, gymnasium.spaces.Discrete) or int(action_space.start) != 0:
-        raise ValueError(
-            f"zmq_rl.rl.cnn:{factory} needs a Discrete action space starting at 0, "
-            f"got {action_space!r}"
-        )
-
-
 def nature_cnn(
     observation_space: gymnasium.Space, action_space: gymnasium.Space, cfg: PolicyConfig
 ) -> NatureCNN:
@@ -197,17 +173,8 @@ def nature_cnn(
     ``ortho_init`` applies (the MLP settings do not; ``normalize_obs`` is refused:
     pixels are scaled, not standardised).
     """
-    _check_spaces(
-        "nature_cnn", observation_space, action_space, (2, 3), "(C, H, W), (H, W, C) or (H, W)"
-    )
-    if cfg.normalize_obs:
-        raise ValueError(
-            "zmq_rl.rl.cnn:nature_cnn scales pixels by 1/255; turn normalize_obs off "
-            "(--no-normalize-obs)"
-        )
+    channels_last, scale = nature_settings(observation_space, action_space, cfg)
     shape = tuple(int(d) for d in observation_space.shape)
-    channels_last = len(shape) == 3 and shape[-1] < shape[0]
-    scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
     return NatureCNN(
         shape,
         int(action_space.n),
@@ -232,7 +199,7 @@ def minatar_cnn(
     and a value head, for ``[C, H, W]`` frames of 0/1 cells (``zmq_rl.envs``'s
     ``MinAtar<Game>-v1``), used as they are (no 1/255 scaling). ``action_space`` must
     be ``Discrete``; of ``cfg`` only ``ortho_init`` applies."""
-    _check_spaces("minatar_cnn", observation_space, action_space, (3,), "(C, H, W)")
+    check_cnn_spaces("minatar_cnn", observation_space, action_space, (3,), "(C, H, W)")
     shape = tuple(int(d) for d in observation_space.shape)
     return NatureCNN(
         shape,

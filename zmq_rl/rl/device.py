@@ -90,8 +90,9 @@ def set_compute_threads(threads: int) -> None:
     ``threadpoolctl`` installed, BLAS keeps its own default."""
     global _torch_threads
     _torch_threads = threads
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(threads)
+    torch = sys.modules.get("torch")  # (None where an import of torch was refused)
+    if torch is not None:
+        torch.set_num_threads(threads)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:

@@ -51,6 +51,14 @@ from .layers import layer as _layer
 from .layers import trunk as _trunk
 from .masking import mask_key, masked_logits
 from .normalization import merge_moments
+from .numpy_nets import (
+    IMAGE_MIN_SIDE,  # noqa: F401  (defined here before rl/numpy_nets.py)
+    category_index,
+    is_board_space,
+    is_image_space,
+    leaf_paths,
+    value_at,
+)
 
 __all__ = [
     "ActionHeads",
@@ -69,29 +77,9 @@ __all__ = [
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 OBS_NORM_EPS = 1e-8
 OBS_CLIP = 10.0
-IMAGE_MIN_SIDE = 36
-"""The Nature-DQN convolutions need at least 36 pixels per side."""
 
 
 # --------------------------------------------------------------------------- values
-
-
-def leaf_paths(space: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
-    """``(path, leaf space)`` of every leaf of ``space`` in spec order; a path is the
-    keys / indices that lead to the leaf in a value."""
-    if isinstance(space, gymnasium.spaces.Dict):
-        return [p for k, s in space.spaces.items() for p in leaf_paths(s, (*path, k))]
-    if isinstance(space, gymnasium.spaces.Tuple):
-        return [p for i, s in enumerate(space.spaces) for p in leaf_paths(s, (*path, i))]
-    return [(path, space)]
-
-
-def value_at(value: Any, path: tuple) -> Any:
-    """The part of an observation value (or a space) that ``path`` (:func:`leaf_paths`)
-    leads to."""
-    for key in path:
-        value = value[key]
-    return value
 
 
 def obs_tensor(value: Value) -> Any:
@@ -287,27 +275,6 @@ def landing_cells(planes: torch.Tensor) -> torch.Tensor:
     return (~occupied & below).to(planes.dtype)
 
 
-def is_board_space(space: Any) -> bool:
-    """A board: a Box of rank 3, ``[H, W, C]`` with fewer channels than either side."""
-    if not isinstance(space, gymnasium.spaces.Box) or len(space.shape) != 3:
-        return False
-    height, width, channels = space.shape
-    return channels < min(height, width)
-
-
-def is_image_space(space: Any) -> bool:
-    """An image box: uint8, rank 2 or 3, both spatial sides >= 36 pixels."""
-    if not isinstance(space, gymnasium.spaces.Box) or space.dtype != np.uint8:
-        return False
-    shape = space.shape
-    if len(shape) == 2:
-        return min(shape) >= IMAGE_MIN_SIDE
-    if len(shape) == 3:
-        sides = shape[:2] if shape[-1] < shape[0] else shape[1:]
-        return min(sides) >= IMAGE_MIN_SIDE
-    return False
-
-
 class ObsEncoder(nn.Module):
     """One feature vector ``[N, out_features]`` per row of an observation value.
 
@@ -382,13 +349,7 @@ class ActionHeads(nn.Module):
                 if isinstance(space, gymnasium.spaces.Discrete)
                 else np.asarray(space.nvec, np.int64).reshape(-1)
             )
-            widest = int(nvec.max())
-            offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
-            index = np.zeros((len(nvec), widest), np.int64)
-            valid = np.zeros((len(nvec), widest), bool)
-            for k, (n, off) in enumerate(zip(nvec, offsets, strict=True)):
-                index[k, :n] = off + np.arange(n)
-                valid[k, :n] = True
+            index, valid = category_index(nvec)
             self.register_buffer("index", torch.from_numpy(index), persistent=False)
             self.register_buffer("valid", torch.from_numpy(valid), persistent=False)
             self.padded = not bool(valid.all())

@@ -27,13 +27,12 @@ module knows the network from its config alone:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from zmq_rl.config import PolicyConfig
-from zmq_rl.rl.weights import Layout, check_arrays
+from zmq_rl.rl.weights import ArrayWeights, Layout
 
 __all__ = [
     "OBS_CLIP",
@@ -237,43 +236,33 @@ def rng_of(seed: int) -> np.random.Generator:
     return np.random.default_rng(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
-class NumpyMLP:
+class NumpyMLP(ArrayWeights):
     """The plain MLP of ``dims`` and ``cfg`` (:func:`mlp_layout`) as numpy arrays, acting
     as :meth:`ActorCritic.act` samples, with its own random stream ``rng``.
 
     :meth:`load` takes broadcast weights (``(name, array)`` pairs) after checking them
     against the layout, all or nothing; :meth:`named_arrays` gives them back in
     ``state_dict`` order (to build the torch module from them when a caller wants
-    one: :attr:`zmq_rl.actor.agent.PolicyRunner.policy`)."""
+    one: :attr:`zmq_rl.actor.agent.PolicyRunner.policy`), and :meth:`bind` adopts a
+    torch module's tensors as numpy views, so that the module holds the weights. The
+    interface is :class:`~zmq_rl.rl.numpy_nets.NumpyNetwork`'s (feed-forward, no mask)."""
+
+    state_size = 0
+    mask_key = None
 
     def __init__(self, dims: MLPDims, cfg: PolicyConfig, rng: np.random.Generator) -> None:
         self.dims, self.cfg, self.rng = dims, cfg, rng
         self.layout: Layout = mlp_layout(dims, cfg)
         self.relu = cfg.activation == "relu"
-        self._arrays: dict[str, np.ndarray] = {
-            name: np.zeros(shape, dtype) for name, (shape, dtype) in self.layout.items()
-        }
-        self._index()
+        self._zeros()
 
-    def check(self, weights: Sequence[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        """Raise :class:`~zmq_rl.rl.weights.WeightsMismatch` unless ``weights`` fit the
-        network exactly; the arrays by name."""
-        return check_arrays(self.layout, weights)
+    def initial_state(self, batch: int) -> np.ndarray:
+        """``[batch, 0]``: the plain MLP carries no state."""
+        return np.zeros((batch, 0), np.float32)
 
-    def load(self, weights: Sequence[tuple[str, np.ndarray]]) -> None:
-        """Check ``weights`` (:meth:`check`), then take them (copies: frames from a
-        socket are read-only and reused); nothing changes when they do not fit."""
-        seen = self.check(weights)
-        self._arrays = {name: np.array(seen[name], copy=True) for name in self.layout}
-        self._index()
-
-    def named_arrays(self) -> list[tuple[str, np.ndarray]]:
-        """The weights as ``(name, array)`` copies in ``state_dict`` order."""
-        return [(name, array.copy()) for name, array in self._arrays.items()]
-
-    def _index(self) -> None:
+    def _held(self) -> None:
         """The arrays as :class:`MLPArrays` and the normalisation statistics."""
-        w = self._arrays
+        w = self.w
         depth = len(self.cfg.hidden_sizes)
 
         def layers(trunk: str) -> tuple[Layer, ...]:
@@ -299,6 +288,11 @@ class NumpyMLP:
     def mode(self, obs: Any) -> np.ndarray:
         """The policy's mode for a batch of observations (:func:`mode_mlp`)."""
         return mode_mlp(self.arrays, self._flat(obs), self.relu)
+
+    def forward(self, obs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(the policy head's output ``[B, n]``, values ``[B]``) (:func:`mlp_forward`)."""
+        _, _, params, value = mlp_forward(self.arrays, self._flat(obs), self.relu)
+        return params, value
 
     def _flat(self, obs: Any) -> np.ndarray:
         return flat_obs(obs, self.dims.obs_dim, self.arrays.head[0].dtype, self.norm)

@@ -21,7 +21,14 @@ from zmq_rl.config import PolicyConfig
 if TYPE_CHECKING:
     from zmq_rl.wire.protocol import RunSettings
 
-__all__ = ["Layout", "WeightsMismatch", "check_arrays", "is_recurrent", "policy_config_from"]
+__all__ = [
+    "ArrayWeights",
+    "Layout",
+    "WeightsMismatch",
+    "check_arrays",
+    "is_recurrent",
+    "policy_config_from",
+]
 
 Layout = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 """A network's tensors by name, in ``state_dict`` order: ``(shape, numpy dtype)``."""
@@ -64,6 +71,48 @@ def check_arrays(
                 f"imported has shape {tuple(array.shape)} dtype {array.dtype}"
             )
     return seen
+
+
+class ArrayWeights:
+    """A network's weights as numpy arrays by name, ``w``, against its ``layout`` (the
+    torch module's ``state_dict``: names, shapes, dtypes, in order): what the numpy
+    networks of an actor hold (:class:`~zmq_rl.rl.numpy_mlp.NumpyMLP`,
+    :class:`~zmq_rl.rl.numpy_nets.NumpyNetwork`). Subclasses set ``layout`` and call
+    :meth:`_zeros` in their constructor; :meth:`_held` runs whenever ``w`` is new."""
+
+    layout: Layout
+    w: dict[str, np.ndarray]
+
+    def _zeros(self) -> None:
+        """Zero weights of the layout (until the welcome's are loaded)."""
+        self.w = {name: np.zeros(shape, dtype) for name, (shape, dtype) in self.layout.items()}
+        self._held()
+
+    def _held(self) -> None:
+        """Called after ``w`` changed (index it, if the subclass keeps views of it)."""
+
+    def check(self, weights: Sequence[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Raise :class:`WeightsMismatch` unless ``weights`` fit the network exactly;
+        the arrays by name."""
+        return check_arrays(self.layout, weights)
+
+    def load(self, weights: Sequence[tuple[str, np.ndarray]]) -> None:
+        """Check ``weights`` (:meth:`check`), then take copies of them (frames from a
+        socket are read-only and reused); nothing changes when they do not fit."""
+        seen = self.check(weights)
+        self.w = {name: np.array(seen[name], copy=True) for name in self.layout}
+        self._held()
+
+    def bind(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Act on ``arrays`` (by name, the layout's) as they are, without copying: numpy
+        views of a torch module's tensors, which loading weights into the module updates
+        in place."""
+        self.w = {name: arrays[name] for name in self.layout}
+        self._held()
+
+    def named_arrays(self) -> list[tuple[str, np.ndarray]]:
+        """The weights as ``(name, array)`` copies in ``state_dict`` order."""
+        return [(name, self.w[name].copy()) for name in self.layout]
 
 
 def policy_config_from(settings: RunSettings, policy_id: str = "") -> PolicyConfig:

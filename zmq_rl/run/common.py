@@ -25,6 +25,7 @@ from .._moved import moved_attribute
 __all__ = [
     "STOP_SIGNALS",
     "SUPPORTED_SPACES",
+    "LEARNER_MODULES",
     "CliFailure",
     "check_bind_host",
     "check_env",
@@ -34,6 +35,7 @@ __all__ = [
     "ensure_env_importable",
     "format_duration",
     "note_hangup",
+    "require_learner_install",
     "release_run_dir",
 ]
 
@@ -63,6 +65,27 @@ class CliFailure(RuntimeError):
 
 
 _hangups = 0
+
+
+LEARNER_MODULES = ("torch", "rich", "matplotlib")
+"""What a learner host installs beyond an actor host's ``pip install zmq_rl``: the
+``learner`` extra (setup.cfg; docs/multi-host.md)."""
+
+
+def require_learner_install(
+    what: str = "the learner", modules: tuple[str, ...] = LEARNER_MODULES
+) -> None:
+    """Raise :class:`CliFailure` (exit 2, one line naming the install) when a module of
+    ``modules`` is not installed: a host that has zmq_rl's actor install alone
+    (``pip install zmq_rl``, no torch) was asked for ``what`` (the learner, an export, a
+    plot). Until issue 46 ``pip install zmq_rl`` installed torch: this is the line a
+    learner host installed that way before gets from now on."""
+    from zmq_rl.rl.installs import LEARNER_INSTALL, module_installed
+
+    missing = [m for m in modules if not module_installed(m)]
+    if missing:
+        names = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
+        raise CliFailure(f"{what} needs {names}: {LEARNER_INSTALL}", 2)
 
 
 def _is_terminal(fd: int) -> bool:

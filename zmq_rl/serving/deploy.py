@@ -33,12 +33,10 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import pickle
 import re
 import struct
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +46,21 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..config import PolicyConfig, parse_env_kwargs
 from ..learner.checkpoint import config_dict
 from ..rl.masking import MASK_KEY, check_observation_mask
 from ..rl.networks import RecurrentActorCritic, action_mask_of, leaf_paths
 from ..rl.policy import OBS_CLIP, OBS_NORM_EPS, ActorCritic, build_policy, is_recurrent
+from ..rl.policy_file import (
+    NOT_OURS,
+    POLICY_NAME,  # noqa: F401  (defined here before rl/policy_file.py)
+    PolicyFileError,
+    SavedPolicy,
+    policy_path,
+    saved_policy,
+)
+from ..rl.policy_file import (
+    load_error_reason as _load_error,
+)
 from ..wire.spaces import leaves, map_value, wire_dtype
 
 __all__ = [
@@ -70,100 +78,26 @@ __all__ = [
 
 log = logging.getLogger("zmq_rl.deploy")
 
-POLICY_NAME = "policy.pt"
 EXPORT_FORMATS = ("onnx", "torchscript", "safetensors")
 """The formats of :func:`export_policy` (and ``zmq-rl export --format``)."""
 ONNX_OPSET = 17
-NOT_OURS = (
-    "not a policy.pt or checkpoint written by zmq_rl (a run dir's policy.pt, or its "
-    "checkpoints/ckpt-N.pt)"
-)
 
 
 class ExportUnavailable(ImportError):
     """The package an export format needs is not installed (the message says which)."""
 
 
-class PolicyFileError(ValueError):
-    """A policy file is missing, unreadable, or was not written by zmq_rl; the
-    message names the file and the reason."""
-
-
-@dataclass
-class SavedPolicy:
-    """What a ``policy.pt`` or checkpoint holds: the weights and what rebuilds the network."""
-
-    path: Path
-    config: PolicyConfig
-    env_id: str
-    weights: dict[str, torch.Tensor]
-    version: int = 0
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    wrappers: list[str] = field(default_factory=list)
-    agent_policies: list[str] = field(default_factory=list)
-    """A run of several policies: the policy id of each agent (``policy-<id>.pt``)."""
-
-
-def policy_path(target: str | Path) -> Path:
-    """``RUN_DIR`` -> ``RUN_DIR/policy.pt``; a file is returned as is. PolicyFileError
-    when there is no such file."""
-    path = Path(target)
-    if path.is_dir():
-        path = path / POLICY_NAME
-    if not path.is_file():
-        raise PolicyFileError(
-            f"{path}: no such policy file (a run writes {POLICY_NAME} when it ends; "
-            "a checkpoint, RUN_DIR/checkpoints/ckpt-N.pt, can be loaded too)"
-        )
-    return path
-
-
-def _load_error(exc: BaseException) -> str:
-    """Why ``torch.load(weights_only=True)`` failed, in one line."""
-    text = str(exc)
-    if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in text:
-        return "it holds Python objects besides tensors"
-    if "zip archive" in text or "central directory" in text:
-        return "the file is truncated or corrupt"
-    if isinstance(exc, EOFError):
-        return "the file is empty or truncated"
-    return "not a torch file"
-
-
 def read_policy_file(target: str | Path) -> SavedPolicy:
     """Read a run dir's ``policy.pt``, a ``policy.pt`` or a checkpoint
-    (``checkpoints/ckpt-N.pt``) without building anything; PolicyFileError naming
-    the file when it is none of those."""
+    (``checkpoints/ckpt-N.pt``) with ``torch.load(weights_only=True)`` without building
+    anything; PolicyFileError naming the file when it is none of those. (Without torch:
+    :func:`zmq_rl.rl.policy_file.read_saved_policy`.)"""
     path = policy_path(target)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a truncated file or not a torch file at all
         raise PolicyFileError(f"{path}: {NOT_OURS}: {_load_error(exc)}") from None
-    if not isinstance(state, dict):
-        raise PolicyFileError(f"{path}: {NOT_OURS}; it holds a {type(state).__name__}")
-    try:
-        if "trainer" in state and "learner_config" in state:  # Learner.checkpoint()
-            learner = json.loads(state["learner_config"])
-            env_id = str(learner["env_id"])
-            env_kwargs = parse_env_kwargs(str(learner.get("env_kwargs", "")))
-            wrappers = list(learner.get("wrappers", []))
-            weights = state["trainer"]["policy"]
-        else:  # a policy file (learner/outputs.py: RunFiles.save_policy)
-            env_id = str(state["env_id"])
-            env_kwargs = json.loads(state.get("env_kwargs", "{}"))
-            wrappers = json.loads(state.get("wrappers", "[]"))
-            weights = state["policy"]
-        raw = json.loads(state["policy_config"])
-        raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
-        config = PolicyConfig(**raw).validate()
-        version = int(state.get("version", 0))
-        agent_policies = [str(p) for p in json.loads(state.get("agent_policies", "[]"))]
-    except (KeyError, TypeError, ValueError) as exc:
-        missing = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
-        raise PolicyFileError(f"{path}: {NOT_OURS} ({missing})") from None
-    return SavedPolicy(
-        path, config, env_id, weights, version, dict(env_kwargs), list(wrappers), agent_policies
-    )
+    return saved_policy(path, state)
 
 
 _OLD_RETURN = (

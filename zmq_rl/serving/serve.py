@@ -1,5 +1,10 @@
 """Remote inference: ``zmq-rl serve``, the policy for simulators that cannot run torch.
 
+The server itself needs no torch either (``pip install zmq_rl``): every shipped
+network acts in numpy (:mod:`zmq_rl.rl.numpy_nets`). A run whose network is a custom
+factory, which only torch builds, is answered ``error`` ``needs_torch`` on a host
+without torch, and the server stops with that one line (exit 2).
+
 A simulator (any language with ZeroMQ and msgpack: ``examples/c_actor/``) connects a
 DEALER or REQ socket to the server's ROUTER, ``attach``-es with its number of env
 slots, then sends one ``infer`` per step: the observations of all its slots plus the
@@ -39,6 +44,7 @@ from ..actor.client import (
 )
 from ..config import ServeConfig
 from ..rl.device import set_compute_threads
+from ..rl.installs import TorchMissing
 from ..rl.masking import ActionMaskError, check_observation_mask
 from ..sparse_log import log_sparsely
 from ..wire.codec import (
@@ -333,6 +339,10 @@ class InferenceServer:
         except LearnerUnreachable as exc:
             client.close()
             raise RequestError("learner_unreachable", str(exc)) from None
+        except TorchMissing as exc:  # a custom network on a host without torch: no run
+            client.close()  # (its bye: the learner does not wait for this registration)
+            self._send(address, pack("error", code="needs_torch", reason=str(exc)))
+            raise  # zmq-rl serve stops with its one line (exit 2)
         session = Session(address, client, runner.initial_state(num_envs), time.monotonic())
         self.sessions[key] = session
         self.stats["attached"] += 1
