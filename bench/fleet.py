@@ -14,9 +14,9 @@ share, the actors' paused share (the staleness valve), the mean policy lag, and 
 
 ``--base-tree DIR`` (or ``--base REV``) runs an earlier tree's ``zmq-rl`` in the same
 run, alternating with this one per (actors, seed): before/after in one run. A tree
-without ``zmq_rl.envs.StepDelay`` gets the same wait from ``bench/fleet_wait.py``.
+without ``zmq_rl.envs.StepDelay`` gets the same wait from ``bench/_fleet_wait.py``.
 ``--hosts`` puts each actor in a network namespace of its own behind a link of
-``--rtt-ms`` and ``--rate-mbit`` with CURVE on (bench/fleet_hosts.py; needs root).
+``--rtt-ms`` and ``--rate-mbit`` with CURVE on (bench/_fleet_hosts.py; needs root).
 Flags after ``--`` go to every run.
 
     python bench/fleet.py --wait-ms 10 --actors 1 2 4 8 16 --seeds 0 1 2
@@ -46,7 +46,7 @@ def wait_flags(wait_ms: float, tree: Path) -> list[str]:
     if not wait_ms:
         return []
     has_it = (tree / "zmq_rl" / "envs" / "waiting.py").is_file()
-    module = "zmq_rl.envs" if has_it else "fleet_wait"
+    module = "zmq_rl.envs" if has_it else "_fleet_wait"
     return ["--wrapper", f"{module}:StepDelay(seconds={wait_ms / 1000:g})"]
 
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     target = args.target if args.target is not None else TARGETS[args.env]
     counts = sorted(args.actors)
     if args.hosts:
-        from fleet_hosts import run_on_hosts  # noqa: PLC0415 (root and namespaces only)
+        from _fleet_hosts import run_on_hosts  # noqa: PLC0415 (root and namespaces only)
 
         runner = run_on_hosts
     else:

@@ -177,7 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total-env-steps", type=int, default=8192)
     parser.add_argument("--actor-timeout", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--port", type=int, default=0, help="learner port (default: a free one)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     parser.add_argument("--keep", default="", help="keep the run dirs in this folder")
     args = parser.parse_args(argv)

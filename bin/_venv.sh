@@ -55,14 +55,13 @@ sys.exit(any(u.find_spec(m) is None for m in ($modules)))"
     echo "$level" >"$stamp"
 }
 
-ensure_extra() {
-    # ensure_extra NAME: `pip install -e '.[NAME]'` into .venv unless done since setup.cfg
-    # last changed (a stamp per extra). NAME is normalised as PEP 685 says (multi_agent
-    # and Multi.Agent are multi-agent): Python 3.11's bundled pip (23.x) compares the
-    # name as given with the normalised one setuptools writes into the metadata, and
-    # installs nothing when they differ. A name that is not an extra of setup.cfg stops
-    # here, listing them; the stamp is written only after pip installed the extra.
-    local name=${1:?ensure_extra needs the name of an extra} stamp known output
+extra_name() {
+    # extra_name NAME: NAME normalised as PEP 685 says (multi_agent and Multi.Agent are
+    # multi-agent; Python 3.11's bundled pip (23.x) compares the name as given with the
+    # normalised one setuptools writes into the metadata, and installs nothing when they
+    # differ). A name that is not an extra of setup.cfg stops here, before any install,
+    # listing them.
+    local name=${1:?extra_name needs the name of an extra} known
     name=$(printf '%s' "$name" | tr '[:upper:]' '[:lower:]' | sed -E 's/[-_.]+/-/g')
     known=$(awk '/^\[options\.extras_require\]/ {on = 1; next} /^\[/ {on = 0}
         on && /^[A-Za-z0-9][A-Za-z0-9._-]* *=/ {sub(/ *=.*/, ""); print tolower($0)}' setup.cfg \
@@ -71,6 +70,14 @@ ensure_extra() {
         echo "$0: --extra ${1}: not an extra of zmq_rl (setup.cfg has: $(echo $known))" >&2
         exit 2
     fi
+    printf '%s\n' "$name"
+}
+
+ensure_extra() {
+    # ensure_extra NAME: `pip install -e '.[NAME]'` into .venv unless done since setup.cfg
+    # last changed (a stamp per extra; NAME as extra_name gives it). The stamp is written
+    # only after pip installed the extra.
+    local name=${1:?ensure_extra needs the name of an extra} stamp output
     stamp=.venv/.zmq_rl-extra-$name
     if [ -f "$stamp" ] && [ "$stamp" -nt setup.cfg ]; then
         return 0

@@ -11,6 +11,7 @@ the venv is made anew by every caller.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -25,9 +26,16 @@ OWN = ("pip", "setuptools", "_distutils_hack", "distutils-precedence.pth", "pkg_
 PIP_TIMEOUT_S = 600
 
 
+def own_env() -> dict[str, str]:
+    """This process's environment less ``PYTHONPATH``: a tree on it (this checkout, with
+    its ``zmq_rl.egg-info``) would make the venv's pip see zmq_rl as installed already."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _pip(python: Path | str, *args: str) -> None:
     subprocess.run(
         [str(python), "-m", "pip", *args, "--quiet", "--disable-pip-version-check"],
+        env=own_env(),
         check=True,
         capture_output=True,
         text=True,
@@ -113,7 +121,7 @@ def make_actor_host(where: Path) -> ActorHost:
     listing = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "freeze",
          "--disable-pip-version-check"],
-        capture_output=True, text=True, check=True, timeout=PIP_TIMEOUT_S,
+        capture_output=True, text=True, check=True, timeout=PIP_TIMEOUT_S, env=own_env(),
     ).stdout.split()  # fmt: skip
     return ActorHost(
         venv, made - start, done - made, megabytes(venv), megabytes(site) - own, listing

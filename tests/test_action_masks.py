@@ -28,6 +28,7 @@ from zmq_rl.rl.masking import (
     check_observation_mask,
     mask_key,
     masked_logits,
+    random_allowed_action,
 )
 from zmq_rl.rl.networks import ActionHeads, StructuredActorCritic
 from zmq_rl.rl.policy import build_policy
@@ -326,3 +327,32 @@ def test_masked_env_trains_through_real_processes_without_a_masked_action(
     assert not rejected, rejected
     final = report["evaluations"][-1]["mean_return"]
     assert final >= bound, f"evaluation {final} (random legal ~{random_legal}): {report}"
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_a_probe_steps_masked_envs_with_allowed_actions_only(multi):
+    """The evaluator's wait probe (``steps_wait``) steps an env with no policy: its
+    random actions are allowed ones (MaskedBandit raises on any other), and the probe
+    of an env that fails counts as one that does not wait instead of ending the run."""
+    from tests.space_envs import MaskedBanditEnv
+    from zmq_rl.envs.stepping import steps_wait
+    from zmq_rl.learner.evaluation import _steps_wait
+
+    env = MaskedBanditEnv(multi=multi)
+    obs, _ = env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        action = random_allowed_action(env.observation_space, env.action_space, obs, rng)
+        assert env.action_space.contains(np.asarray(action) if multi else action)
+        obs = env.step(action)[0]  # raises on a masked action
+    violations = []
+
+    class Recorded(MaskedBanditEnv):
+        def step(self, action):
+            if not self._legal(action):
+                violations.append(action)
+            return super().step(action)
+
+    assert _steps_wait(Recorded(multi=multi), seed=1) is False and not violations
+    assert steps_wait(Recorded(multi=multi), steps=50) is False  # random: refused, no crash
+    assert violations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -308,7 +309,7 @@ def test_meets_target_thresholds():
 
 def test_train_command_shape(tmp_path):
     cmd = cf.train_command(2, 1000, tmp_path / "seed2", 5555, "--actors 2 --eval-every 10")
-    assert cmd[0].endswith("zmq-rl") and cmd[1] == "run"
+    assert cmd[:4] == [sys.executable, "-m", "zmq_rl", "run"]
     joined = " ".join(cmd)
     for part in (
         "--env pettingzoo.classic.connect_four_v3",
@@ -389,8 +390,6 @@ def test_train_cli_runs_each_seed_and_records_curves(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(cf.subprocess, "Popen", FakeRun)
     monkeypatch.setattr(cf.time, "sleep", lambda s: None)
-    monkeypatch.setattr(cf, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(cf, "IMAGES", tmp_path / "img")
     monkeypatch.setattr(zmq_rl, "load_policy", lambda d: _StubPolicy())
     out = tmp_path / "cf.json"
     extra = "--actors 2 --eval-every 5"
@@ -409,8 +408,8 @@ def test_train_cli_runs_each_seed_and_records_curves(tmp_path, monkeypatch, caps
     assert set(win_curve[0]["win_rate"]) == {cf.matchup_name(o, f) for o, f in cf.MATCHUPS}
     assert [r["seed"] for r in data["rows"]] == [0, 1]
     assert all(r["wall_seconds"] >= 0 for r in data["runs"])
-    assert (tmp_path / "img" / "connect_four.png").stat().st_size > 1000
-    kept = sorted(p.name for p in (tmp_path / "runs" / "seed0-checkpoints").iterdir())
+    assert (tmp_path / "connect_four.png").stat().st_size > 1000  # beside --out
+    kept = sorted(p.name for p in (tmp_path / "cf-runs" / "seed0-checkpoints").iterdir())
     assert kept == [f"ckpt-{u:08d}.pt" for u in range(1, 6)]
     assert "Training wall time: seed 0:" in capsys.readouterr().out
 

@@ -594,6 +594,12 @@ def test_learner_signal_stops_everything_cleanly(procs, tmp_path, learner_port, 
     )
     actors = [procs.start(f"actor{i}", actor_argv(address)) for i in range(2)]
     wait_update(run_dir, 3, START_S, procs, [learner, *actors])
+    # a batch of both actors' rows (rows mode takes the oldest rows, whoever sent
+    # them: an actor that registered late may not have fed the first updates)
+    wait_until(
+        lambda: any(r.get("batch/actors", 0) >= 2 for r in metrics_rows(run_dir)),
+        START_S, "an update that used both actors' rows", procs, [learner, *actors],
+    )  # fmt: skip
     pids = [pid for p in (learner, *actors) for pid in process_tree(p.pid)]
     learner.signal(sig)
     signalled_at = time.monotonic()

@@ -441,6 +441,7 @@ def test_lunar_lander_updates_through_a_torch_free_host(host, net, tmp_path):
         "learner",
         [*LEARNER, "--env", "LunarLander-v3", "--host", topo.address("l"), "--port", str(port),
          "--num-actors", "1", "--total-env-steps", str(2 * 8 * 256), "--eval-episodes", "1",
+         "--batch-rows", str(8 * 256),
          "--run-dir", str(run_dir), "--log-level", "info"],
         prefix=topo.prefix("l"),
     )  # fmt: skip

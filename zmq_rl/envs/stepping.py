@@ -50,18 +50,29 @@ with the env reset where the episode ended (``obs`` is then the reset observatio
 ``final_obs`` the episode's last one; None otherwise)."""
 
 
-def steps_wait(env: gym.Env, steps: int = 5) -> bool:
+def steps_wait(
+    env: gym.Env, steps: int = 5, act: Callable[[Any], Any] | None = None
+) -> bool:
     """Whether ``env``'s steps wait (their wall time is more than :data:`WAIT_RATIO`
-    times the CPU time they take), from ``steps`` steps of random actions after a reset;
-    the env is closed. The background evaluator asks, to evaluate several snapshots at
-    once on a simulator that waits."""
+    times the CPU time they take), from ``steps`` steps after a reset, each with the
+    action ``act(obs)`` (default: a random one; the evaluator passes one its
+    ``action_mask`` allows); the env is closed. The background evaluator asks, to
+    evaluate several snapshots at once on a simulator that waits. An env that fails
+    under the probe counts as one that does not wait (the evaluation proper then says
+    what is wrong with it)."""
+    act = act or (lambda _obs: env.action_space.sample())
     try:
-        env.reset(seed=0)
+        obs, _ = env.reset(seed=0)
         wall, cpu = time.perf_counter(), time.thread_time()
         for _ in range(steps):
-            if any(env.step(env.action_space.sample())[2:4]):
-                env.reset()
+            obs, _, terminated, truncated, _ = env.step(act(obs))
+            if terminated or truncated:
+                obs, _ = env.reset()
         return time.perf_counter() - wall > WAIT_RATIO * max(time.thread_time() - cpu, 1e-9)
+    except Exception as exc:  # noqa: BLE001 - a probe; the evaluation itself reports errors
+        log.info("could not time %s's steps (%s: %s): stepping it as one that does not wait",
+                 env, type(exc).__name__, exc)  # fmt: skip
+        return False
     finally:
         env.close()
 

@@ -25,7 +25,7 @@ from ..envs.seeding import env_seeds
 from ..envs.stepping import steps_wait
 from ..rl.device import import_torch, set_compute_threads
 from ..rl.installs import TorchMissing, torch_installed
-from ..rl.masking import check_observation_mask
+from ..rl.masking import check_observation_mask, random_allowed_action
 from ..rl.numpy_mlp import NumpyMLP, mlp_dims, rng_of
 from ..rl.numpy_nets import NumpyNetwork
 from ..rl.weights import is_recurrent
@@ -646,6 +646,14 @@ def _main_module_hidden() -> Any:
         main.__dict__.update(saved)
 
 
+def _steps_wait(env: Any, seed: int) -> bool:
+    """:func:`~zmq_rl.envs.stepping.steps_wait` with random actions the observation's
+    ``action_mask`` allows (an env may refuse the others)."""
+    rng = rng_of(seed)
+    spaces = env.observation_space, env.action_space
+    return steps_wait(env, act=lambda obs: random_allowed_action(*spaces, obs, rng))
+
+
 def _evaluate_forever(
     conn: Any,
     env: tuple[str, dict, list],
@@ -671,7 +679,7 @@ def _evaluate_forever(
     numpy = dims is not None and deterministic and not shape.agents
     if not numpy:
         import_torch()  # with the one thread set above
-    lanes = EVAL_LANES if not shape.agents and steps_wait(build_env(*env)) else 1
+    lanes = EVAL_LANES if not shape.agents and _steps_wait(build_env(*env), seed) else 1
     conn.send(("lanes", lanes))
 
     def network() -> tuple[Any, Callable[[Any], None]]:

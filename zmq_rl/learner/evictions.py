@@ -129,13 +129,15 @@ class Evictions:
 
         members = ingest.members
         dropped = (
-            members.drop_silent_pending(now, silence, pending_limit) if ingest.rank == 0 else []
+            members.drop_silent_pending(now, silence, pending_limit, ingest.admit_at_once)
+            if ingest.rank == 0
+            else []
         )
         if dropped:
             ingest.counters["actors/dropped_silent"] += len(dropped)
             ids = [rec.actor_id for rec in dropped]
             log.warning(
-                "dropped %d registration(s) that had not joined the rollout and went silent "
+                "dropped %d registration(s) that had fed no rollout and went silent "
                 "(%.1fs after a hello alone): actor id(s) %s%s",
                 *(len(ids), silence, ids[:10], " ..." if len(ids) > 10 else ""),
             )

@@ -297,15 +297,26 @@ class Membership:
         return admitted
 
     def drop_silent_pending(
-        self, now: float, silence: float, limit: SilenceLimit | None = None
+        self,
+        now: float,
+        silence: float,
+        limit: SilenceLimit | None = None,
+        members_too: bool = False,
     ) -> list[ActorRecord]:
         """Remove and return the registrations that never joined the rollout and have
         sent nothing (no heartbeat, no fragment) for ``silence`` seconds (or, with
         ``limit``, ``limit(record, HEARTBEATS)``): a hello alone holds a place in
-        ``max_actors`` only that long."""
+        ``max_actors`` only that long. ``members_too``: also members that sent nothing
+        at all since their hello (rows batches admit at the hello: such a member is a
+        hello alone all the same, not an actor that died)."""
+        unproven = [
+            r
+            for r in self.actors.values()
+            if r.member and not r.said_bye and not r.fragments_received and r.beats.last is None
+        ]
         dropped = [
             r
-            for r in self.pending()
+            for r in self.pending() + (unproven if members_too else [])
             if now - r.last_seen > (silence if limit is None else limit(r, HEARTBEATS))
         ]
         return [self.remove(r.actor_id) for r in dropped]

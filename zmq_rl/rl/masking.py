@@ -43,6 +43,7 @@ __all__ = [
     "mask_key",
     "mask_nvec",
     "masked_logits",
+    "random_allowed_action",
 ]
 
 MASK_KEY = "action_mask"
@@ -162,6 +163,34 @@ def mask_entries(nvec: np.ndarray, actions: np.ndarray) -> np.ndarray:
     rows = actions.size // len(nvec)
     offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
     return actions.reshape(rows, len(nvec)).astype(np.int64) + offsets
+
+
+def random_allowed_action(
+    observation_space: gymnasium.Space,
+    action_space: gymnasium.Space,
+    obs: Any,
+    rng: np.random.Generator,
+) -> Any:
+    """A uniformly random action that ``obs``'s ``action_mask`` allows (each component
+    among its block's nonzero entries), or ``action_space.sample()`` where the spaces
+    have no mask (:func:`mask_key`). For probes that step an env with no policy (the
+    evaluator's :func:`~zmq_rl.envs.stepping.steps_wait`): an env that refuses masked
+    actions is never sent one."""
+    if mask_key(observation_space, action_space) is None:
+        return action_space.sample()
+    nvec = mask_nvec(action_space)
+    mask = np.asarray(obs[MASK_KEY]).reshape(-1) != 0
+    check_action_mask(mask, nvec)
+    starts = np.concatenate([[0], np.cumsum(nvec)[:-1]])
+    picks = [
+        int(rng.choice(np.flatnonzero(mask[s : s + n])))
+        for s, n in zip(starts, nvec, strict=True)
+    ]
+    if isinstance(action_space, gymnasium.spaces.Discrete):
+        return int(action_space.start) + picks[0]
+    return (np.asarray(picks, action_space.dtype) + action_space.start.reshape(-1)).reshape(
+        action_space.shape
+    )
 
 
 def masked_action_problem(

@@ -1,5 +1,5 @@
 """The wait per step of ``bench/fleet.py`` for a tree from before ``zmq_rl.envs.StepDelay``
-(``--base-tree``): ``--wrapper fleet_wait:StepDelay(seconds=...)``."""
+(``--base-tree``): ``--wrapper _fleet_wait:StepDelay(seconds=...)``."""
 
 from __future__ import annotations
 
