@@ -125,7 +125,12 @@ def run_figures(
     """The figures of one run to the score: its learner's output ``lines`` (seconds since
     launch, line), ``solved(line)`` for the line at the score, and its run dir's
     ``report.json`` and ``metrics.jsonl``."""
-    solve_s = next((at for at, line in lines if solved(line)), math.inf)
+    # the progress line with the evaluation at the score, else the learner's "stopping:
+    # evaluation reached target_return" (a result that came in between progress lines)
+    solve_s = next(
+        (at for at, line in lines if solved(line) or "stopping: evaluation reached" in line),
+        math.inf,
+    )
     report = (
         json.loads((run_dir / "report.json").read_text())
         if (run_dir / "report.json").is_file()

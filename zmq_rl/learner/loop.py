@@ -264,6 +264,7 @@ class Learner:
                     self.files.periodic_checkpoint()
                 if solved:
                     stop_reason = f"{TARGET_REACHED} {cfg.target_return:g}"
+                    log.info("stopping: %s (at update %d)", stop_reason, self.version)
                     break
                 if self._stop_reason:
                     raise StopRequested(self._stop_reason)
