@@ -184,15 +184,22 @@ def test_an_agent_is_alive_while_it_builds(ctx, learner_port, start_learner):
 def test_a_removed_registration_is_told_to_rejoin_and_its_late_rows_are_not_warned_about(
     ctx, learner_port, start_learner, caplog
 ):
-    """A registered peer goes silent past actor_timeout and is declared dead (one
-    warning). The learner tells it at once to register again (``refuse reregister``,
-    unasked); what it still sends under the old registration (a heartbeat, fragments)
-    is counted ``unknown_actor`` as before, but at DEBUG: no line per message."""
+    """A registered peer sends one fragment, then goes silent past actor_timeout and is
+    declared dead (one warning). The learner tells it at once to register again
+    (``refuse reregister``, unasked); what it still sends under the old registration (a
+    heartbeat, fragments) is counted ``unknown_actor`` as before, but at DEBUG: no line
+    per message."""
     cfg = stub_learner_config(learner_port, num_actors=2, actor_timeout=1.0)
     learner, run = start_learner(cfg)
     peer = RegisteredPeer(ctx, learner_port)
     other = RegisteredPeer(ctx, learner_port)  # keeps the run waiting for rows, alive
     try:
+        # one fragment first: a registration that sent nothing after its hello is
+        # dropped quietly (dropped_silent), not declared dead
+        peer.send(peer.fragment(8))
+        wait_until(
+            lambda: learner.counters["received/steps"] == 8, TIMEOUT, "the peer's fragment"
+        )
         with caplog.at_level(logging.DEBUG, logger="zmq_rl.ingest"):
             deadline = time.monotonic() + TIMEOUT
             refusal = None

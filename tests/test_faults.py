@@ -229,6 +229,16 @@ def wait_update(
     return wait_until(check, timeout, f"update {update} in metrics.jsonl", procs, must_live)
 
 
+def wait_both_actors_trained(run_dir: Path, procs: Procs, must_live: Sequence[Proc]) -> None:
+    """Wait for an update whose batch held both actors' rows: rows mode takes the oldest
+    rows, whoever sent them, so an actor that registered late (a loaded box) may not
+    have fed the first updates, and its ``steps_consumed`` would still be 0."""
+    wait_until(
+        lambda: any(r.get("batch/actors", 0) >= 2 for r in metrics_rows(run_dir)),
+        START_S, "an update that used both actors' rows", procs, must_live,
+    )  # fmt: skip
+
+
 def read_report(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "report.json").read_text())
 
@@ -594,12 +604,7 @@ def test_learner_signal_stops_everything_cleanly(procs, tmp_path, learner_port, 
     )
     actors = [procs.start(f"actor{i}", actor_argv(address)) for i in range(2)]
     wait_update(run_dir, 3, START_S, procs, [learner, *actors])
-    # a batch of both actors' rows (rows mode takes the oldest rows, whoever sent
-    # them: an actor that registered late may not have fed the first updates)
-    wait_until(
-        lambda: any(r.get("batch/actors", 0) >= 2 for r in metrics_rows(run_dir)),
-        START_S, "an update that used both actors' rows", procs, [learner, *actors],
-    )  # fmt: skip
+    wait_both_actors_trained(run_dir, procs, [learner, *actors])
     pids = [pid for p in (learner, *actors) for pid in process_tree(p.pid)]
     learner.signal(sig)
     signalled_at = time.monotonic()
@@ -633,6 +638,7 @@ def test_ctrl_c_on_zmq_rl_run_stops_the_whole_tree(procs, tmp_path, learner_port
     argv = learner_argv(learner_port, run_dir, actors=2, budget_updates=100_000, eval_every=0)
     run = procs.start("zmq-rl-run", [*ZMQ_RL, "run", *argv[len(LEARNER) :], plot])
     wait_update(run_dir, 3, START_S, procs, [run])
+    wait_both_actors_trained(run_dir, procs, [run])
     tree = wait_until(
         lambda: (tree := process_tree(run.pid))[2:] and tree, 10, "two actor processes", procs
     )

@@ -205,7 +205,9 @@ def test_a_forged_fragment_can_neither_stall_the_run_nor_evict_a_live_actor(
         "the forged fragments to be rejected",
     )
     peer.send(real)  # seq 0: still what the learner expects
-    for _ in range(3):
+    for sent in range(1, 4):
+        # within the staleness valve (3 fragments of lead), as a real actor would be
+        wait_until(lambda: learner.version >= sent, TIMEOUT, f"update {sent}")  # noqa: B023
         peer.send(peer.fragment(8))
     wait_until(lambda: not run.alive(), TIMEOUT, "the run to consume its budget")
     peer.serve_control()

@@ -60,8 +60,14 @@ def test_an_evicted_actor_is_forgotten_after_the_work_not_during_it(ctx, learner
     learner.ingest.forget_slots = forgotten.append
     try:
 
+        def prove() -> None:  # one fragment: a hello alone would be dropped, not dead
+            peer.send(peer.fragment(8))
+            wait_until(lambda: learner.counters["received/steps"] == 8, TIMEOUT, "a fragment")
+
+        learner.ingest.serve_during(prove)
+
         def work() -> None:
-            # The peer stays silent: the thread declares it dead after actor_timeout.
+            # The peer goes silent: the thread declares it dead after actor_timeout.
             wait_until(lambda: learner.members.get(peer.actor_id) is None, TIMEOUT, "eviction")
             assert forgotten == []  # the work still owns the trainer's slot state
 
