@@ -226,10 +226,11 @@ def test_a_slow_actor_among_fast_ones_is_neither_waited_on_nor_starved(
     assert report.counters.get("rejected/experience/over_lead", 0) == 0
     # What the slow actor delivered was trained on, apart from the last queued segments
     # and, on a busy box (where its 10 ms waits stretch while the fast one's updates go
-    # on), a segment now and then past the lag bound: dropped, counted, a small share.
+    # on), a segment now and then past the lag bound: dropped, counted, a small share
+    # (one segment at most when it delivered only a few: 8 of 24 rows were seen at load).
     slow = report.actor_stats["1"]
     stale = report.counters.get("discarded/steps/stale", 0)
-    assert stale <= slow["steps_received"] // 4, (stale, slow)
+    assert stale <= max(8, slow["steps_received"] // 4), (stale, slow)
     unused = slow["steps_received"] - slow["steps_consumed"] - stale
     assert unused <= 2 * (out["bound"].grant_lead(4) + 8), (unused, slow)
 
