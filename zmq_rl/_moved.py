@@ -80,6 +80,9 @@ module's names now: ``zmq_rl.wire.ProtocolError`` still finds them."""
 
 MOVED_NAMES: dict[str, dict[str, str]] = {
     "zmq_rl.config": {"ActorThrottle": "zmq_rl.wire.valve"},
+    "zmq_rl.rl.rollout": {
+        name: "zmq_rl.learner.queues" for name in ("SlotQueues", "_SlotQueue", "_continues")
+    },
     "zmq_rl.run.common": {
         name: "zmq_rl.cli.exits"
         for name in (

@@ -74,10 +74,6 @@ def add_conformance_flags(parser: argparse.ArgumentParser) -> None:
         "it), drive it through docs/protocol.md's clauses, print one line per clause. "
         "Exit 0 only if every MUST clause passed.",
     )
-    _add_options(actor, ActorCheckOptions, ACTOR_HELP)
-    actor.add_argument("--json", type=Path, help="also write the report as JSON here")
-    add_logging_flag(actor, default="error")
-    actor.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     learner = targets.add_parser(
         "learner",
         help="check a running learner: zmq-rl conformance learner HOST:PORT",
@@ -86,9 +82,14 @@ def add_conformance_flags(parser: argparse.ArgumentParser) -> None:
         "--total-env-steps lets the shutdown be checked). Exit 0 only if every MUST "
         "clause passed.",
     )
-    _add_options(learner, LearnerCheckOptions, LEARNER_HELP)
-    learner.add_argument("--json", type=Path, help="also write the report as JSON here")
-    add_logging_flag(learner, default="error")
+    for target, options, option_help in (
+        (actor, ActorCheckOptions, ACTOR_HELP),
+        (learner, LearnerCheckOptions, LEARNER_HELP),
+    ):
+        _add_options(target, options, option_help)
+        target.add_argument("--json", type=Path, help="also write the report as JSON here")
+        add_logging_flag(target, default="error")
+    actor.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     learner.add_argument("address", metavar="HOST:PORT", help="the learner's control address")
 
 

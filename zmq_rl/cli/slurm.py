@@ -400,30 +400,14 @@ def _slurm_flags(parser: argparse.ArgumentParser) -> None:
         help="encrypt and authenticate with CURVE: make keys in RUN_DIR/keys before "
         "submitting (secret files 0600; the run dir must be private to you)",
     )
-    group.add_argument(
-        "--sbatch-arg",
-        dest="sbatch_args",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="an extra #SBATCH line, e.g. --sbatch-arg=--account=rl (repeatable)",
-    )
-    group.add_argument(
-        "--learner-srun-arg",
-        dest="learner_srun_args",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="an extra srun flag of the learner's step (repeatable)",
-    )
-    group.add_argument(
-        "--actor-srun-arg",
-        dest="actor_srun_args",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="an extra srun flag of the actors' step (repeatable)",
-    )
+    for flag, dest, what in (
+        ("--sbatch-arg", "sbatch_args", "an extra #SBATCH line, e.g. --sbatch-arg=--account=rl"),
+        ("--learner-srun-arg", "learner_srun_args", "an extra srun flag of the learner's step"),
+        ("--actor-srun-arg", "actor_srun_args", "an extra srun flag of the actors' step"),
+    ):
+        group.add_argument(
+            flag, dest=dest, action="append", default=[], metavar="ARG", help=f"{what} (repeatable)"
+        )
 
 
 @subcommand(

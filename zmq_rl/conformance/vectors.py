@@ -669,48 +669,28 @@ def _messages() -> list[tuple[str, str, Any]]:
                 synthetic_fragment(space, _actions_for(kind), seed=10 + seed, seq=seed, **header),
             )
         )
+
+    def box_fragment(seed: int, seq: int, **shape: Any) -> Fragment:
+        """A fragment of the ``box`` spaces, no truncated cell."""
+        box = _spaces()["box"], _actions_for("box")
+        return synthetic_fragment(*box, seed=seed, truncated_cells=(), seq=seq, **shape, **header)
+
     out.append(
         (
             "fragment-recurrent",
             "a recurrent run (state_size 3): 'state' [B, 3] float32, no truncated cell",
-            synthetic_fragment(
-                _spaces()["box"],
-                _actions_for("box"),
-                seed=30,
-                state_size=3,
-                truncated_cells=(),
-                seq=0,
-                **header,
-            ),
+            box_fragment(30, 0, state_size=3),
         )
     )
     out.append(
         (
             "fragment-one-slot",
             "one slot (slots [2]) of a 4-slot actor, three rows, no truncated cell",
-            synthetic_fragment(
-                _spaces()["box"],
-                _actions_for("box"),
-                seed=31,
-                length=3,
-                width=1,
-                truncated_cells=(),
-                seq=7,
-                **header,
-            ),
+            box_fragment(31, 7, length=3, width=1),
         )
     )
     out[-1][2].slots = np.array([2], np.int32)
-    agents = synthetic_fragment(
-        _spaces()["box"],
-        _actions_for("box"),
-        seed=37,
-        length=3,
-        width=2,
-        truncated_cells=(),
-        seq=8,
-        **header,
-    )
+    agents = box_fragment(37, 8, length=3, width=2)
     agents.terminated[0, 1] = True  # agent of slot 1 leaves after row 0 ...
     agents.valid = np.ones((3, 2), bool)
     agents.valid[1:, 1] = False  # ... and its slot is empty for rows 1 and 2

@@ -53,10 +53,13 @@ from .masking import mask_key, masked_logits
 from .normalization import merge_moments
 from .numpy_nets import (
     IMAGE_MIN_SIDE,  # noqa: F401  (defined here before rl/numpy_nets.py)
+    categorical_nvec,
     category_index,
-    is_board_space,
-    is_image_space,
+    is_board_space,  # noqa: F401  (as IMAGE_MIN_SIDE)
+    is_image_space,  # noqa: F401  (as IMAGE_MIN_SIDE)
+    leaf_kind,
     leaf_paths,
+    one_hot_layout,
     value_at,
 )
 
@@ -292,21 +295,17 @@ class ObsEncoder(nn.Module):
         self.paths: list[tuple] = []
         parts: list[nn.Module] = []
         for path, leaf in leaf_paths(space):
-            if isinstance(leaf, gymnasium.spaces.Box):
-                if is_image_space(leaf):
-                    part: nn.Module = _ImagePart(leaf, cfg.ortho_init)
-                elif boards and is_board_space(leaf):
-                    part = BoardPart(leaf, cfg.ortho_init, gravity=boards == "gravity")
-                else:
-                    part = _BoxPart(leaf, cfg.normalize_obs)
-            elif isinstance(leaf, gymnasium.spaces.Discrete):
-                part = _OneHotPart(np.array([leaf.n]), np.array([leaf.start]))
-            elif isinstance(leaf, gymnasium.spaces.MultiDiscrete):
-                part = _OneHotPart(leaf.nvec, leaf.start)
-            elif isinstance(leaf, gymnasium.spaces.MultiBinary):
-                part = _BinaryPart(leaf)
+            kind = leaf_kind(leaf, boards)
+            if kind == "image":
+                part: nn.Module = _ImagePart(leaf, cfg.ortho_init)
+            elif kind == "board":
+                part = BoardPart(leaf, cfg.ortho_init, gravity=boards == "gravity")
+            elif kind == "box":
+                part = _BoxPart(leaf, cfg.normalize_obs)
+            elif kind == "one_hot":
+                part = _OneHotPart(*one_hot_layout(leaf))
             else:
-                raise ValueError(f"unsupported observation space part {leaf!r}")
+                part = _BinaryPart(leaf)
             self.paths.append(path)
             parts.append(part)
         self.parts = nn.ModuleList(parts)
@@ -344,11 +343,7 @@ class ActionHeads(nn.Module):
         self.shape = tuple(int(d) for d in getattr(space, "shape", None) or ())
         if isinstance(space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)):
             self.kind = "categorical"
-            nvec = (
-                np.array([space.n], np.int64)
-                if isinstance(space, gymnasium.spaces.Discrete)
-                else np.asarray(space.nvec, np.int64).reshape(-1)
-            )
+            nvec = categorical_nvec(space)
             index, valid = category_index(nvec)
             self.register_buffer("index", torch.from_numpy(index), persistent=False)
             self.register_buffer("valid", torch.from_numpy(valid), persistent=False)

@@ -52,10 +52,12 @@ from .weights import ArrayWeights, Layout
 __all__ = [
     "FACTORIES",
     "IMAGE_MIN_SIDE",
+    "LEAF_KINDS",
     "TORCH_FIRST",
     "NumpyNetwork",
     "acting_network",
     "canonical_factory",
+    "categorical_nvec",
     "category_index",
     "check_board_spaces",
     "check_cnn_spaces",
@@ -63,9 +65,11 @@ __all__ = [
     "fresh_weights",
     "is_board_space",
     "is_image_space",
+    "leaf_kind",
     "leaf_paths",
     "nature_settings",
     "numpy_network",
+    "one_hot_layout",
     "value_at",
 ]
 
@@ -109,6 +113,43 @@ def is_board_space(space: Any) -> bool:
         return False
     height, width, channels = space.shape
     return channels < min(height, width)
+
+
+LEAF_KINDS = ("image", "board", "box", "one_hot", "binary")
+"""How an observation leaf is encoded (:func:`leaf_kind`)."""
+
+
+def leaf_kind(leaf: gymnasium.Space, boards: bool | str = False) -> str:
+    """How the encoder of :class:`~zmq_rl.rl.networks.ObsEncoder` (and its numpy twin)
+    encodes ``leaf``, one of :data:`LEAF_KINDS`: an image box through the Nature
+    convolutions, a board (with ``boards``) through the board convolutions, another box
+    flattened, Discrete and MultiDiscrete one-hot, MultiBinary as 0/1. One rule for
+    both, so that torch and numpy networks built from the same spaces agree.
+    ValueError names an unsupported leaf."""
+    if isinstance(leaf, gymnasium.spaces.Box):
+        if is_image_space(leaf):
+            return "image"
+        return "board" if boards and is_board_space(leaf) else "box"
+    if isinstance(leaf, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)):
+        return "one_hot"
+    if isinstance(leaf, gymnasium.spaces.MultiBinary):
+        return "binary"
+    raise ValueError(f"unsupported observation space part {leaf!r}")
+
+
+def one_hot_layout(leaf: gymnasium.Space) -> tuple[np.ndarray, np.ndarray]:
+    """``(nvec, start)`` of a Discrete (one component) or MultiDiscrete leaf."""
+    if isinstance(leaf, gymnasium.spaces.Discrete):
+        return np.array([leaf.n]), np.array([leaf.start])
+    return leaf.nvec, leaf.start
+
+
+def categorical_nvec(space: gymnasium.Space) -> np.ndarray:
+    """Categories per component of a Discrete (one) or MultiDiscrete action space,
+    int64 ``[components]``: the layout of the categorical heads' logits."""
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return np.array([space.n], np.int64)
+    return np.asarray(space.nvec, np.int64).reshape(-1)
 
 
 def is_image_space(space: Any) -> bool:
@@ -460,21 +501,17 @@ class _Encoder:
         self.parts: list[Any] = []
         for i, (path, leaf) in enumerate(leaf_paths(space)):
             prefix = f"encoder.parts.{i}"
-            if isinstance(leaf, gymnasium.spaces.Box):
-                if is_image_space(leaf):
-                    part: Any = _ImagePart(prefix, leaf)
-                elif boards and is_board_space(leaf):
-                    part = _BoardPart(prefix, leaf, gravity=boards == "gravity")
-                else:
-                    part = _BoxPart(prefix, leaf, cfg.normalize_obs)
-            elif isinstance(leaf, gymnasium.spaces.Discrete):
-                part = _OneHotPart(np.array([leaf.n]), np.array([leaf.start]))
-            elif isinstance(leaf, gymnasium.spaces.MultiDiscrete):
-                part = _OneHotPart(leaf.nvec, leaf.start)
-            elif isinstance(leaf, gymnasium.spaces.MultiBinary):
-                part = _BinaryPart(leaf)
+            kind = leaf_kind(leaf, boards)
+            if kind == "image":
+                part: Any = _ImagePart(prefix, leaf)
+            elif kind == "board":
+                part = _BoardPart(prefix, leaf, gravity=boards == "gravity")
+            elif kind == "box":
+                part = _BoxPart(prefix, leaf, cfg.normalize_obs)
+            elif kind == "one_hot":
+                part = _OneHotPart(*one_hot_layout(leaf))
             else:
-                raise ValueError(f"unsupported observation space part {leaf!r}")
+                part = _BinaryPart(leaf)
             self.paths.append(path)
             self.parts.append(part)
         self.out_features = sum(p.out_features for p in self.parts)
@@ -522,11 +559,7 @@ class _Heads:
         self.log_std = f"{prefix}.log_std"
         if isinstance(space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)):
             self.kind = "categorical"
-            nvec = (
-                np.array([space.n], np.int64)
-                if isinstance(space, gymnasium.spaces.Discrete)
-                else np.asarray(space.nvec, np.int64).reshape(-1)
-            )
+            nvec = categorical_nvec(space)
             self.index, self.valid = category_index(nvec)
             self.padded = not bool(self.valid.all())
             self.num_params = int(nvec.sum())

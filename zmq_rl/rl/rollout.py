@@ -5,12 +5,11 @@ rollouts are cut from live in :mod:`zmq_rl.learner.queues`.
 
 from __future__ import annotations
 
-import importlib
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+from .._moved import moved_attribute
 from ..wire.protocol import StepArrays
 from ..wire.spaces import Value, map_value
 
@@ -107,18 +106,8 @@ class Rollout(StepArrays):
         return np.count_nonzero(self.valid, axis=0).astype(np.int64)
 
 
-_MOVED = {"SlotQueues", "_SlotQueue", "_continues"}
-
-
 def __getattr__(name: str) -> object:
     """``SlotQueues`` moved to :mod:`zmq_rl.learner.queues` (the rl wing holds no wire
-    messages); the old name still imports, with a DeprecationWarning (docs/api.md)."""
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"zmq_rl.rl.rollout.{name} moved to zmq_rl.learner.queues.{name}; the old path "
-        "goes in zmq_rl 0.3.0",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module("zmq_rl.learner.queues"), name)
+    messages); the old name still imports, with a DeprecationWarning
+    (:func:`zmq_rl._moved.moved_attribute`, docs/api.md)."""
+    return moved_attribute(__name__, name)
