@@ -99,6 +99,38 @@ def test_the_oldest_rows_come_first_whatever_slot_they_are_of():
     assert queues.received((1, 0)) == 24
 
 
+def test_the_last_batch_ends_at_the_env_step_its_budget_has_left():
+    """A cap on env steps (the budget's last update) ends the batch at its last valid
+    row, in arrival order, whatever share of the rows is not valid (a multi-agent
+    env's empty slots): the run spends its budget exactly. Without the cap, or with
+    one the rows do not reach, the batch is ``rows`` rows as before."""
+    queues = SlotQueues()
+    first = rows(0, [0, 1], 0, 4)  # slot 0: all valid; slot 1: valid, valid, empty, empty
+    first.valid = np.array([[1, 1], [1, 1], [1, 0], [1, 0]], bool)
+    first.terminated[1, 1] = True  # the agent's last row before the empty ones
+    queues.push(first)
+    second = rows(1, [0], 0, 8)  # arrival 1: valid at rows 0, 3 and 6 only
+    second.valid = np.zeros((8, 1), bool)
+    second.valid[[0, 3, 6], 0] = True
+    second.terminated[[0, 3, 6], 0] = True
+    queues.push(second)
+    keys = [(0, 0), (0, 1), (1, 0)]
+    # Rows of arrival 0 hold 6 env steps: a cap of 5 ends inside slot 0's column ...
+    assert queues.oldest_rows(keys, 16, 8, steps=5) == [((0, 0), 4), ((0, 1), 1)]
+    # ... a cap of 6 at slot 1's second row (its empty rows after it are left) ...
+    assert queues.oldest_rows(keys, 16, 8, steps=6) == [((0, 0), 4), ((0, 1), 2)]
+    # ... a cap of 8 at actor 1's row 3, the second of its valid ones.
+    assert queues.oldest_rows(keys, 16, 8, steps=8) == [((0, 0), 4), ((0, 1), 4), ((1, 0), 4)]
+    assert queues.valid_rows((1, 0), 4) == 2 and queues.valid_rows((1, 0), 8, skip=4) == 1
+    # The rows cap comes first: 16 rows hold 9 env steps, fewer than the cap of 10.
+    assert queues.oldest_rows(keys, 16, 8, steps=10) == [((0, 0), 4), ((0, 1), 4), ((1, 0), 8)]
+    assert queues.oldest_rows(keys, 16, 8) == queues.oldest_rows(keys, 16, 8, steps=10)
+    # Neither cap reached (16 rows queued, 9 env steps): not ready.
+    assert queues.oldest_rows(keys, 17, 8, steps=10) is None
+    rollout = queues.take([(0, 0), (0, 1), (1, 0)], 8, [4, 4, 4])
+    assert rollout.env_steps == 8
+
+
 @pytest.mark.parametrize("use_vtrace", [False, True])
 def test_a_shorter_column_gets_the_targets_its_rows_get_in_a_full_one(use_vtrace):
     """Padding before a column's rows changes none of its targets: GAE and V-trace run

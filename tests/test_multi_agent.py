@@ -152,11 +152,22 @@ def test_a_client_refuses_rows_that_are_not_valid_for_a_single_agent_learner():
 
 
 @pytest.mark.timeout(300)
-def test_a_real_run_of_agents_that_come_and_go_learns_and_counts_agent_steps(tmp_path, capsys):
+@pytest.mark.parametrize("batch_mode", ["rows", "slots"])
+def test_a_real_run_of_agents_that_come_and_go_learns_and_counts_agent_steps(
+    tmp_path, capsys, batch_mode
+):
     """``zmq-rl run`` on a PettingZoo env whose agents appear and leave mid-episode:
     a learner and two actor processes over tcp. Rows of empty slots are not env steps
     (each update consumes fewer than num_steps x slots), the budget is met in agent
-    steps, and the shared policy learns (random play scores about 1/3 per step)."""
+    steps, and the shared policy learns (random play scores about 1/3 per step).
+
+    Rows batches spend the budget exactly: the last batch ends at the budget's last
+    agent step, however many of its rows are not valid (issue 44 section 3, issue 45
+    N12: runs stopped up to a segment short). Every slot's rollouts are whole: the run
+    ends before the first one whose agent steps, counted once it is queued, would
+    overrun the budget (not before one whose rows would)."""
+    import re
+
     from tests.conftest import free_port_block
     from zmq_rl.cli import main as main_cli
 
@@ -164,8 +175,11 @@ def test_a_real_run_of_agents_that_come_and_go_learns_and_counts_agent_steps(tmp
     argv = ["run", "--env", "tests.agent_envs:coming_and_going", "--actors", "2"]
     argv += ["--num-envs", "2", "--num-steps", "32", "--total-env-steps", "16000"]
     argv += ["--eval-episodes", "20", "--port", str(free_port_block())]
-    argv += ["--run-dir", str(run_dir), "--no-plot"]
-    assert main_cli.main(argv) == 0, capsys.readouterr().err
+    argv += ["--run-dir", str(run_dir), "--no-plot", "--batch-mode", batch_mode]
+    argv += ["--log-level", "info"]
+    rc = main_cli.main(argv)
+    err = capsys.readouterr().err
+    assert rc == 0, err
     report = json.loads((run_dir / "report.json").read_text())
     assert report["stop_reason"] == "budget spent"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -174,7 +188,17 @@ def test_a_real_run_of_agents_that_come_and_go_learns_and_counts_agent_steps(tmp
     assert len(per_update) >= 20, rows[:2]
     slots = 2 * 2 * 4  # actors x envs x possible agents
     assert (per_update < 32 * slots).all() and (per_update > 0).all(), per_update
-    assert 16000 - 32 * slots < report["env_steps_consumed"] <= 16000
+    consumed = report["env_steps_consumed"]
+    assert consumed == steps[-1] == report["counters"]["consumed/steps"]
+    if batch_mode == "rows":
+        assert consumed == 16000, per_update[-3:]
+    elif consumed < 16000:  # the declined rollout's agent steps would have overrun
+        ended = re.search(r"ends the run at (\d+) of total_env_steps=16000: the next "
+                          r"update's (\d+) env steps would overrun", err)  # fmt: skip
+        assert ended, err[-2000:]
+        assert int(ended[1]) == consumed
+        declined = int(ended[2])
+        assert consumed + declined > 16000 and declined < 32 * slots  # rows: not steps
     evaluation = report["evaluations"][-1]
     assert evaluation["mean_return"] >= 3.0, report["evaluations"]  # random: ~1.5
 
@@ -302,7 +326,7 @@ def test_a_real_run_of_connect_four_by_self_play(tmp_path, capsys, network):
     assert main_cli.main(argv) == 0, capsys.readouterr().err
     report = json.loads((run_dir / "report.json").read_text())
     assert report["stop_reason"] == "budget spent"
-    assert 6000 - 8 * 128 < report["env_steps_consumed"] <= 6000
+    assert report["env_steps_consumed"] == 6000  # moves; the last batch ends at the budget's
     assert report["evaluations"] and -1.0 <= report["evaluations"][-1]["mean_return"] <= 1.0
     assert report["episodes_completed"] > 100
     if network:
@@ -603,7 +627,7 @@ def test_agents_by_name_train_with_a_real_learner(start_learner, learner_port, c
     report = run.join()
     wait_for(lambda: not run.alive(), TIMEOUT, "the learner's end")
     assert report.stop_reason == "budget spent"
-    assert 0 < report.env_steps_consumed <= taken
+    assert report.env_steps_consumed == cfg.total_env_steps <= taken  # exact, in agent steps
     assert report.env_steps_consumed < report.updates_completed * 16 * 8  # rows > agent steps
 
 

@@ -620,7 +620,13 @@ class LearnerConfig:
         "steps per slot in each rollout: every slot's rows (batch_mode slots), or the longest "
         "column of one slot's rows (rows batches)",
     )
-    total_env_steps: int = _f(100_000, "env-step budget; the run ends when it is consumed")
+    total_env_steps: int = _f(
+        100_000,
+        "env-step budget (agent steps in a multi-agent env: valid rows); the run ends when it "
+        "is consumed: exactly with rows batches (the last one ends at its last env step); "
+        "batch_mode slots keeps rollouts whole and ends before the first that would overrun "
+        "it, short by less than that rollout's env steps",
+    )
     broadcast_every: int = _f(1, "publish new weights after every N updates")
     max_lead_steps: int = _f(
         0,

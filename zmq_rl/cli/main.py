@@ -55,7 +55,8 @@ RUN_COMMON_FLAGS = {
     "module (pettingzoo.sisl.pursuit_v5)",
     "--actors": "local actor processes",
     "--num-envs": "env copies per actor",
-    "--total-env-steps": "the budget (agent steps in a multi-agent env)",
+    "--total-env-steps": "the budget (agent steps in a multi-agent env), spent exactly "
+    "(--batch-mode slots: to within a rollout)",
     "--target-return": "stop once an evaluation's mean return reaches this",
     "--eval-every": "evaluate every N updates",
     "--seed": "",

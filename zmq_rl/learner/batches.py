@@ -39,9 +39,9 @@ log = logging.getLogger("zmq_rl.learner")
 class Batches(Protocol):
     """What the learner's loop asks of a way of batching."""
 
-    def ready(self, rows_left: int) -> bool:
-        """Whether the next update's rows are queued (``rows_left``: what the budget
-        still allows; a rows batch takes fewer rows to spend it exactly)."""
+    def ready(self, steps_left: int) -> bool:
+        """Whether the next update's rows are queued (``steps_left``: the env steps the
+        budget still allows; a rows batch ends at the last of them to spend it exactly)."""
         ...
 
     def take(self) -> Rollout:
@@ -49,9 +49,14 @@ class Batches(Protocol):
         counted consumed for their actors."""
         ...
 
-    def rows_next(self) -> int:
-        """Rows the next update would take from the slots that delivered (the budget
-        check before a fill: an update that would overrun does not start)."""
+    def least_steps_next(self) -> int:
+        """The fewest env steps the next update may take (the budget check before a
+        fill: an update that would overrun whatever it takes does not start)."""
+        ...
+
+    def steps_next(self) -> int:
+        """The env steps (valid rows) of the update :meth:`ready` found queued (the
+        budget check after the fill: an update that would overrun does not run)."""
         ...
 
     def waited_on(self) -> list[SlotKey]:
@@ -63,14 +68,19 @@ class SlotBatches:
     """``num_steps`` rows of every member slot, in key order (bit-for-bit repeatable
     for a fixed seed with ``max_lead_steps`` at one cycle)."""
 
-    def __init__(self, ingest: Ingest, segment: int, broadcast: Callable[[], None]) -> None:
+    def __init__(
+        self, ingest: Ingest, segment: int, broadcast: Callable[[], None], agents: bool = False
+    ) -> None:
         self.ingest, self.segment, self.broadcast = ingest, segment, broadcast
+        self.agents = agents  # a multi-agent env: some rows may not be env steps
 
-    def ready(self, rows_left: int) -> bool:
-        """Whether every member slot holds ``num_steps`` rows. With no member left, the
-        registrations that delivered join now, at a fresh version (``broadcast()``, the
-        same weights): their valve counts from ``base_version = version + 1``, so their
-        accounting starts exactly there (docs/design.md section 5.3)."""
+    def ready(self, steps_left: int) -> bool:
+        """Whether every member slot holds ``num_steps`` rows (whole rollouts, whatever
+        ``steps_left``: the check after the fill ends the run before one that overruns).
+        With no member left, the registrations that delivered join now, at a fresh
+        version (``broadcast()``, the same weights): their valve counts from
+        ``base_version = version + 1``, so their accounting starts exactly there
+        (docs/design.md section 5.3)."""
         slots = self.ingest.members.member_slots()
         if not slots and self.ingest.can_admit():
             self.broadcast()
@@ -81,13 +91,22 @@ class SlotBatches:
         """``num_steps`` rows of every member slot."""
         return self.ingest.take_rollout(self.ingest.members.member_slots(), self.segment)
 
-    def rows_next(self) -> int:
+    def least_steps_next(self) -> int:
         """``num_steps`` times the member slots that have delivered experience: a
         registration alone (a hello with many slots) never ends the run; if such a member
-        does deliver, the check after the fill counts it."""
+        does deliver, the check after the fill counts it. A multi-agent env's: 1, since
+        which of the rows are env steps is known only once they are queued (the check
+        after the fill counts them)."""
+        if self.agents:
+            return 1
         members = self.ingest.members
         delivering = [k for k in members.member_slots() if members.get(k[0]).steps_received]
         return self.segment * max(1, len(delivering))
+
+    def steps_next(self) -> int:
+        """The valid rows among the first ``num_steps`` queued of every member slot."""
+        queues = self.ingest.queues
+        return sum(queues.valid_rows(k, self.segment) for k in self.ingest.members.member_slots())
 
     def waited_on(self) -> list[SlotKey]:
         """The member slots short of ``num_steps`` rows."""
@@ -105,6 +124,7 @@ class RowBatches:
     def __init__(self, ingest: Ingest, plan: BatchPlan) -> None:
         self.ingest, self.plan = ingest, plan
         self._columns: list[tuple[SlotKey, int]] | None = None
+        self._steps = 0  # the env steps of those columns
         self._version = -1  # the version the grants were last raised at
         self._used: dict[SlotKey, int] = {}  # rows used of each slot at that version
         ingest.admit_at_once = True
@@ -159,9 +179,12 @@ class RowBatches:
                 rec.grant = grant
                 self.ingest.send_heartbeat(rec)
 
-    def ready(self, rows_left: int) -> bool:
+    def ready(self, steps_left: int) -> bool:
         """Drop rows past the lag bound (counted ``discarded/*/stale``), then whether the
-        batch's rows (fewer when the budget has only ``rows_left`` left) are queued."""
+        batch's rows are queued: ``batch_rows`` rows, or fewer that end at the
+        ``steps_left``-th valid row when they hold that many env steps (the budget's last
+        update takes exactly what it has left, however many of its rows are not valid:
+        :meth:`SlotQueues.oldest_rows <zmq_rl.learner.queues.SlotQueues.oldest_rows>`)."""
         live = self.live_slots()
         bound = self.plan.lag_bound(len(live))
         fragments, rows = self.ingest.queues.drop_stale(self.ingest.version() - bound)
@@ -171,9 +194,17 @@ class RowBatches:
             counters["discarded/fragments/stale"] += fragments
             log.info("dropped %d rows acted more than %d versions ago", rows, bound)
         self.regrant(dropped=rows > 0)
-        rows = max(1, min(self.plan.rows_per_update, rows_left))
-        self._columns = self.ingest.queues.oldest_rows(live, rows, self.plan.segment)
-        return self._columns is not None
+        queues, plan = self.ingest.queues, self.plan
+        self._columns = queues.oldest_rows(
+            live, plan.rows_per_update, plan.segment, max(1, steps_left)
+        )
+        if self._columns is None:
+            return False
+        self._steps, skip = 0, {}
+        for key, n in self._columns:  # a slot's columns: its next rows, in stream order
+            self._steps += queues.valid_rows(key, n, skip.get(key, 0))
+            skip[key] = skip.get(key, 0) + n
+        return True
 
     def take(self) -> Rollout:
         """The rows :meth:`ready` chose, as ``[num_steps, columns]`` (a slot with several
@@ -184,18 +215,25 @@ class RowBatches:
         self._columns = None
         return rollout
 
-    def rows_next(self) -> int:
-        """The fixed batch: ``batch_rows`` rows."""
-        return self.plan.rows_per_update
+    def least_steps_next(self) -> int:
+        """1: the last batch ends at the budget's last env step, however few are left."""
+        return 1
+
+    def steps_next(self) -> int:
+        """The valid rows of the columns :meth:`ready` chose (never more than it allowed)."""
+        return self._steps
 
     def waited_on(self) -> list[SlotKey]:
         """Every live slot without a row queued (none in particular holds the batch)."""
         return self.ingest.queues.short_slots(self.live_slots(), 1)
 
 
-def make_batches(ingest: Ingest, plan: BatchPlan, broadcast: Callable[[], None]) -> Batches:
+def make_batches(
+    ingest: Ingest, plan: BatchPlan, broadcast: Callable[[], None], agents: bool = False
+) -> Batches:
     """The :class:`Batches` of ``plan`` (``broadcast()`` publishes the next version: every
-    slot's rollout admits waiting registrations with it when no member is left)."""
+    slot's rollout admits waiting registrations with it when no member is left;
+    ``agents``: the env is multi-agent, some rows may not be env steps)."""
     if plan.rows:
         return RowBatches(ingest, plan)
-    return SlotBatches(ingest, plan.segment, broadcast)
+    return SlotBatches(ingest, plan.segment, broadcast, agents)

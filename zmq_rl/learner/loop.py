@@ -166,7 +166,9 @@ class Learner:
             sockets=sockets,
         )
         self.members = self.ingest.members
-        self.batches = make_batches(self.ingest, self.batch_plan, self._broadcast)
+        self.batches = make_batches(
+            self.ingest, self.batch_plan, self._broadcast, agents=bool(self.plan_agents)
+        )
         self.on_checkpoint: Callable[[Path], None] | None = None
         """Called with the path of every checkpoint written (the Python API's callbacks)."""
         self.files = RunFiles(
@@ -300,24 +302,36 @@ class Learner:
 
     def _budget_spent(self) -> bool:
         """No update that would overrun ``total_env_steps`` starts (but at least one
-        update runs; a rows batch takes the last rows, one segment of a multi-agent
-        env's at least, since some rows it takes may not be env steps)."""
-        if self.batch_plan.rows:
-            return self._overruns(self.batch_plan.segment if self.plan_agents else 1)
-        return self._overruns(self.batches.rows_next())
+        update runs). A rows batch ends at the budget's last env step (valid row), so
+        a run of rows batches spends it exactly, multi-agent or not; every slot's
+        rollout is whole, so such a run ends before the first one that would overrun
+        (known after its fill when some rows may not be env steps)."""
+        return self._overruns(self.batches.least_steps_next())
 
-    def _overruns(self, rows: int) -> bool:
-        return self.report.updates_completed > 0 and (
-            self.report.env_steps_consumed + rows > self.cfg.total_env_steps
-        )
+    def _overruns(self, steps: int) -> bool:
+        """Whether an update of ``steps`` env steps would overrun the budget (never
+        before the first update); says why the run ends when it would."""
+        consumed, total = self.report.env_steps_consumed, self.cfg.total_env_steps
+        if self.report.updates_completed == 0 or consumed + steps <= total:
+            return False
+        if consumed < total:  # whole rollouts (batch_mode slots): one would not fit
+            log.info(
+                "the budget ends the run at %d of total_env_steps=%d: the next update's "
+                "%d env steps would overrun it (every update takes num_steps rows of "
+                "every member slot)",
+                consumed,
+                total,
+                steps,
+            )
+        return True
 
     def _one_update(self) -> dict[str, float] | None:
         """Fill, take the rollout, train on it, maybe broadcast; None (no update) when
         the filled rollout would overrun the budget."""
         cfg, report = self.cfg, self.report
         self._fill()
-        if not self.batch_plan.rows and self._overruns(self.batches.rows_next()):
-            return None  # members that delivered during the fill made it too big
+        if self._overruns(self.batches.steps_next()):
+            return None  # too big: members that delivered during the fill, or env steps
         rollout = self.batches.take()
         progress = min(1.0, report.env_steps_consumed / cfg.total_env_steps)
         started = time.monotonic()

@@ -7,11 +7,12 @@ queues under its slot in arrival (sequence) order. Two ways to take a rollout
 
 * **every slot** (``batch_mode`` ``slots``): ``num_steps`` rows of every member slot,
   taken when every one of them holds that many (:meth:`SlotQueues.ready`);
-* **a fixed batch** (``batch_mode`` ``rows``): the oldest complete *segments* of
-  ``num_steps`` rows (:meth:`SlotQueues.oldest_segments`), from whichever slots
-  delivered, oldest by the arrival of their last row: no segment waits behind one that
-  completed later, so no slot is starved or favoured. Rows acted by weights more than
-  ``max_policy_lag`` versions old are dropped before (:meth:`SlotQueues.drop_stale`).
+* **a fixed batch** (``batch_mode`` ``rows``): the oldest rows by the arrival of their
+  fragments, from whichever slots delivered, in columns of at most ``num_steps`` rows
+  of one slot (:meth:`SlotQueues.oldest_rows`): no row waits behind one that arrived
+  later, so no slot is starved or favoured; the last batch of a run ends at the env
+  step its budget has left. Rows acted by weights more than ``max_policy_lag`` versions
+  old are dropped before (:meth:`SlotQueues.drop_stale`).
 
 Rows beyond what is taken stay queued for the next rollout, so nothing is dropped
 unless counted. No sockets here.
@@ -78,13 +79,29 @@ class _SlotQueue:
         self.removed += rows
         return rows, dropped
 
-    def arrivals(self) -> Iterator[tuple[int, int]]:
-        """``(arrival, rows)`` of each queued entry, oldest first (the first one's rows
-        after the cursor)."""
+    def arrivals(self) -> Iterator[tuple[int, int, np.ndarray | None]]:
+        """``(arrival, rows, valid)`` of each queued entry, oldest first (the first one's
+        rows after the cursor; ``valid``: those rows' ``valid`` column, None when the
+        fragment has none, i.e. every row is valid)."""
         cursor = self.cursor
-        for fragment, _, arrival in self.entries:
-            yield arrival, fragment.length - cursor
+        for fragment, column, arrival in self.entries:
+            valid = None if fragment.valid is None else fragment.valid[cursor:, column]
+            yield arrival, fragment.length - cursor, valid
             cursor = 0
+
+    def valid_rows(self, n: int, skip: int = 0) -> int:
+        """The valid rows (env steps) among the ``n`` queued rows after the first
+        ``skip`` (fewer when fewer are queued)."""
+        steps = 0
+        for _, rows, valid in self.arrivals():
+            if n <= 0:
+                break
+            lo = min(skip, rows)
+            hi = min(rows, lo + n)
+            steps += hi - lo if valid is None else int(np.count_nonzero(valid[lo:hi]))
+            skip -= lo
+            n -= hi - lo
+        return steps
 
 
 class SlotQueues:
@@ -127,32 +144,51 @@ class SlotQueues:
         return queue.rows + queue.removed if queue else 0
 
     def oldest_rows(
-        self, slots: list[SlotKey], rows: int, length: int
+        self, slots: list[SlotKey], rows: int, length: int, steps: int | None = None
     ) -> list[tuple[SlotKey, int]] | None:
         """A fixed batch of ``rows`` rows of ``slots``, the oldest by the arrival of their
         fragments (ties, one fragment's slots: in slot order), as columns ``(slot, n)`` of
         at most ``length`` consecutive rows of one slot: each slot's rows in the batch,
-        in stream order, cut into full columns and (last) one shorter one. None while
-        fewer than ``rows`` rows are queued. Arrival order is the fairness rule: a row
-        never waits behind one that arrived after it, so a slow slot is not starved (its
-        rows go into the next batch as they come) and a fast one takes no more than it
-        delivered."""
-        queued = [(a, key, n) for key in slots if key in self._queues
-                  for a, n in self._queues[key].arrivals()]  # fmt: skip
-        if sum(n for _, _, n in queued) < rows:
-            return None
+        in stream order, cut into full columns and (last) one shorter one. Arrival order
+        is the fairness rule: a row never waits behind one that arrived after it, so a
+        slow slot is not starved (its rows go into the next batch as they come) and a
+        fast one takes no more than it delivered.
+
+        ``steps`` (None: no cap; at least 1) caps the batch's valid rows, its env steps
+        (every row of a fragment without ``valid`` is one): taken in the same order, the
+        batch ends at its ``steps``-th valid row when that comes before its ``rows``-th
+        row (the last update of a run takes exactly the env steps its budget has left,
+        whatever share of the rows is not valid). None while the rows queued reach
+        neither cap."""
+        queued = [(a, key, n, valid) for key in slots if key in self._queues
+                  for a, n, valid in self._queues[key].arrivals()]  # fmt: skip
         taken: dict[SlotKey, int] = {}
         left = rows
-        for _, key, n in sorted(queued, key=lambda entry: entry[:2]):
-            taken[key] = taken.get(key, 0) + min(n, left)
-            left -= min(n, left)
-            if not left:
+        steps_left = rows if steps is None else max(1, min(rows, steps))
+        for _, key, n, valid in sorted(queued, key=lambda entry: entry[:2]):
+            n = min(n, left)
+            found = n if valid is None else int(np.count_nonzero(valid[:n]))
+            if found >= steps_left:  # the cap on env steps ends the batch in this entry
+                n = steps_left if valid is None else int(np.flatnonzero(valid)[steps_left - 1]) + 1
+                found = steps_left
+            taken[key] = taken.get(key, 0) + n
+            left -= n
+            steps_left -= found
+            if not left or not steps_left:
                 break
+        else:
+            return None  # neither cap reached: the batch is not queued yet
         columns = []
         for key in sorted(taken, key=lambda k: (self._first_arrival(k), k)):
             full, rest = divmod(taken[key], length)
             columns += [(key, length)] * full + ([(key, rest)] if rest else [])
         return columns
+
+    def valid_rows(self, key: SlotKey, n: int, skip: int = 0) -> int:
+        """The valid rows (env steps) among the next ``n`` rows queued for ``key`` after
+        its first ``skip`` (what a column of them would count)."""
+        queue = self._queues.get(key)
+        return queue.valid_rows(n, skip) if queue else 0
 
     def _first_arrival(self, key: SlotKey) -> int:
         return self._queues[key].entries[0][2]
