@@ -336,6 +336,16 @@ def test_ingest_keeps_two_jobs_receive_and_control():
         assert gone not in source, gone
 
 
+def test_the_learner_keeps_one_job_the_loop():
+    """Batches (learner/batches.py), evictions, the run's outputs and the env-dependent
+    config checks (learner/settings.py ``check_env_settings``, run before any socket
+    binds) live outside Learner, which stays under 400 lines (505 before issue 42); one
+    trainer interface for one policy or several, so the loop never asks which it has."""
+    assert _class_lines(PACKAGE / "learner" / "loop.py", "Learner") < 400
+    source = (PACKAGE / "learner" / "loop.py").read_text()
+    assert "PolicyTrainers" not in source and "isinstance(self.trainer" not in source
+
+
 def test_learner_connection_keeps_one_job_the_control_channel():
     """Link health (actor/link.py), the several policies' versions (PolicyVersions,
     beside WeightsSubscriber) and the registration's wait for its welcome (Handshake)

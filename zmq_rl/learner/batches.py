@@ -30,8 +30,9 @@ from .settings import BatchPlan
 
 if TYPE_CHECKING:
     from .ingest import Ingest
+    from .report import LearnerReport
 
-__all__ = ["Batches", "RowBatches", "SlotBatches", "make_batches"]
+__all__ = ["Batches", "RowBatches", "SlotBatches", "make_batches", "overruns"]
 
 log = logging.getLogger("zmq_rl.learner")
 
@@ -237,3 +238,20 @@ def make_batches(
     if plan.rows:
         return RowBatches(ingest, plan)
     return SlotBatches(ingest, plan.segment, broadcast, agents)
+
+
+def overruns(report: LearnerReport, total_env_steps: int, steps: int) -> bool:
+    """Whether an update of ``steps`` env steps would overrun the budget
+    ``total_env_steps`` (never before the first update); logs why the run ends when a
+    whole rollout (``batch_mode`` slots) would not fit in what is left."""
+    consumed = report.env_steps_consumed
+    if report.updates_completed == 0 or consumed + steps <= total_env_steps:
+        return False
+    if consumed < total_env_steps:
+        log.info(
+            "the budget ends the run at %d of total_env_steps=%d: the next update's %d "
+            "env steps would overrun it (every update takes num_steps rows of every "
+            "member slot)",
+            *(consumed, total_env_steps, steps),
+        )
+    return True

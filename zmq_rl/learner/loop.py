@@ -39,7 +39,7 @@ from ..rl.policy import Policy
 from ..rl.policy_set import build_trainer
 from ..rl.trainer import PolicyTraining
 from ..wire.protocol import Weights, encode
-from .batches import make_batches
+from .batches import make_batches, overruns
 from .checkpoint import (
     checkpoint_configs,
     newest_readable_checkpoint,
@@ -309,21 +309,8 @@ class Learner:
         return self._overruns(self.batches.least_steps_next())
 
     def _overruns(self, steps: int) -> bool:
-        """Whether an update of ``steps`` env steps would overrun the budget (never
-        before the first update); says why the run ends when it would."""
-        consumed, total = self.report.env_steps_consumed, self.cfg.total_env_steps
-        if self.report.updates_completed == 0 or consumed + steps <= total:
-            return False
-        if consumed < total:  # whole rollouts (batch_mode slots): one would not fit
-            log.info(
-                "the budget ends the run at %d of total_env_steps=%d: the next update's "
-                "%d env steps would overrun it (every update takes num_steps rows of "
-                "every member slot)",
-                consumed,
-                total,
-                steps,
-            )
-        return True
+        """:func:`~zmq_rl.learner.batches.overruns` of this run's budget."""
+        return overruns(self.report, self.cfg.total_env_steps, steps)
 
     def _one_update(self) -> dict[str, float] | None:
         """Fill, take the rollout, train on it, maybe broadcast; None (no update) when
