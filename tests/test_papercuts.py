@@ -119,6 +119,24 @@ def test_the_update_total_follows_the_steps_updates_really_consume() -> None:
     assert _lines(rows[:1], total=3)[0].split()[1] == "1/3"
 
 
+def test_the_learners_log_line_estimates_its_update_total_as_the_bar_does() -> None:
+    """A multi-agent run logged ``update 10/9 ... 17/9``: the learner's line kept the
+    budget over the batch's rows, while a batch holds rows that are no env steps. Its
+    total is estimated again from the env steps this session's updates consumed."""
+    from zmq_rl.config import LearnerConfig
+    from zmq_rl.learner.report import LearnerReport
+    from zmq_rl.learner.runlog import RunLog
+
+    report = LearnerReport()
+    runlog = RunLog(LearnerConfig(total_env_steps=30_000, run_dir=""), report)
+    runlog.updates_budget = 3  # the plan's figure: budget over rows per update
+    assert runlog.updates_total() == 3  # nothing consumed yet
+    report.updates_completed, report.env_steps_consumed = 2, 12_000
+    assert runlog.updates_total() == 5  # 6,000 env steps an update: 18,000 left buy 3
+    report.updates_completed, report.env_steps_consumed = 5, 30_000
+    assert runlog.updates_total() == 5
+
+
 def test_a_resumed_runs_speed_counts_only_this_sessions_steps() -> None:
     """A resume at 830,000 steps showed 83,893 steps/s: the run's total over this
     session's 10 s. 9,930 steps in those 10 s are 993 steps/s."""

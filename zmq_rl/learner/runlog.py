@@ -114,6 +114,7 @@ class RunLog:
         self.on_evaluation = on_evaluation
         self.start = time.monotonic()
         self.steps_at_start = report.env_steps_consumed
+        self.updates_at_start = report.updates_completed
         self._metrics = JsonlMetrics(cfg.run_dir) if cfg.run_dir else None
         self.evaluator = None
         self._cpu_policies: dict[int, Policy] = {}
@@ -151,6 +152,7 @@ class RunLog:
         this session's throughput)."""
         self.start = time.monotonic()
         self.steps_at_start = self.report.env_steps_consumed
+        self.updates_at_start = self.report.updates_completed
 
     def evaluate(self, policy: Policy | list[Policy]) -> dict[str, float]:
         """Run ``eval_episodes`` deterministic episodes now, in this process, on the
@@ -312,6 +314,19 @@ class RunLog:
         evaluations = self.report.evaluations
         return bool(evaluations) and evaluations[-1]["updates"] == self.report.updates_completed
 
+    def updates_total(self) -> int:
+        """The updates the budget buys, for the progress line: :attr:`updates_budget`
+        until an update is done, then the updates done plus those the rest of the budget
+        buys at this session's mean env steps per update (a multi-agent batch holds rows
+        that are no env steps; run/progress.py estimates its bar's total the same way)."""
+        report = self.report
+        done = report.updates_completed - self.updates_at_start
+        consumed = report.env_steps_consumed - self.steps_at_start
+        if done <= 0 or consumed <= 0:
+            return self.updates_budget
+        remaining = max(0, self.cfg.total_env_steps - report.env_steps_consumed)
+        return report.updates_completed + remaining * done // consumed
+
     def record(self, metrics: dict[str, float], version: int, actors: int) -> None:
         """Write the update's row (metrics.jsonl, ``on_update``) and the progress line."""
         elapsed = self.elapsed()
@@ -336,7 +351,7 @@ class RunLog:
             "update %d/%d  steps %d  %.0f steps/s  return %s%s  actors %d  lag %.2f  "
             "loss %.3f  entropy %.3f  device %s",
             report.updates_completed,
-            self.updates_budget,
+            self.updates_total(),
             report.env_steps_consumed,
             row["charts/SPS"],
             f"{row['charts/mean_return']:.1f}" if report.episodes_completed else "-",
