@@ -208,6 +208,20 @@ def test_the_two_policy_welcome_vector_builds_and_loads_each_policy():
     assert bytes.fromhex(published["topic"]) == b"policy/second\0"
 
 
+def test_an_actor_ignores_a_policy_key_it_does_not_know():
+    """Section 4.4 (issue 45, G3): every one of the eight ``config.policy`` keys is
+    required (the invalid vector ``welcome-policy-key-missing``), and other keys MAY
+    appear: an actor builds the same network from the welcome vector's map with an
+    unknown key added."""
+    import dataclasses
+
+    from zmq_rl.rl.policy import policy_config_from
+
+    settings = decode(bytes.fromhex(load(VECTORS / "welcome.json")["hex"])).settings
+    future = dataclasses.replace(settings, policy={**settings.policy, "from_v3": [1, 2]})
+    assert policy_config_from(future) == policy_config_from(settings)
+
+
 def test_the_policy_vectors_are_all_there_and_actor_vectors_count_as_the_actor_does():
     valid = {p.stem for p in VALID}
     assert {"hello-features", "welcome-policies", "weights-policy"} <= valid
