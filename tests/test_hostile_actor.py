@@ -6,7 +6,9 @@ a real GymActor, then sends it whatever a test wants:
 * **Fuzz** (:func:`test_fuzz_actor_sub_and_dealer`): malformed weights on PUB and
   malformed control on ROUTER; the actor counts each in ``ActorClient.rejects``,
   survives, loads the valid weights that follow and exits cleanly on Shutdown.
-* Weights that decode but do not fit the policy are rejected, not fatal.
+* Weights that decode but do not fit the policy are rejected, not fatal; good weights
+  read in the same go with them are adopted (one policy, several policies), and
+  weights naming a policy in a run of one are refused.
 * A learner of a newer protocol refuses the hello: the actor stops at once, told both
   versions.
 
@@ -65,6 +67,7 @@ from zmq_rl.wire.protocol import (
     decode,
     encode,
     encode_array,
+    policy_weights_frames,
     space_spec,
 )
 
@@ -117,9 +120,15 @@ class FakeLearner:
             assert isinstance(message, Fragment) and message.num_slots == 1
             self.fragments.append(slot_rows(message))
 
-    def welcome(self, routing_id: bytes, weights: Weights) -> None:
+    def welcome(
+        self, routing_id: bytes, weights: Weights, policy_weights: list[Weights] | None = None
+    ) -> None:
+        """Welcome the actor with ``weights`` (several policies: ``policy_weights``,
+        one per agent index, each a ``STUB_POLICY``; ``weights`` is the first)."""
         policy = dataclasses.asdict(STUB_POLICY)
         policy["hidden_sizes"] = list(STUB_POLICY.hidden_sizes)
+        ids = [w.policy for w in policy_weights or []]
+        several = {"agents_per_env": len(ids), "policy_map": ids} if ids else {}
         config = {
             "env_id": STUB_ENV_ID,
             "observation_space": space_spec(OBS_SPACE),
@@ -130,13 +139,16 @@ class FakeLearner:
             "steps_per_broadcast": 16,
             "max_lead_steps": 16,
             "fragment_length": 8,
-            "num_envs": 1,
             "seed": 0,
             "heartbeat_interval": 1.0,
             "state_size": 0,
             "max_weights_bytes": 1 << 20,
             "max_fragment_bytes": 1 << 20,
+            "num_envs": len(ids) or 1,
+            **several,
         }
+        if ids:
+            config["policies"] = {pid: policy for pid in ids}
         self.router.send_multipart(
             [
                 routing_id,
@@ -150,6 +162,7 @@ class FakeLearner:
                         weights_port=self.port + 2,
                         settings=RunSettings.from_map(config),
                         weights=weights,
+                        policy_weights=policy_weights or [],
                     )
                 ),
             ]
@@ -647,6 +660,166 @@ def test_welcome_with_other_slots_than_asked_is_invalid(ctx, learner_port):
         assert isinstance(attempt.error, LearnerUnreachable), repr(attempt.error)
         assert client.rejects["control:bad_field"] == 1
         assert client.num_envs == 2 and client.welcome is None
+    finally:
+        client.close()
+        fake.close()
+
+
+# -- good weights read in one go with forged ones ----------------------------------------
+
+
+def welcomed_client(
+    ctx: zmq.Context, fake: FakeLearner, port: int, policy_ids: tuple[str, ...] = ()
+) -> ActorClient:
+    """An ActorClient on the stub env (one slot per policy), welcomed by ``fake`` at
+    version 1 with the weights of ``stub_policy(1)`` (each policy's, with
+    ``policy_ids``), its weights read from an inproc XPUB (:func:`queue_weights`)."""
+    client = ActorClient(
+        f"127.0.0.1:{port}",
+        env_id=STUB_ENV_ID,
+        observation_space=OBS_SPACE,
+        action_space=ACT_SPACE,
+        num_envs=len(policy_ids) or 1,
+        context=ctx,
+        register_timeout=TIMEOUT,
+        features=["policies"] if policy_ids else [],
+    )
+    registering = CheckedBackground(client.register)
+    routing_id, _ = fake.recv_control(Hello)
+    weights = [dataclasses.replace(stub_weights(stub_policy(1), 1), policy=p) for p in policy_ids]
+    fake.welcome(routing_id, weights[0] if weights else stub_weights(stub_policy(1), 1), weights)
+    registering.join()
+    return client
+
+
+def queue_weights(ctx: zmq.Context, client: ActorClient, topics: int) -> zmq.Socket:
+    """An XPUB on inproc whose weights ``client`` reads from now on (through a SUB made
+    and subscribed as the client makes its own): what the test publishes there is
+    queued for the SUB at once, so the next ``poll`` reads it all in one go."""
+    endpoint = f"inproc://weights-{id(client)}"
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(endpoint)
+    client.subscriber.start(client._weights_socket(endpoint))
+    for _ in range(topics):
+        assert pub.poll(int(TIMEOUT * 1000)), "the client's SUB did not subscribe"
+        assert pub.recv()[:1] == b"\x01"
+    return pub
+
+
+def checking(policy) -> Any:
+    """A ``weights_check`` against ``policy``'s network."""
+    from zmq_rl.rl.policy import check_weights
+
+    return lambda weights: check_weights(policy, weights.tensors)
+
+
+@pytest.mark.parametrize("forged_last", [True, False], ids=["good-then-forged", "forged-then-good"])
+def test_good_weights_read_with_forged_ones_are_adopted(ctx, learner_port, forged_last):
+    """docs/protocol.md sections 4.2 and 5.3: "newest wins" among the weights that fit.
+    A good version 2 and a forged version 10**12 (a scalar for a ``[1]`` tensor) read in
+    one go: the forged ones are refused (``weights:wrong_tensors``, once) and version 2
+    is adopted, whichever came last (before: the last to arrive was the only one
+    looked at, so good-then-forged lost version 2)."""
+    fake = FakeLearner(ctx, learner_port)
+    policy = stub_policy(1)
+    client = welcomed_client(ctx, fake, learner_port)
+    client.weights_check = checking(policy)
+    try:
+        pub = queue_weights(ctx, client, 1)
+        queued = [stub_weights(stub_policy(2), 2), forged_weights(policy, 10**12)[5]]
+        for weights in queued if forged_last else queued[::-1]:
+            pub.send(encode(weights))
+        adopted = client.poll()
+        assert adopted is not None and adopted.version == 2, adopted
+        assert client.version == 2 and client.stats["last_policy_version"] == 2
+        assert client.rejects["weights:wrong_tensors"] == (1 if forged_last else 0)
+        assert client.poll() is None and client.version == 2
+    finally:
+        client.close()
+        fake.close()
+
+
+def test_good_weights_of_each_policy_read_with_forged_ones_are_adopted(ctx, learner_port):
+    """Several policies ("newest wins" per policy, docs/protocol.md section 4.9): each
+    policy's good version 2 is read in one go with a forged version 10**12 of the same
+    policy (red: forged first, blue: forged last). Both forged ones are refused and
+    move no version; both policies adopt version 2 (before: the newest version of each
+    policy was the only one looked at, so both lost version 2)."""
+    fake = FakeLearner(ctx, learner_port)
+    policy = stub_policy(1)
+    client = welcomed_client(ctx, fake, learner_port, ("red", "blue"))
+    client.weights_check = checking(policy)
+    try:
+        assert client.policies.versions == {"red": 1, "blue": 1}
+        pub = queue_weights(ctx, client, 2)
+        good = stub_weights(stub_policy(2), 2)
+        forged = forged_weights(policy, 10**12)[5]
+        for weights, pid in [(forged, "red"), (good, "red"), (good, "blue"), (forged, "blue")]:
+            pub.send_multipart(policy_weights_frames(dataclasses.replace(weights, policy=pid)))
+        first = client.poll()
+        assert client.weights_ready()
+        second = client.poll()
+        assert [(w.policy, w.version) for w in (first, second)] == [("red", 2), ("blue", 2)]
+        assert client.policies.versions == {"red": 2, "blue": 2}
+        assert client.version == 2 and client.rejects["weights:wrong_tensors"] == 2
+    finally:
+        client.close()
+        fake.close()
+
+
+def test_weights_naming_a_policy_in_a_run_of_one_are_refused(ctx, learner_port, caplog):
+    """docs/protocol.md section 4.2: ``weights.policy`` MUST be absent in a run of one
+    policy. Such weights, read with a good version 2, are refused as
+    ``weights:bad_field`` with a log line naming the policy and the version, and move
+    nothing; version 2 is adopted (before: they skipped the tensor check of the Agent,
+    whose networks are not by policy in such a run, and were adopted)."""
+    fake = FakeLearner(ctx, learner_port)
+    client = welcomed_client(ctx, fake, learner_port)
+    client.weights_check = checking(stub_policy(1))
+    try:
+        pub = queue_weights(ctx, client, 1)
+        pub.send(encode(stub_weights(stub_policy(2), 2)))
+        pub.send(encode(dataclasses.replace(stub_weights(stub_policy(2), 3), policy="red")))
+        adopted = client.poll()
+        assert adopted is not None and adopted.version == 2 and client.version == 2
+        assert client.rejects["weights:bad_field"] == 1
+        assert any(
+            "weights version 3 of policy 'red'" in r.getMessage() and "bad_field" in r.getMessage()
+            for r in caplog.records
+        ), [r.getMessage() for r in caplog.records]
+    finally:
+        client.close()
+        fake.close()
+
+
+def test_weights_rejected_after_adoption_move_their_policy_back(ctx, learner_port, caplog):
+    """A client without ``weights_check`` adopts both policies' version 2; the caller
+    cannot load blue's and calls ``reject_weights``: blue goes back to version 1 (before:
+    it stayed at 2, so the same version sent again was never adopted), so does the
+    client's version (the oldest policy's), and the log line names the version and the
+    policy. Blue's version 2, published again, is adopted."""
+    fake = FakeLearner(ctx, learner_port)
+    client = welcomed_client(ctx, fake, learner_port, ("red", "blue"))
+    try:
+        pub = queue_weights(ctx, client, 2)
+        good = stub_weights(stub_policy(2), 2)
+        for pid in ("red", "blue"):
+            pub.send_multipart(policy_weights_frames(dataclasses.replace(good, policy=pid)))
+        red, blue = client.poll(), client.poll()
+        assert (red.policy, blue.policy, client.version) == ("red", "blue", 2)
+        client.reject_weights(blue, ValueError("does not fit"))
+        assert client.policies.versions == {"red": 2, "blue": 1}
+        assert client.version == 1 and client.stats["last_policy_version"] == 1
+        assert client.rejects["weights:wrong_tensors"] == 1
+        assert any(
+            "weights version 2 of policy 'blue': does not fit" in r.getMessage()
+            for r in caplog.records
+        ), [r.getMessage() for r in caplog.records]
+        pub.send_multipart(policy_weights_frames(dataclasses.replace(good, policy="blue")))
+        again = client.poll()
+        assert again is not None and (again.policy, again.version) == ("blue", 2)
+        assert client.policies.versions == {"red": 2, "blue": 2} and client.version == 2
     finally:
         client.close()
         fake.close()

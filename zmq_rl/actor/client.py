@@ -96,7 +96,7 @@ from .keepalive import KeepAlive
 from .link import LINK_SILENCE_INTERVALS as LINK_SILENCE_INTERVALS  # importable here as before
 from .link import LinkHealth
 from .sender import ExperienceSender
-from .subscriber import PolicyVersions, WeightsSubscriber
+from .subscriber import PolicyVersions, WeightsSubscriber, named
 
 log = logging.getLogger("zmq_rl.client")
 
@@ -576,7 +576,9 @@ class LearnerConnection:
         """Handle control messages and return the newest unseen weights, if any.
 
         Never blocks while the learner is there. When several weight blobs are
-        queued only the newest is decoded and returned; the caller must load it
+        queued the newest that is newer than the loaded version and fits
+        (:attr:`weights_check`) is returned, decoded and checked newest first,
+        only as far as needed (refused ones move nothing); the caller must load it
         before its next step (the client tags later fragments with its version).
         In a run of several policies each call returns one policy's weights: call
         again while :meth:`weights_ready` (the client's version is the oldest of
@@ -608,24 +610,22 @@ class LearnerConnection:
             return None
         if self.policies.several:
             return self._adopt_policies(self.subscriber.newest_each(self.run_id))
-        weights = self.subscriber.newest(self.run_id)
+        weights = self.subscriber.newest(self.run_id, self.version, self._weights_fit)
         if self.subscriber.saw_other_run:
             self.needs_reregister = True
         if weights is None:
             return None
         self.last_heard = time.monotonic()
-        if weights.version <= self.version or not self._weights_fit(weights):
-            return None
         self._adopt_version(weights.version)
         return weights
 
-    def _adopt_policies(self, newest: list[Weights]) -> Weights | None:
+    def _adopt_policies(self, candidates: list[list[Weights]]) -> Weights | None:
         """Several policies: take each policy's newest weights that are new and fit;
         the client's version becomes the oldest policy's. Returns the first of them
         (the others wait in :meth:`weights_ready`)."""
         if self.subscriber.saw_other_run:
             self.needs_reregister = True
-        first = self.policies.adopt(newest, self._weights_fit)
+        first = self.policies.adopt(candidates, self._weights_fit)
         if first is None:
             return None
         self.last_heard = time.monotonic()
@@ -667,14 +667,17 @@ class LearnerConnection:
 
     def reject_weights(self, weights: Weights, error: Exception) -> None:
         """Undo accepting ``weights`` the policy could not load (wrong tensors): the
-        client goes back to the version it had, counts and logs the rejection. (A
-        client given a ``weights_check`` refuses such weights before it adopts them.)"""
-        if self.version == weights.version:
-            self.version = self._version_before
+        client (and their policy's version) goes back to the older version it had,
+        counts and logs the rejection naming the version. (A client given a
+        ``weights_check`` refuses such weights before it adopts them.)"""
+        self.policies.undo(weights)
+        back = self.policies.oldest(default=self._version_before)
+        if self.version == weights.version and back < self.version:
+            self.version = back
             self.stats["policy_updates_received"] -= 1
             self.stats["last_policy_version"] = self.version
             self.learner_version = min(self.learner_version, max(self.version, self._announced))
-        self._reject("weights", ProtocolError("wrong_tensors", str(error)))
+        self._reject("weights", ProtocolError("wrong_tensors", f"{named(weights)}: {error}"))
 
     def _weights_fit(self, weights: Weights) -> bool:
         """Run :attr:`weights_check` on ``weights``; False (counted and logged as
@@ -684,10 +687,7 @@ class LearnerConnection:
         try:
             self.weights_check(weights)
         except (ValueError, TypeError) as exc:  # WeightsMismatch is a ValueError
-            self._reject(
-                "weights",
-                ProtocolError("wrong_tensors", f"weights version {weights.version}: {exc}"),
-            )
+            self._reject("weights", ProtocolError("wrong_tensors", f"{named(weights)}: {exc}"))
             return False
         return True
 

@@ -13,6 +13,12 @@ the learner's heartbeats announce a version newer than the loaded one for too lo
 
 In a run of several policies, :class:`PolicyVersions` keeps each policy's loaded
 version and adopts, from each reading, the weights that are new and fit.
+
+"Newest wins" holds among the weights that can be loaded (docs/protocol.md sections
+4.2 and 5.3): each reading's candidates are tried newest first, and the first that
+is newer than the loaded version and fits is adopted (:func:`first_fit`). Weights
+refused on the way (forged, say at version 10**12) cost nothing but their check:
+good weights read with them are still adopted, and no version moves for them.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import zmq
 
@@ -29,9 +35,25 @@ from ..sparse_log import log_sparsely
 from ..wire.protocol import ProtocolError, Weights, decode, decode_policy_weights
 from ..wire.transport import readable
 
-__all__ = ["PolicyVersions", "WeightsSubscriber"]
+__all__ = ["PolicyVersions", "WeightsSubscriber", "first_fit", "named"]
 
 log = logging.getLogger("zmq_rl.subscriber")
+
+
+def named(weights: Weights) -> str:
+    """How errors name ``weights``: ``weights version 7`` (``of policy 'red'``)."""
+    policy = f" of policy {weights.policy!r}" if weights.policy else ""
+    return f"weights version {weights.version}{policy}"
+
+
+def first_fit(
+    candidates: Iterable[Weights], loaded: int, fits: Callable[[Weights], bool] | None = None
+) -> Weights | None:
+    """The first of ``candidates`` (newest first) newer than ``loaded`` that ``fits``
+    accepts (None: any), or None. ``fits`` runs only on those newer than ``loaded``,
+    and no candidate after the one returned is looked at (nor decoded, when
+    ``candidates`` decodes lazily)."""
+    return next((w for w in candidates if w.version > loaded and (fits is None or fits(w))), None)
 
 
 class WeightsSubscriber:
@@ -131,14 +153,16 @@ class WeightsSubscriber:
         )
         self.start(self._connect(), self._connect)
 
-    def newest_each(self, run_id: str) -> list[Weights]:
+    def newest_each(self, run_id: str) -> list[list[Weights]]:
         """Several policies: drain every queued ``[topic, weights]`` message and return
-        the newest valid weights of ``run_id`` of each policy (in arrival order of
-        their policies' first message). Messages of another run, frames that do not
+        each policy's valid weights of ``run_id``, newest first (by version; of equal
+        versions, the later to arrive first), one list per policy (in arrival order of
+        their policies' first message): the candidates of
+        :meth:`PolicyVersions.adopt`. Messages of another run, frames that do not
         decode and topics that do not match their weights are counted as
         :meth:`newest` counts them."""
         self.saw_other_run = False
-        newest: dict[str, Weights] = {}
+        arrived: dict[str, list[Weights]] = {}
         while self.pending():
             assert self.socket is not None
             frames = [f.buffer for f in self.socket.recv_multipart(copy=False)]
@@ -152,22 +176,33 @@ class WeightsSubscriber:
                 self.rejects["weights:other_run"] += 1
                 self.saw_other_run = True
                 continue
-            held = newest.get(weights.policy)
-            if held is None or weights.version > held.version:
-                newest[weights.policy] = weights
-        return list(newest.values())
+            arrived.setdefault(weights.policy, []).append(weights)
+        # sorted() is stable: of equal versions, the later to arrive stays first.
+        return [sorted(reversed(each), key=lambda w: -w.version) for each in arrived.values()]
 
-    def newest(self, run_id: str) -> Weights | None:
-        """Drain every queued frame; return the newest valid weights of ``run_id``
-        (whatever their version), or None. Frames of another run are counted
-        (``weights:other_run``) and set :attr:`saw_other_run` until the next call.
-        A frame that does not decode is counted and logged with its size."""
+    def newest(
+        self, run_id: str, loaded: int = -1, fits: Callable[[Weights], bool] | None = None
+    ) -> Weights | None:
+        """One policy: drain every queued frame; return the newest valid weights of
+        ``run_id`` (the last to arrive first) that are newer than ``loaded`` and that
+        ``fits`` accepts (:func:`first_fit`; by default: the newest, whatever its
+        version), or None. Frames are decoded newest first, only as far as needed.
+        Frames of another run are counted (``weights:other_run``) and set
+        :attr:`saw_other_run` until the next call. A frame that does not decode is
+        counted and logged with its size; weights that name a policy (which a run of
+        one policy never sends, docs/protocol.md section 4.2) are counted as
+        ``weights:bad_field`` and logged naming the policy and the version."""
         self.saw_other_run = False
         frames = []
         while self.pending():
             assert self.socket is not None
             frames.append(self.socket.recv(copy=False).buffer)
-        for frame in reversed(frames):
+        return first_fit(self._decoded(reversed(frames), run_id), loaded, fits)
+
+    def _decoded(self, frames: Iterable[memoryview], run_id: str) -> Iterator[Weights]:
+        """The weights of ``run_id`` among one policy's ``frames``, decoded one by one
+        as they are asked for; what is refused is counted (:meth:`newest`)."""
+        for frame in frames:
             try:
                 weights = decode(frame, (Weights,), self.max_message_bytes)
             except ProtocolError as exc:
@@ -177,9 +212,11 @@ class WeightsSubscriber:
             if weights.run_id != run_id:
                 self.rejects["weights:other_run"] += 1
                 self.saw_other_run = True
-                continue
-            return weights
-        return None
+            elif weights.policy:
+                why = "a run of one policy, where weights name none (docs/protocol.md 4.2)"
+                self.reject("weights", ProtocolError("bad_field", f"{named(weights)}: {why}"))
+            else:
+                yield weights
 
 
 class PolicyVersions:
@@ -189,6 +226,7 @@ class PolicyVersions:
 
     def __init__(self) -> None:
         self.versions: dict[str, int] = {}
+        self.before: dict[str, int] = {}  # each policy's version before it last moved
         self.fresh: deque[Weights] = deque()  # adopted, not yet handed out
 
     @property
@@ -198,29 +236,44 @@ class PolicyVersions:
 
     def start(self, welcome_weights: Iterable[Weights]) -> None:
         """A welcome adopted: its weights of each policy are loaded, nothing is held."""
-        self.versions = {w.policy: w.version for w in welcome_weights}
+        self.before, self.versions = self.versions, {w.policy: w.version for w in welcome_weights}
         self.fresh.clear()
 
     def newest(self, default: int) -> int:
         """The newest version loaded of any policy (``default`` with one policy)."""
         return max(self.versions.values(), default=default)
 
-    def oldest(self) -> int:
-        """The oldest version loaded of the policies: no row is tagged newer than its
-        policy when the client's version is this one."""
-        return min(self.versions.values())
+    def oldest(self, default: int = 0) -> int:
+        """The oldest version loaded of the policies (``default`` with one policy): no
+        row is tagged newer than its policy when the client's version is this one."""
+        return min(self.versions.values(), default=default)
 
-    def adopt(self, newest: Iterable[Weights], fits: Callable[[Weights], bool]) -> Weights | None:
-        """Take each policy's ``newest`` weights (:meth:`WeightsSubscriber.newest_each`)
-        that are newer than its loaded version and ``fits`` accepts; return the first
-        of them and hold the others (:meth:`take`). None: nothing new."""
-        taken = [
-            w for w in newest if w.version > self.versions.get(w.policy, w.version) and fits(w)
-        ]
-        for weights in taken:
-            self.versions[weights.policy] = weights.version
+    def adopt(
+        self, candidates: Iterable[Sequence[Weights]], fits: Callable[[Weights], bool]
+    ) -> Weights | None:
+        """Take, of each policy's ``candidates`` (newest first,
+        :meth:`WeightsSubscriber.newest_each`), the first that is newer than its loaded
+        version and that ``fits`` accepts (:func:`first_fit`: weights refused on the way
+        move nothing); return the first taken and hold the others (:meth:`take`).
+        None: nothing new. Weights of a policy not loaded here are ignored."""
+        taken = []
+        for each in candidates:
+            policy = each[0].policy
+            if policy in self.versions:
+                weights = first_fit(each, self.versions[policy], fits)
+                if weights is not None:
+                    self.before[policy] = self.versions[policy]
+                    self.versions[policy] = weights.version
+                    taken.append(weights)
         self.hold(taken[1:])
         return taken[0] if taken else None
+
+    def undo(self, weights: Weights) -> None:
+        """``weights`` could not be loaded after all: their policy goes back to the
+        older version it had (when it is still at theirs)."""
+        policy, version = weights.policy, weights.version
+        if self.versions.get(policy) == version and self.before.get(policy, version) < version:
+            self.versions[policy] = self.before[policy]
 
     def hold(self, weights: Iterable[Weights]) -> None:
         """Hand ``weights`` out on the next calls of :meth:`take`."""
