@@ -416,3 +416,23 @@ def zmq_rl_command(*args: str, cwd: Any, timeout: float = 180.0) -> Any:
         text=True,
         timeout=timeout,
     )
+
+
+class FakeLearnerSockets:
+    """A fake learner's sockets, bound by a test on 127.0.0.1: ROUTER on ``port``, PULL
+    on ``port + 1`` (unless ``bind_pull`` is False), XPUB (a PUB that reports
+    subscriptions) on ``port + 2``; linger 0. Enough of a learner to welcome a real
+    actor, send it whatever a test wants and read what it sends."""
+
+    def __init__(self, ctx: zmq.Context, port: int, bind_pull: bool = True) -> None:
+        self.port = port
+        self.router = ctx.socket(zmq.ROUTER)
+        self.pull = ctx.socket(zmq.PULL)
+        self.pub = ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        for sock in (self.router, self.pull, self.pub):
+            sock.setsockopt(zmq.LINGER, 0)
+        self.router.bind(f"tcp://127.0.0.1:{port}")
+        if bind_pull:
+            self.pull.bind(f"tcp://127.0.0.1:{port + 1}")
+        self.pub.bind(f"tcp://127.0.0.1:{port + 2}")

@@ -20,7 +20,7 @@ import zmq
 
 from tests.conftest import STUB_ENV_ID
 from tests.helpers import NO_TOKEN as TOKEN
-from tests.helpers import Background, slot_rows
+from tests.helpers import Background, FakeLearnerSockets, slot_rows
 from tests.stub_env import StubEnv
 from zmq_rl.actor.client import ActorClient, LearnerRefused, LearnerUnreachable
 from zmq_rl.actor.gym_actor import GymActor, SpaceMismatch
@@ -81,21 +81,8 @@ def welcome_config(**changes: Any) -> dict[str, Any]:
     return config
 
 
-class FakeLearner:
+class FakeLearner(FakeLearnerSockets):
     """ROUTER on port, PULL on port + 1, XPUB (a PUB that reports subscriptions) on +2."""
-
-    def __init__(self, ctx: zmq.Context, port: int, bind_pull: bool = True) -> None:
-        self.port = port
-        self.router = ctx.socket(zmq.ROUTER)
-        self.pull = ctx.socket(zmq.PULL)
-        self.pub = ctx.socket(zmq.XPUB)
-        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
-        for sock in (self.router, self.pull, self.pub):
-            sock.setsockopt(zmq.LINGER, 0)
-        self.router.bind(f"tcp://127.0.0.1:{port}")
-        if bind_pull:
-            self.pull.bind(f"tcp://127.0.0.1:{port + 1}")
-        self.pub.bind(f"tcp://127.0.0.1:{port + 2}")
 
     def recv_control(self, kind: type[Message], timeout: float = TIMEOUT) -> tuple[bytes, Any]:
         """The next control message of type ``kind`` (heartbeats are skipped)."""

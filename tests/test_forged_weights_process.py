@@ -54,6 +54,7 @@ import pytest
 import zmq
 
 from tests.conftest import free_port_block
+from tests.helpers import FakeLearnerSockets
 from tests.process_groups import ProcessGroups
 from zmq_rl.config import PolicyConfig, config_dict
 from zmq_rl.envs.factory import env_shape
@@ -162,22 +163,13 @@ def _missing(module: str) -> bool:
 # -- the fake learner -------------------------------------------------------------------
 
 
-class FakeLearner:
+class FakeLearner(FakeLearnerSockets):
     """ROUTER on ``port``, PULL on +1, XPUB on +2: enough of a learner to welcome a real
     actor process, publish what a test wants and read what the actor sends."""
 
     def __init__(self, ctx: zmq.Context, port: int, actor: Actor) -> None:
-        self.port = port
+        super().__init__(ctx, port)
         self.actor = actor
-        self.router = ctx.socket(zmq.ROUTER)
-        self.pull = ctx.socket(zmq.PULL)
-        self.pub = ctx.socket(zmq.XPUB)
-        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
-        for sock in (self.router, self.pull, self.pub):
-            sock.setsockopt(zmq.LINGER, 0)
-        self.router.bind(f"tcp://127.0.0.1:{port}")
-        self.pull.bind(f"tcp://127.0.0.1:{port + 1}")
-        self.pub.bind(f"tcp://127.0.0.1:{port + 2}")
         self.versions: list[int] = []  # of every fragment received, in order
         self.rows: Counter[int] = Counter()  # rows received per slot
         self.largest_value = 0.0  # the largest |value| of any row received

@@ -37,6 +37,7 @@ from tests.helpers import (
     STUB_POLICY,
     TIMEOUT,
     CheckedBackground,
+    FakeLearnerSockets,
     Fuzzer,
     SlotRows,
     body_of,
@@ -85,21 +86,12 @@ def stub_weights(policy, version: int, run_id: str = FAKE_RUN) -> Weights:
     return Weights(version=version, run_id=run_id, tensors=export_weights(policy))
 
 
-class FakeLearner:
+class FakeLearner(FakeLearnerSockets):
     """ROUTER on port, PULL on +1, XPUB (a PUB that reports subscriptions) on +2: just
     enough of a learner to welcome a real actor, then send it whatever a test wants."""
 
     def __init__(self, ctx: zmq.Context, port: int) -> None:
-        self.port = port
-        self.router = ctx.socket(zmq.ROUTER)
-        self.pull = ctx.socket(zmq.PULL)
-        self.pub = ctx.socket(zmq.XPUB)
-        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
-        for sock in (self.router, self.pull, self.pub):
-            sock.setsockopt(zmq.LINGER, 0)
-        self.router.bind(f"tcp://127.0.0.1:{port}")
-        self.pull.bind(f"tcp://127.0.0.1:{port + 1}")
-        self.pub.bind(f"tcp://127.0.0.1:{port + 2}")
+        super().__init__(ctx, port)
         self.fragments: list[SlotRows] = []
 
     def recv_control(self, kind: type[Message], timeout: float = TIMEOUT) -> tuple[bytes, Any]:
