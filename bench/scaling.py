@@ -78,6 +78,22 @@ def evaluation_lags(rows: list[dict[str, Any]]) -> list[int]:
     ]
 
 
+def arrival_s(hit: dict[str, Any], metrics: list[dict[str, Any]], first_update: float) -> float:
+    """Seconds from launch to the update with which the evaluation ``hit`` (a report
+    evaluation at the score) came in, when no output line showed it: a result that
+    arrived between progress lines stops the run before the next one, and the learner
+    says "stopping" at INFO, below the benchmark's ``--log-level warning``. The
+    learner's clock (``wall_seconds``) is put on the launch's by the first update,
+    whose progress line's time is known. Infinite without what that needs."""
+    by_update = {int(m["update"]): m["wall_seconds"] for m in metrics}
+    update = hit.get("reported_at_update", hit.get("updates"))
+    if update is None or int(update) not in by_update or 1 not in by_update:
+        return math.inf
+    if not math.isfinite(first_update):
+        return math.inf
+    return first_update - by_update[1] + by_update[int(update)]
+
+
 def run_one(
     tree: Path,
     env: str,
@@ -142,6 +158,8 @@ def run_figures(
         metrics = [m for m in rows if not is_evaluation_row(m)]  # update rows
     hit = next((e for e in report.get("evaluations", []) if e["mean_return"] >= target), None)
     first_update = next((at for at, line in lines if line.startswith("update 1/")), math.nan)
+    if not math.isfinite(solve_s) and hit is not None:
+        solve_s = arrival_s(hit, metrics, first_update)
     wall = metrics[-1]["wall_seconds"] if metrics else math.nan
     steps = metrics[-1]["env_steps"] if metrics else 0
     busy = sum(m.get("time/update_seconds", math.nan) for m in metrics)

@@ -387,6 +387,22 @@ def test_fleet_smoke(smoke: SmokeRuns) -> None:
     ]  # fmt: skip
 
 
+def test_a_score_that_came_between_progress_lines_is_timed_by_its_update() -> None:
+    """A background evaluation at the score that came in between progress lines stops
+    the run before the next line (and "stopping" is INFO, below the benchmark's log
+    level): its time is the launch's clock at the update it came with. Before, such a
+    run counted as never solved."""
+    import math
+
+    import scaling
+
+    metrics = [{"update": 1, "wall_seconds": 1.5}, {"update": 40, "wall_seconds": 9.5}]
+    hit = {"updates": 10, "reported_at_update": 40, "mean_return": 500.0}
+    assert scaling.arrival_s(hit, metrics, first_update=4.0) == pytest.approx(12.0)
+    assert math.isinf(scaling.arrival_s(hit, metrics, first_update=math.nan))
+    assert math.isinf(scaling.arrival_s({**hit, "reported_at_update": 41}, metrics, 4.0))
+
+
 def test_update_cost_smoke(smoke: SmokeRuns) -> None:
     """Both heads timed with closed-form gradients and with autograd, per step."""
     data = smoke.result("update_cost")
