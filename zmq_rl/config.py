@@ -1072,7 +1072,7 @@ class ActorConfig:
         "how the actor steps its envs: threads (each env's step in a thread of its own: envs "
         "whose steps wait, a simulator's tick or a socket, wait together), sequential, or "
         "auto (times the first steps and takes threads when a step waits more than it "
-        "computes)",
+        "computes, 1 ms or more per env: a busy CPU is not a simulator that waits)",
         choices=("auto", "sequential", "threads"),
     )
 

@@ -6,9 +6,13 @@ in threads cost one wait per step instead of ``n``; a CPU-bound env only pays th
 threads' overhead (the GIL runs one at a time). :class:`EnvStepper` ``"auto"`` measures
 which kind it has: it steps sequentially for its first :data:`PROBE_STEPS` steps (or
 until they took :data:`PROBE_SECONDS`), and switches to threads when their wall time is
-more than :data:`WAIT_RATIO` times the CPU time this thread spent in them
-(docs/benchmarks.md section 28 measures threads against gymnasium's
-``AsyncVectorEnv``, a process per env). The built-in actor and the evaluator use it.
+more than :data:`WAIT_RATIO` times the CPU time this thread spent in them *and* each
+env's step waited :data:`MIN_WAIT_S` or more: on a busy CPU a process also waits for a
+core (2 actors, a learner and an evaluator on 2 cores: a LunarLander step of 8 envs took
+1.0-1.2 ms of wall time for 0.32 ms of CPU), but for a fraction of a millisecond per
+env, not a simulator's tick (docs/benchmarks.md section 28 measures threads against
+gymnasium's ``AsyncVectorEnv``, a process per env). The built-in actor and the
+evaluator use it.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ __all__ = [
     "PROBE_SECONDS",
     "PROBE_STEPS",
     "STEP_MODES",
+    "MIN_WAIT_S",
     "WAIT_RATIO",
     "EnvStepper",
     "Transition",
     "step_and_reset",
+    "waited",
     "steps_wait",
 ]
 
@@ -42,7 +48,17 @@ PROBE_SECONDS = 0.05
 """... or fewer, once they took this long (20 envs that wait 10 ms decide at once)."""
 WAIT_RATIO = 2.0
 """``auto`` steps in threads when the probe's wall time is more than this many times its
-CPU time (the rest of a step was spent waiting)."""
+CPU time (the rest of a step was spent waiting)..."""
+MIN_WAIT_S = 0.001
+"""... and each env's step waited this long or more (seconds; what a busy CPU adds to a
+CPU-bound env's step is far less: see the module's doc)."""
+
+
+def waited(wall: float, cpu: float, env_steps: int) -> bool:
+    """Whether env steps that took ``wall`` seconds and ``cpu`` seconds of this thread's
+    CPU, ``env_steps`` of them, waited (:data:`WAIT_RATIO`, :data:`MIN_WAIT_S`)."""
+    waited = wall - cpu
+    return wall > WAIT_RATIO * max(cpu, 1e-9) and waited >= MIN_WAIT_S * max(env_steps, 1)
 
 Transition = tuple[Any, float, bool, bool, Any]
 """What a step returns per env: ``(obs, reward, terminated, truncated, final_obs)``,
@@ -53,13 +69,12 @@ with the env reset where the episode ended (``obs`` is then the reset observatio
 def steps_wait(
     env: gym.Env, steps: int = 5, act: Callable[[Any], Any] | None = None
 ) -> bool:
-    """Whether ``env``'s steps wait (their wall time is more than :data:`WAIT_RATIO`
-    times the CPU time they take), from ``steps`` steps after a reset, each with the
-    action ``act(obs)`` (default: a random one; the evaluator passes one its
-    ``action_mask`` allows); the env is closed. The background evaluator asks, to
-    evaluate several snapshots at once on a simulator that waits. An env that fails
-    under the probe counts as one that does not wait (the evaluation proper then says
-    what is wrong with it)."""
+    """Whether ``env``'s steps wait (:data:`WAIT_RATIO`, :data:`MIN_WAIT_S`), from
+    ``steps`` steps after a reset, each with the action ``act(obs)`` (default: a random
+    one; the evaluator passes one its ``action_mask`` allows); the env is closed. The
+    background evaluator asks, to evaluate several snapshots at once on a simulator
+    that waits. An env that fails under the probe counts as one that does not wait (the
+    evaluation proper then says what is wrong with it)."""
     act = act or (lambda _obs: env.action_space.sample())
     try:
         obs, _ = env.reset(seed=0)
@@ -68,7 +83,7 @@ def steps_wait(
             obs, _, terminated, truncated, _ = env.step(act(obs))
             if terminated or truncated:
                 obs, _ = env.reset()
-        return time.perf_counter() - wall > WAIT_RATIO * max(time.thread_time() - cpu, 1e-9)
+        return waited(time.perf_counter() - wall, time.thread_time() - cpu, steps)
     except Exception as exc:  # noqa: BLE001 - a probe; the evaluation itself reports errors
         log.info("could not time %s's steps (%s: %s): stepping it as one that does not wait",
                  env, type(exc).__name__, exc)  # fmt: skip
@@ -125,7 +140,7 @@ class EnvStepper:
         self._probed += 1
         if self._probed < PROBE_STEPS and self._wall < PROBE_SECONDS:
             return
-        waits = self._wall > WAIT_RATIO * max(self._cpu, 1e-9)
+        waits = waited(self._wall, self._cpu, self._probed * len(self.envs))
         log.info(
             "%d env(s): a step takes %.2f ms, %.2f ms of it on the CPU: stepping them %s",
             len(self.envs), 1e3 * self._wall / self._probed, 1e3 * self._cpu / self._probed,
