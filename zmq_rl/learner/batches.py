@@ -125,7 +125,6 @@ class RowBatches:
     def __init__(self, ingest: Ingest, plan: BatchPlan) -> None:
         self.ingest, self.plan = ingest, plan
         self._columns: list[tuple[SlotKey, int]] | None = None
-        self._steps = 0  # the env steps of those columns
         self._version = -1  # the version the grants were last raised at
         self._used: dict[SlotKey, int] = {}  # rows used of each slot at that version
         ingest.admit_at_once = True
@@ -199,13 +198,7 @@ class RowBatches:
         self._columns = queues.oldest_rows(
             live, plan.rows_per_update, plan.segment, max(1, steps_left)
         )
-        if self._columns is None:
-            return False
-        self._steps, skip = 0, {}
-        for key, n in self._columns:  # a slot's columns: its next rows, in stream order
-            self._steps += queues.valid_rows(key, n, skip.get(key, 0))
-            skip[key] = skip.get(key, 0) + n
-        return True
+        return self._columns is not None
 
     def take(self) -> Rollout:
         """The rows :meth:`ready` chose, as ``[num_steps, columns]`` (a slot with several
@@ -221,8 +214,14 @@ class RowBatches:
         return 1
 
     def steps_next(self) -> int:
-        """The valid rows of the columns :meth:`ready` chose (never more than it allowed)."""
-        return self._steps
+        """The valid rows of the columns :meth:`ready` chose (never more than it allowed),
+        counted from those columns when asked: once an update, after its fill."""
+        assert self._columns is not None, "steps_next() before ready()"
+        queues, steps, skip = self.ingest.queues, 0, {}
+        for key, n in self._columns:  # a slot's columns: its next rows, in stream order
+            steps += queues.valid_rows(key, n, skip.get(key, 0))
+            skip[key] = skip.get(key, 0) + n
+        return steps
 
     def waited_on(self) -> list[SlotKey]:
         """Every live slot without a row queued (none in particular holds the batch)."""

@@ -52,8 +52,24 @@ __all__ = [
     "WandbUnavailable",
     "is_evaluation_row",
     "policy_returns_text",
+    "updates_total",
     "tensorboard_available",
 ]
+
+
+def updates_total(
+    update: int, env_steps: int, total_env_steps: int, updates_done: int, steps_done: int
+) -> int | None:
+    """The updates a run's budget buys, for a progress line at ``update`` and
+    ``env_steps``: ``update`` plus the updates the rest of ``total_env_steps`` buys at
+    this session's mean env steps per update (``steps_done`` over ``updates_done``; a
+    multi-agent batch holds rows that are no env steps, so the batch's rows do not
+    tell). The floor: the learner starts no update that would overrun the budget. None
+    when it cannot be told yet (no budget, nothing done this session)."""
+    if not total_env_steps or updates_done <= 0 or steps_done <= 0:
+        return None
+    remaining = max(0, total_env_steps - env_steps)
+    return update + remaining * updates_done // steps_done
 
 
 def policy_returns_text(row: Mapping[str, Any]) -> str:

@@ -33,7 +33,7 @@ import torch
 from ..config import LearnerConfig, PolicyConfig
 from ..rl.policy import Policy, export_weights
 from .evaluation import BackgroundEvaluator, evaluate_policy
-from .metrics import JsonlMetrics, policy_returns_text
+from .metrics import JsonlMetrics, policy_returns_text, updates_total
 from .report import LearnerReport
 
 __all__ = ["BestPolicy", "RunLog", "evaluation_row"]
@@ -317,15 +317,17 @@ class RunLog:
     def updates_total(self) -> int:
         """The updates the budget buys, for the progress line: :attr:`updates_budget`
         until an update is done, then the updates done plus those the rest of the budget
-        buys at this session's mean env steps per update (a multi-agent batch holds rows
-        that are no env steps; run/progress.py estimates its bar's total the same way)."""
+        buys at this session's mean env steps per update
+        (:func:`~zmq_rl.learner.metrics.updates_total`, as the progress bar's)."""
         report = self.report
-        done = report.updates_completed - self.updates_at_start
-        consumed = report.env_steps_consumed - self.steps_at_start
-        if done <= 0 or consumed <= 0:
-            return self.updates_budget
-        remaining = max(0, self.cfg.total_env_steps - report.env_steps_consumed)
-        return report.updates_completed + remaining * done // consumed
+        total = updates_total(
+            report.updates_completed,
+            report.env_steps_consumed,
+            self.cfg.total_env_steps,
+            report.updates_completed - self.updates_at_start,
+            report.env_steps_consumed - self.steps_at_start,
+        )
+        return self.updates_budget if total is None else total
 
     def record(self, metrics: dict[str, float], version: int, actors: int) -> None:
         """Write the update's row (metrics.jsonl, ``on_update``) and the progress line."""

@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.progress import Progress, ProgressColumn, Task
 from rich.text import Text
 
-from ..learner.metrics import policy_returns_text
+from ..learner.metrics import policy_returns_text, updates_total
 from .common import format_duration
 
 __all__ = ["TrainingProgress", "format_row"]
@@ -222,12 +222,15 @@ class TrainingProgress:
         that would overrun the budget, hence the floor)."""
         if self._update_at_start is None:
             self._update_at_start = update - 1
-        updates = update - self._update_at_start
-        consumed = env_steps - self.steps_at_start
-        if not self.total_env_steps or updates <= 0 or consumed <= 0:
-            return
-        remaining = max(0, self.total_env_steps - env_steps)
-        self.total = update + int(remaining * updates // consumed)
+        total = updates_total(
+            update,
+            env_steps,
+            self.total_env_steps,
+            update - self._update_at_start,
+            env_steps - self.steps_at_start,
+        )
+        if total is not None:
+            self.total = total
 
     def evaluation(self, row: Mapping[str, Any]) -> None:
         """Take one evaluation's row (the learner's ``on_evaluation``): its mean return
